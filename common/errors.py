@@ -1,0 +1,70 @@
+"""The small error hierarchy shared by the client and the worker.
+
+Every error carries a stable ``code`` (what a program branches on, and what a ``failed``
+result records) and a message a person can act on.
+"""
+
+from __future__ import annotations
+
+
+class GenqError(Exception):
+    """Base class of every error genq raises on purpose."""
+
+    code = "genq_error"
+
+
+class ConfigError(GenqError):
+    """A setting is unknown or out of range."""
+
+    code = "config_error"
+
+
+class InvalidRequest(GenqError, ValueError):
+    """A request is malformed or outside the limits; nothing was sent or run."""
+
+    code = "invalid_request"
+
+
+class PromptTooLong(InvalidRequest):
+    """The prompt does not fit the model's context together with ``max_new_tokens``."""
+
+    code = "prompt_too_long"
+
+
+class MaxNewTokensTooLarge(InvalidRequest):
+    """``max_new_tokens`` is above the limit the worker allows."""
+
+    code = "max_new_tokens_too_large"
+
+
+class RequestTooLarge(InvalidRequest):
+    """The request alone needs more tokens than one batch of this worker may hold."""
+
+    code = "request_too_large"
+
+
+class MalformedEntry(InvalidRequest):
+    """A stream entry is not in the documented wire format."""
+
+    code = "malformed_entry"
+
+
+class GenerationError(GenqError):
+    """The engine raised while generating this request."""
+
+    code = "generation_error"
+
+
+class RequestNotFound(GenqError, KeyError):
+    """No request with this id exists (never submitted, or its result expired)."""
+
+    code = "not_found"
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
+        return str(self.args[0]) if self.args else self.code
+
+
+class ResultTimeout(GenqError, TimeoutError):
+    """The request did not reach a final state within the time the caller gave."""
+
+    code = "timeout"

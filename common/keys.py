@@ -1,0 +1,93 @@
+"""The Redis key layout: every key genq uses is built here and nowhere else.
+
+``Q`` is the queue name, ``ID`` a request id, ``C`` a worker's consumer name.
+
+=====================  ======  ==========================  ==================  ===============
+key                    type    written by                  read by             TTL
+=====================  ======  ==========================  ==================  ===============
+``genq:{Q}:high``      stream  client (XADD)               worker              none; entries
+``genq:{Q}:normal``                                        (XREADGROUP)        are deleted
+``genq:{Q}:low``                                                               when acked
+``genq:{Q}:dead``      stream  worker (entries with no     operator (XRANGE)   none; capped at
+                               usable id)                                      ~10,000 entries
+``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
+                               counters)                   ``genq demo``
+``genq:res:{ID}``      string  client (queued), worker     client (GET)        result_ttl_s
+                               (running, final): JSON
+``genq:ev:{ID}``       stream  worker (final event)        client (XREAD       result_ttl_s
+                                                           BLOCK)
+=====================  ======  ==========================  ==================  ===============
+
+Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``).
+
+Why the braces: they are Redis Cluster hash tags. The three streams of a queue share the tag
+``{Q}`` so one XREADGROUP can read them all in Cluster too; result and event keys are tagged by
+request id, so they spread over the cluster while a request's own two keys stay together.
+"""
+
+from __future__ import annotations
+
+import re
+
+from genq.common.errors import ConfigError
+from genq.common.models import PRIORITIES, Priority
+
+PREFIX = "genq"
+GROUP = "workers"
+"""The consumer group every worker of a queue joins, on each priority stream."""
+
+DEAD_LETTER_MAX_ENTRIES = 10_000
+"""The dead-letter stream is trimmed (approximately) to this many entries."""
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def check_queue_name(queue: str) -> str:
+    """Return ``queue`` if it is a valid queue name, else raise ConfigError."""
+    if not _QUEUE_NAME.match(queue):
+        raise ConfigError(
+            f"queue name {queue!r} is not allowed: use 1-64 letters, digits, '_', '.' or '-'"
+        )
+    return queue
+
+
+class Keys:
+    """The keys of one queue, and of the requests in it."""
+
+    def __init__(self, queue: str = "default") -> None:
+        self.queue = check_queue_name(queue)
+        self._base = f"{PREFIX}:{{{queue}}}"
+
+    def stream(self, priority: Priority) -> str:
+        """The work stream of one priority."""
+        return f"{self._base}:{priority}"
+
+    def streams(self) -> list[str]:
+        """All work streams of the queue, highest priority first."""
+        return [self.stream(p) for p in PRIORITIES]
+
+    def priority_of(self, stream: str) -> Priority:
+        """The priority a work stream key stands for."""
+        for p in PRIORITIES:
+            if stream == self.stream(p):
+                return p
+        raise ValueError(f"{stream!r} is not a work stream of queue {self.queue!r}")
+
+    @property
+    def dead_letter(self) -> str:
+        """Entries that could not be decoded into a request with an id."""
+        return f"{self._base}:dead"
+
+    def worker(self, consumer: str) -> str:
+        """A worker's heartbeat and counters."""
+        return f"{self._base}:worker:{consumer}"
+
+    @staticmethod
+    def result(request_id: str) -> str:
+        """The request's current state, a Result as JSON."""
+        return f"{PREFIX}:res:{{{request_id}}}"
+
+    @staticmethod
+    def events(request_id: str) -> str:
+        """The request's event stream; its last event carries the final Result."""
+        return f"{PREFIX}:ev:{{{request_id}}}"

@@ -1,0 +1,158 @@
+"""Request and result models: what goes on the wire, with its limits.
+
+Both sides validate with these models, so a request that the client accepts is one the worker
+can decode, and a limit is written once. JSON is the only encoding (never pickle).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+#: Hard limits of the wire format. A worker may set tighter ones (its settings), never looser.
+MAX_PROMPT_CHARS = 200_000
+MAX_NEW_TOKENS = 16_384
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_METADATA_KEYS = 32
+MAX_METADATA_VALUE_CHARS = 1_024
+
+Priority = Literal["high", "normal", "low"]
+#: Highest first; the order the worker reads and serves them in (before aging).
+PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
+
+FinishReason = Literal["stop", "length"]
+
+#: Request ids become part of Redis key names, so they are kept to a safe alphabet.
+RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")]
+MetadataValue = (
+    Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]
+    | int
+    | float
+    | bool
+    | None
+)
+
+
+def new_request_id() -> str:
+    """A fresh random request id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    """Wall-clock time in Unix milliseconds, the unit of every timestamp genq records."""
+    return time.time_ns() // 1_000_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class RequestBody(_Strict):
+    """The ``body`` field of a stream entry: everything about a request but its id and priority.
+
+    The id travels as its own field (so a request whose body is broken can still be failed by
+    id) and the priority is the stream the entry is in.
+    """
+
+    prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)]
+    """The text to continue. Tokenized by the worker with the model's own tokenizer."""
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = 64
+    """Generate at most this many tokens; generation also ends at eos or a stop string."""
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
+    """0 means greedy decoding (the default); above 0 samples from the softened distribution."""
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p."""
+    top_k: Annotated[int, Field(ge=0, le=100_000)] = 0
+    """Sample from the k most likely tokens only; 0 turns it off."""
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    """Makes sampling reproducible for the same prompt, settings and seed."""
+    stop: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]],
+        Field(max_length=MAX_STOP_STRINGS),
+    ] = Field(default_factory=list)
+    """Generation ends before the first occurrence of any of these strings (not returned)."""
+    deadline_unix_ms: Annotated[int, Field(ge=0)] | None = None
+    """If the request has not started by this time it ends ``expired`` without running."""
+    metadata: Annotated[dict[str, MetadataValue], Field(max_length=MAX_METADATA_KEYS)] = Field(
+        default_factory=dict
+    )
+    """Free-form data the client wants back with the result; genq does not read it."""
+
+
+class Request(RequestBody):
+    """A generation request as the worker sees it: the body plus id and priority."""
+
+    id: RequestId
+    """Client-given or generated; the key of the result."""
+    priority: Priority = "normal"
+    """Which stream the request is in: ``high``, ``normal`` or ``low``."""
+
+    def body(self) -> RequestBody:
+        """The part of the request that travels in the entry's ``body`` field."""
+        return RequestBody.model_validate(self.model_dump(exclude={"id", "priority"}))
+
+
+class Usage(_Strict):
+    """Token counts, in the worker's tokenizer."""
+
+    prompt_tokens: int = 0
+    """Tokens in the prompt (no padding counted)."""
+    completion_tokens: int = 0
+    """Tokens returned; never more than the request's max_new_tokens."""
+
+
+class ErrorInfo(_Strict):
+    """Why a request failed: a stable code and a message a person can act on."""
+
+    code: str
+    message: str
+
+
+class Timings(_Strict):
+    """When things happened, in Unix milliseconds, and the two durations users ask about."""
+
+    queued_unix_ms: int | None = None
+    """When the request entered the queue (the stream entry's id)."""
+    started_unix_ms: int | None = None
+    """When a worker started running it."""
+    finished_unix_ms: int | None = None
+    """When its final state was written."""
+    queue_wait_ms: int | None = None
+    """started - queued."""
+    generation_ms: int | None = None
+    """Time spent in the engine for the batch that ran it."""
+
+
+class Result(_Strict):
+    """The state of one request, kept at its result key and sent as its final event."""
+
+    id: RequestId
+    status: Status
+    """queued, running, succeeded, failed, cancelled or expired (the last four are final)."""
+    priority: Priority | None = None
+    text: str | None = None
+    """The generated text (without the prompt and without a matched stop string)."""
+    finish_reason: FinishReason | None = None
+    """``stop``: eos or a stop string; ``length``: reached max_new_tokens."""
+    usage: Usage = Field(default_factory=Usage)
+    error: ErrorInfo | None = None
+    """Set when status is failed, expired or cancelled."""
+    timings: Timings = Field(default_factory=Timings)
+    worker: str | None = None
+    """The consumer name of the worker that ran it."""
+    batch_size: int | None = None
+    """How many requests shared the engine batch that ran it."""
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    """The request's metadata, echoed back."""
+
+    @property
+    def is_final(self) -> bool:
+        """True once the request can no longer change state."""
+        return self.status in FINAL_STATUSES

@@ -1,0 +1,136 @@
+"""Worker settings: one object, each default written once, units in the names.
+
+Every field is a CLI flag of ``genq worker`` and has an environment twin: ``max_batch_tokens`` is
+``--max-batch-tokens`` and ``GENQ_MAX_BATCH_TOKENS``. A flag wins over its variable, a variable
+over the default. Unknown fields, and unknown ``GENQ_*`` variables, raise ConfigError.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from genq.common.errors import ConfigError
+from genq.common.keys import check_queue_name
+from genq.common.models import MAX_NEW_TOKENS
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "GENQ_"
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+DEFAULT_QUEUE = "default"
+DEFAULT_RESULT_TTL_S = 86_400
+#: Variables that are not worker settings but are still genq's own.
+OTHER_ENV_VARS = frozenset({"GENQ_CACHE_DIR"})
+
+EngineName = Literal["static", "echo"]
+DType = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+class WorkerSettings(BaseModel):
+    """Everything a worker can be told. See the README's configuration table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    redis_url: str = Field(
+        DEFAULT_REDIS_URL, description="Redis URL: redis://, rediss:// (TLS) or unix://"
+    )
+    queue: str = Field(DEFAULT_QUEUE, description="queue name; one consumer group per queue")
+    model: str = Field(
+        "tiny", description="'tiny' (built-in test model), a local directory or a hub id"
+    )
+    engine: EngineName = Field("static", description="static (batched generate) or echo (no model)")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    dtype: DType = Field("auto", description="model dtype; auto = float32 on cpu, bfloat16 on cuda")
+    consumer: str | None = Field(None, description="consumer name; default HOST-PID")
+    max_batch_tokens: Annotated[int, Field(ge=1)] = Field(
+        16_384, description="token budget of one batch: prompt tokens + max_new_tokens, summed"
+    )
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
+        32, description="most requests in one batch"
+    )
+    max_wait_ms: Annotated[int, Field(ge=0)] = Field(
+        10, description="wait up to this long to fill a batch when the queue is shallow"
+    )
+    max_lookahead: Annotated[int, Field(ge=1)] = Field(
+        64, description="most undelivered requests a worker holds per priority stream"
+    )
+    max_new_tokens_limit: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = Field(
+        1024, description="requests asking for more new tokens fail"
+    )
+    max_prompt_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="longest prompt accepted; default: the model's context"
+    )
+    priority_aging_ms: Annotated[int, Field(ge=1)] = Field(
+        10_000, description="a waiting request rises one priority level per this much waiting"
+    )
+    result_ttl_s: Annotated[int, Field(ge=1)] = Field(
+        DEFAULT_RESULT_TTL_S, description="how long results and events are kept"
+    )
+    read_block_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
+        1000, description="longest blocking read on an idle queue (bounds shutdown time)"
+    )
+    heartbeat_ttl_s: Annotated[int, Field(ge=1)] = Field(
+        30, description="a worker's stats key expires this long after its last heartbeat"
+    )
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, v: str) -> str:
+        return check_queue_name(v)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|cuda|cuda:\d+|mps", v):
+            raise ValueError(f"device {v!r} is not one of cpu, cuda, cuda:N, mps")
+        return v
+
+    @property
+    def consumer_name(self) -> str:
+        """This worker's consumer name in the group."""
+        return self.consumer or f"{socket.gethostname()}-{os.getpid()}"
+
+    @classmethod
+    def env_var(cls, field: str) -> str:
+        """The environment twin of a setting."""
+        return ENV_PREFIX + field.upper()
+
+    @classmethod
+    def build(
+        cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> WorkerSettings:
+        """Settings from ``overrides`` (e.g. CLI flags; None values ignored), then ``GENQ_*``
+        variables, then defaults. Raises ConfigError naming the bad setting."""
+        env = os.environ if env is None else env
+        check_env(env)
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            var = cls.env_var(name)
+            if var in env:
+                values[name] = env[var]
+        for name, value in (overrides or {}).items():
+            if name not in cls.model_fields:
+                raise ConfigError(f"unknown setting {name!r}")
+            if value is not None:
+                values[name] = value
+        try:
+            return cls.model_validate(values, strict=False)
+        except ValidationError as err:
+            msgs = []
+            for e in err.errors():
+                name = str(e["loc"][0]) if e["loc"] else "?"
+                msgs.append(
+                    f"{name} (--{name.replace('_', '-')} / {cls.env_var(name)}): {e['msg']}"
+                )
+            raise ConfigError("invalid setting: " + "; ".join(msgs)) from None
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    """Raise ConfigError for a ``GENQ_*`` variable that is no setting (a typo would be ignored)."""
+    known = {WorkerSettings.env_var(n) for n in WorkerSettings.model_fields} | OTHER_ENV_VARS
+    unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
+    if unknown:
+        raise ConfigError(f"unknown environment variable(s) {unknown}; known: {sorted(known)}")

@@ -1,0 +1,116 @@
+"""The wire format: how requests become stream entries and results become events.
+
+A work entry has exactly two fields, both UTF-8 text:
+
+- ``id``: the request id (``[A-Za-z0-9_.:-]{1,128}``);
+- ``body``: a JSON object with the request's other fields (see ``RequestBody``).
+
+Its priority is the stream it is in. An event entry has ``type`` (``final``; later versions add
+``delta``) and ``data`` (JSON: the Result for ``final``). Only JSON is ever decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from genq.common.errors import MalformedEntry
+from genq.common.models import Priority, Request, RequestBody, Result
+from pydantic import ValidationError
+
+ID_FIELD = "id"
+BODY_FIELD = "body"
+EVENT_TYPE_FIELD = "type"
+EVENT_DATA_FIELD = "data"
+FINAL_EVENT = "final"
+
+
+def encode_request(request: Request) -> dict[str, str]:
+    """The fields of the stream entry for ``request``."""
+    body = request.body().model_dump_json(exclude_defaults=True)
+    return {ID_FIELD: request.id, BODY_FIELD: body}
+
+
+@dataclass(frozen=True)
+class UndecodableEntry:
+    """An entry that is not a valid request. ``request_id`` is set when the entry had a usable id,
+    so the failure can be reported to whoever waits on it."""
+
+    request_id: str | None
+    error: MalformedEntry
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """One line naming each bad field and what is wrong with it."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "body"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def decode_request(
+    priority: Priority, fields: dict[bytes, bytes] | dict[str, str]
+) -> Request | UndecodableEntry:
+    """Decode a work entry. Never raises: what cannot be decoded comes back as UndecodableEntry."""
+    try:
+        text = {_text(k): _text(v) for k, v in fields.items()}
+    except UnicodeDecodeError:
+        raw_id = fields.get(ID_FIELD.encode(), fields.get(ID_FIELD))  # type: ignore[call-overload]
+        return UndecodableEntry(
+            _usable_id(raw_id), MalformedEntry("entry fields must be UTF-8 text")
+        )
+    request_id = _usable_id(text.get(ID_FIELD))
+    if request_id is None:
+        return UndecodableEntry(
+            None,
+            MalformedEntry(
+                f"entry has no valid {ID_FIELD!r} field "
+                f"(fields: {sorted(text)[:10]}); expected fields 'id' and 'body'"
+            ),
+        )
+    extra = sorted(set(text) - {ID_FIELD, BODY_FIELD})
+    if extra:
+        return UndecodableEntry(
+            request_id,
+            MalformedEntry(f"unexpected entry fields {extra}; expected only 'id' and 'body'"),
+        )
+    if BODY_FIELD not in text:
+        return UndecodableEntry(request_id, MalformedEntry("entry has no 'body' field"))
+    try:
+        body = RequestBody.model_validate_json(text[BODY_FIELD])
+    except ValidationError as err:
+        return UndecodableEntry(
+            request_id, MalformedEntry(f"invalid request body: {describe_validation_error(err)}")
+        )
+    return Request.model_construct(
+        **dict(body), id=request_id, priority=priority, _fields_set=body.model_fields_set
+    )
+
+
+def _usable_id(value: object) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(value, str):
+        return None
+    try:
+        Request.model_validate({"id": value, "prompt": "x"})
+    except ValidationError:
+        return None
+    return value
+
+
+def encode_final_event(result: Result) -> dict[str, str]:
+    """The fields of the event that ends a request's event stream."""
+    return {EVENT_TYPE_FIELD: FINAL_EVENT, EVENT_DATA_FIELD: result.model_dump_json()}
+
+
+def decode_result(data: bytes | str) -> Result:
+    """Decode a Result stored as JSON (result key, or a final event's data)."""
+    return Result.model_validate_json(data)

@@ -1,0 +1,114 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+from genq.common.errors import RequestNotFound, ResultTimeout
+from genq.common.keys import Keys
+from genq.common.models import Request, Result
+from genq.common.settings import DEFAULT_QUEUE, DEFAULT_RESULT_TTL_S
+from genq.producer.requests import Waiter, build_request, parse_stored, submission
+
+
+class Client:
+    """Submits requests to one queue and reads their results.
+
+    ``result_ttl_s`` is how long a submitted request's state is kept if no worker touches it;
+    workers reset it when they write the final result.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        queue: str = DEFAULT_QUEUE,
+        *,
+        result_ttl_s: int = DEFAULT_RESULT_TTL_S,
+    ) -> None:
+        self.redis = redis_client
+        self.keys = Keys(queue)
+        self.result_ttl_s = result_ttl_s
+
+    @classmethod
+    def from_url(cls, url: str, queue: str = DEFAULT_QUEUE, **kwargs: Any) -> Client:
+        """A client for the Redis at ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``;
+        user and password in the URL for AUTH/ACL). Extra keyword arguments go to redis-py."""
+        result_ttl_s = kwargs.pop("result_ttl_s", DEFAULT_RESULT_TTL_S)
+        return cls(redis.Redis.from_url(url, **kwargs), queue, result_ttl_s=result_ttl_s)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.redis.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(self, prompt: str, **options: Any) -> str:
+        """Enqueue one request and return its id. ``options`` are those of ``build_request``:
+        max_new_tokens, priority, temperature, top_p, top_k, seed, stop, deadline_in_s,
+        metadata, request_id. Raises InvalidRequest before touching Redis if anything is wrong."""
+        return self.submit_requests([build_request(prompt, **options)])[0]
+
+    def submit_many(self, prompts: Iterable[str | Mapping[str, Any]], **defaults: Any) -> list[str]:
+        """Enqueue many requests in one round trip; each item is a prompt or a dict of
+        ``build_request`` arguments (``prompt`` included) that override ``defaults``. All are
+        validated first: if any is invalid, none is sent."""
+        requests = []
+        for item in prompts:
+            if isinstance(item, str):
+                requests.append(build_request(item, **defaults))
+            else:
+                requests.append(build_request(**{**defaults, **item}))
+        return self.submit_requests(requests)
+
+    def submit_requests(self, requests: Sequence[Request]) -> list[str]:
+        """Enqueue already-built requests in one round trip (one MULTI/EXEC)."""
+        pipe = self.redis.pipeline(transaction=True)
+        for request in requests:
+            result_key, queued, stream, fields = submission(self.keys, request)
+            pipe.set(result_key, queued, ex=self.result_ttl_s)
+            pipe.xadd(stream, fields)  # type: ignore[arg-type]
+        pipe.execute()
+        return [r.id for r in requests]
+
+    def status(self, request_id: str) -> Result:
+        """The request's current state. Raises RequestNotFound if there is none."""
+        res = parse_stored(self.redis.get(self.keys.result(request_id)))
+        if res is None:
+            raise RequestNotFound(
+                f"no request {request_id!r} in Redis (never submitted, or expired)"
+            )
+        return res
+
+    def result(self, request_id: str, timeout: float | None = None) -> Result:
+        """Wait until the request is final and return its result. ``timeout`` in seconds (None:
+        wait as long as it takes). Raises ResultTimeout, or RequestNotFound."""
+        return self.results([request_id], timeout=timeout)[0]
+
+    def results(self, request_ids: Sequence[str], timeout: float | None = None) -> list[Result]:
+        """Wait for many requests at once (blocking reads over their event streams, no polling)
+        and return their results in the same order."""
+        ids = list(request_ids)
+        waiter = Waiter(self.keys, ids, timeout)
+        raws = self.redis.mget([self.keys.result(i) for i in ids]) if ids else []
+        missing = waiter.take_stored(ids, raws)
+        if missing:
+            raise RequestNotFound(
+                f"no request(s) {missing[:5]} in Redis (never submitted, or expired)"
+            )
+        while waiter.pending:
+            read = waiter.next_read()
+            if read is None:
+                raise ResultTimeout(f"{len(waiter.pending)} request(s) not final after {timeout} s")
+            streams, block_ms = read
+            waiter.take_events(self.redis.xread(streams, block=block_ms))  # type: ignore[arg-type]
+        return [waiter.results[i] for i in ids]
+
+    def generate(self, prompt: str, timeout: float | None = None, **options: Any) -> Result:
+        """Submit and wait: ``result(submit(prompt, **options), timeout)``."""
+        return self.result(self.submit(prompt, **options), timeout=timeout)

@@ -1,0 +1,165 @@
+"""Building and checking requests on the client side, before anything reaches Redis.
+
+Shared by the sync and async clients, which differ only in how they talk to Redis.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from genq.common.errors import InvalidRequest
+from genq.common.keys import Keys
+from genq.common.models import FINAL_STATUSES, Request, Result, new_request_id, now_ms
+from genq.common.wire import (
+    EVENT_DATA_FIELD,
+    EVENT_TYPE_FIELD,
+    FINAL_EVENT,
+    decode_result,
+    describe_validation_error,
+    encode_request,
+)
+from pydantic import ValidationError
+
+#: Longest single blocking read while waiting for results. Waiting longer loops, which keeps
+#: a dropped connection from hanging a caller forever; it is not polling (each read blocks).
+MAX_BLOCK_MS = 5_000
+#: How many event streams one XREAD waits on.
+MAX_STREAMS_PER_READ = 500
+
+
+def build_request(
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    priority: str = "normal",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | None = None,
+    deadline_in_s: float | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> Request:
+    """Validate the arguments into a Request; raise InvalidRequest saying what is wrong."""
+    if isinstance(stop, str):
+        stop = [stop]
+    deadline_unix_ms = None
+    if deadline_in_s is not None:
+        if not isinstance(deadline_in_s, int | float) or not math.isfinite(deadline_in_s):
+            raise InvalidRequest(f"deadline_in_s must be a finite number, got {deadline_in_s!r}")
+        deadline_unix_ms = now_ms() + int(deadline_in_s * 1000)
+    fields: dict[str, Any] = {
+        "id": request_id if request_id is not None else new_request_id(),
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+        "priority": priority,
+        "temperature": float(temperature) if isinstance(temperature, int) else temperature,
+        "top_p": float(top_p) if isinstance(top_p, int) else top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "stop": list(stop or []),
+        "deadline_unix_ms": deadline_unix_ms,
+        "metadata": dict(metadata or {}),
+    }
+    try:
+        return Request.model_validate(fields)
+    except ValidationError as err:
+        raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
+
+
+def queued_result(request: Request) -> str:
+    """The JSON written to the result key at submission."""
+    return Result(
+        id=request.id, status="queued", priority=request.priority, metadata=request.metadata
+    ).model_dump_json()
+
+
+def submission(keys: Keys, request: Request) -> tuple[str, str, str, dict[str, str]]:
+    """(result key, queued result JSON, stream key, entry fields) for one submission."""
+    return (
+        keys.result(request.id),
+        queued_result(request),
+        keys.stream(request.priority),
+        encode_request(request),
+    )
+
+
+def final_from_events(
+    response: list[Any] | None,
+) -> tuple[dict[str, Result], dict[str, str]]:
+    """From an XREAD response over event streams: the final results found, by event key, and
+    the last entry id read per event key (to continue from)."""
+    finals: dict[str, Result] = {}
+    last_ids: dict[str, str] = {}
+    for stream, entries in response or []:
+        key = stream.decode() if isinstance(stream, bytes) else stream
+        for entry_id, fields in entries:
+            last_ids[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            kind = fields.get(EVENT_TYPE_FIELD.encode(), fields.get(EVENT_TYPE_FIELD))
+            if kind in (FINAL_EVENT, FINAL_EVENT.encode()):
+                data = fields.get(EVENT_DATA_FIELD.encode(), fields.get(EVENT_DATA_FIELD))
+                finals[key] = decode_result(data)
+    return finals, last_ids
+
+
+def parse_stored(raw: bytes | str | None) -> Result | None:
+    """Decode the value of a result key (None if the key does not exist)."""
+    return None if raw is None else decode_result(raw)
+
+
+def is_final(result: Result | None) -> bool:
+    """True if ``result`` exists and is in a final state."""
+    return result is not None and result.status in FINAL_STATUSES
+
+
+class Waiter:
+    """The bookkeeping of waiting for many results: which event streams to read, from where,
+    and for how long. Both clients drive it with their own Redis calls."""
+
+    def __init__(self, keys: Keys, ids: Sequence[str], timeout_s: float | None) -> None:
+        self.results: dict[str, Result] = {}
+        self.pending: dict[str, str] = {keys.events(i): i for i in ids}  # event key -> id
+        self.last_ids: dict[str, str] = dict.fromkeys(self.pending, "0-0")
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def take_stored(self, ids: Sequence[str], raws: Sequence[bytes | str | None]) -> list[str]:
+        """Record results already final at their keys; return the ids that do not exist."""
+        missing = []
+        for request_id, raw in zip(ids, raws, strict=True):
+            res = parse_stored(raw)
+            if res is None:
+                missing.append(request_id)
+            elif res.is_final:
+                self._done(request_id, res)
+        return missing
+
+    def _done(self, request_id: str, result: Result) -> None:
+        self.results[request_id] = result
+        for key, rid in list(self.pending.items()):
+            if rid == request_id:
+                del self.pending[key]
+                del self.last_ids[key]
+
+    def next_read(self) -> tuple[dict[str, str], int] | None:
+        """The streams (with start ids) and block time of the next XREAD; None when the time
+        is up. Redis' BLOCK 0 means forever, so the block time is at least 1 ms."""
+        block_ms = MAX_BLOCK_MS
+        if self._deadline is not None:
+            left_ms = int((self._deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return None
+            block_ms = max(1, min(block_ms, left_ms))
+        streams = dict(list(self.last_ids.items())[:MAX_STREAMS_PER_READ])
+        return streams, block_ms
+
+    def take_events(self, response: list[Any] | None) -> None:
+        """Record what one XREAD returned."""
+        finals, last_ids = final_from_events(response)
+        self.last_ids.update({k: v for k, v in last_ids.items() if k in self.last_ids})
+        for key, res in finals.items():
+            if key in self.pending:
+                self._done(self.pending[key], res)

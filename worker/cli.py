@@ -1,0 +1,208 @@
+"""The ``genq`` command: worker, submit, stats, demo."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import click
+from genq.common.errors import ConfigError, GenqError
+from genq.common.settings import DEFAULT_QUEUE, DEFAULT_REDIS_URL, WorkerSettings
+from rich.console import Console
+from rich.table import Table
+
+F = Callable[..., Any]
+
+
+def _settings_options(func: F) -> F:
+    """One --flag per WorkerSettings field. Flags default to None so that the environment
+    twin, then the field's own default, apply: each default is written once, in the model."""
+    for name, info in reversed(list(WorkerSettings.model_fields.items())):
+        annotation = info.annotation
+        args = typing.get_args(annotation)
+        click_type: Any = str
+        if typing.get_origin(annotation) is typing.Literal:
+            click_type = click.Choice([str(a) for a in args])
+        elif annotation is int or int in args:
+            click_type = int
+        default = info.default
+        help_text = f"{info.description} [env: {WorkerSettings.env_var(name)}; default: {default}]"
+        func = click.option(
+            f"--{name.replace('_', '-')}", name, type=click_type, default=None, help=help_text
+        )(func)
+    return func
+
+
+def _redis_options(func: F) -> F:
+    func = click.option(
+        "--queue", envvar="GENQ_QUEUE", default=DEFAULT_QUEUE, show_default=True,
+        help="queue name [env: GENQ_QUEUE]",
+    )(func)  # fmt: skip
+    func = click.option(
+        "--redis-url", envvar="GENQ_REDIS_URL", default=DEFAULT_REDIS_URL, show_default=True,
+        help="Redis URL [env: GENQ_REDIS_URL]",
+    )(func)  # fmt: skip
+    return func
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="log debug detail")
+def main(verbose: bool) -> None:
+    """genq: a Redis Streams queue for batched LLM generation."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@main.command()
+@_settings_options
+def worker(**flags: Any) -> None:
+    """Serve a queue: read, batch, generate, write results. Stop with SIGTERM or Ctrl-C."""
+    from genq.worker.engines import make_engine
+    from genq.worker.loop import Worker
+
+    try:
+        settings = WorkerSettings.build(flags)
+    except ConfigError as err:
+        raise click.UsageError(str(err)) from None
+    engine = make_engine(settings)
+    Worker(settings, engine).run()
+
+
+@main.command()
+@_redis_options
+@click.argument("prompt")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--priority", type=click.Choice(["high", "normal", "low"]), default="normal")
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="a stop string (repeatable)")
+@click.option("--timeout-s", type=float, default=None, help="give up waiting after this long")
+@click.option("--no-wait", is_flag=True, help="print the request id and return")
+@click.option("--json", "as_json", is_flag=True, help="print the whole result as JSON")
+def submit(
+    redis_url: str,
+    queue: str,
+    prompt: str,
+    max_new_tokens: int,
+    priority: str,
+    temperature: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+    timeout_s: float | None,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Submit PROMPT and print the generated text (or the result as JSON)."""
+    from genq.producer import Client
+
+    with Client.from_url(redis_url, queue) as client:
+        try:
+            request_id = client.submit(
+                prompt, max_new_tokens=max_new_tokens, priority=priority,
+                temperature=temperature, seed=seed, stop=list(stop),
+            )  # fmt: skip
+            if no_wait:
+                click.echo(request_id)
+                return
+            result = client.result(request_id, timeout=timeout_s)
+        except GenqError as err:
+            raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    elif result.status == "succeeded":
+        click.echo(result.text)
+    else:
+        msg = result.error.message if result.error else ""
+        raise click.ClickException(f"request {result.id} {result.status}: {msg}")
+
+
+@main.command()
+@_redis_options
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def stats(redis_url: str, queue: str, as_json: bool) -> None:
+    """Queue depth, pending work and lag per priority; workers and their counters."""
+    import redis
+    from genq.worker.stats import collect
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        snapshot = collect(r, queue)
+    finally:
+        r.close()
+    if as_json:
+        click.echo(json.dumps(snapshot, indent=2))
+    else:
+        print_stats(snapshot, Console())
+
+
+def print_stats(snapshot: dict[str, Any], console: Console) -> None:
+    """Render a stats snapshot as two tables."""
+    from genq.worker.stats import derived
+
+    t = Table(title=f"queue {snapshot['queue']!r}")
+    for col in ("priority", "length", "pending", "lag", "oldest waiting ms"):
+        t.add_column(col, justify="right")
+    for priority, s in snapshot["streams"].items():
+        t.add_row(
+            priority, str(s["length"]), str(s["pending"]), str(s["lag"]),
+            str(s.get("oldest_waiting_ms", "-")),
+        )  # fmt: skip
+    console.print(t)
+    w = Table(title=f"workers (dead-letter entries: {snapshot['dead_letter']})")
+    for col in ("consumer", "alive", "pending", "batches", "succeeded", "failed",
+                "mean batch", "padding", "tokens/s"):  # fmt: skip
+        w.add_column(col, justify="right")
+    for worker in snapshot["workers"]:
+        d = derived(worker)
+        w.add_row(
+            str(worker["consumer"]), "yes" if worker["alive"] else "no",
+            str(worker["pending"]), str(worker.get("batches", "-")),
+            str(worker.get("succeeded", "-")), str(worker.get("failed", "-")),
+            f"{d['mean_batch_size']:.1f}", f"{d['padding_fraction']:.1%}",
+            f"{d['tokens_per_s']:.0f}",
+        )  # fmt: skip
+    console.print(w)
+
+
+@main.command()
+@click.option("--redis-url", envvar="GENQ_REDIS_URL", default=None,
+              help="use this Redis instead of starting a private redis-server")  # fmt: skip
+@click.option("--queue", default="demo", show_default=True)
+@click.option("--requests", "n_requests", type=int, default=48, show_default=True)
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--engine", type=click.Choice(["static", "echo"]), default="static")
+@click.option("--max-batch-tokens", type=int, default=4096, show_default=True)
+@click.option("--max-batch-size", type=int, default=16, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def demo(
+    redis_url: str | None,
+    queue: str,
+    n_requests: int,
+    model: str,
+    engine: str,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    seed: int,
+) -> None:
+    """Run genq end to end: a private redis-server, a worker on the tiny model, a few dozen
+    prompts of mixed length and priority; print the results and the batching stats."""
+    from genq.worker.demo import run_demo
+
+    try:
+        run_demo(
+            redis_url=redis_url, queue=queue, n_requests=n_requests, model=model, engine=engine,
+            max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, seed=seed,
+            console=Console(),
+        )  # fmt: skip
+    except GenqError as err:
+        raise click.ClickException(str(err)) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""Engines: the part of the worker that turns a batch of prompts into text.
+
+``static`` (transformers ``generate`` per batch) and ``echo`` (no model, for load tests) share
+the small interface in ``base``. Engines that need torch import it only when built, so the
+worker's other modules stay importable without it.
+"""
+
+from __future__ import annotations
+
+from genq.common.settings import WorkerSettings
+from genq.worker.engines.base import BatchReport, Engine, GenerationInput, GenerationOutput
+
+__all__ = ["BatchReport", "Engine", "GenerationInput", "GenerationOutput", "make_engine"]
+
+
+def make_engine(settings: WorkerSettings) -> Engine:
+    """The engine the settings ask for, loaded and ready."""
+    if settings.engine == "echo":
+        from genq.worker.engines.echo import EchoEngine
+
+        return EchoEngine()
+    from genq.worker.engines.static import StaticEngine
+
+    return StaticEngine.load(settings.model, settings.device, settings.dtype)

@@ -1,0 +1,104 @@
+"""The small interface every engine implements, and what goes in and out of it.
+
+An engine knows nothing of Redis: it tokenizes prompts (so the worker can cost them exactly)
+and runs one batch of already-admitted requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class GenerationInput:
+    """One row of a batch."""
+
+    prompt_ids: list[int]
+    """The prompt in the engine's tokenizer (special tokens included)."""
+    max_new_tokens: int
+    """Never generate, return or count more tokens than this for this row."""
+    temperature: float = 0.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    """Seeds this row's own random generator: the same seed gives the same sample, whatever
+    else is in the batch."""
+    stop: tuple[str, ...] = ()
+    """The row ends before the first of these strings; the string is not returned."""
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """What one row produced."""
+
+    text: str
+    """Generated text, without the prompt, eos, or a matched stop string."""
+    completion_tokens: int
+    """Tokens generated for this row, up to and including the one that ended it."""
+    finish_reason: Literal["stop", "length"]
+    """``stop``: eos or a stop string; ``length``: reached its max_new_tokens."""
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """The outputs of a batch, in input order, and what the batch cost."""
+
+    outputs: list[GenerationOutput]
+    prompt_tokens: int = 0
+    """Real prompt tokens in the batch."""
+    padded_prompt_tokens: int = 0
+    """Prompt positions computed, padding included (rows x longest prompt for static)."""
+    decode_slots: int = 0
+    """Row-steps of decoding run (rows x steps for static); useful ones are completion tokens."""
+    errors: dict[int, str] = field(default_factory=dict)
+    """Rows that failed, by index, with the reason; their outputs entry is a placeholder."""
+
+    @property
+    def completion_tokens(self) -> int:
+        """Useful generated tokens."""
+        return sum(o.completion_tokens for o in self.outputs)
+
+    @property
+    def padding_fraction(self) -> float:
+        """Share of prompt positions that were padding."""
+        if not self.padded_prompt_tokens:
+            return 0.0
+        return 1.0 - self.prompt_tokens / self.padded_prompt_tokens
+
+    @property
+    def wasted_decode_fraction(self) -> float:
+        """Share of decode row-steps spent on rows that had already finished."""
+        if not self.decode_slots:
+            return 0.0
+        return max(0.0, 1.0 - self.completion_tokens / self.decode_slots)
+
+
+class Engine(Protocol):
+    """What the worker needs from an engine."""
+
+    name: str
+    """Its --engine name."""
+    max_context_tokens: int | None
+    """Prompt plus generated tokens may not exceed this (None: no limit)."""
+
+    def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each prompt, as ``generate`` will see them."""
+        ...
+
+    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+        """Run one batch; outputs in input order. Must not return or count a token past a
+        row's own max_new_tokens."""
+        ...
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Cut ``text`` before the earliest occurrence of any stop string; say whether one matched."""
+    cut = len(text)
+    for s in stop:
+        i = text.find(s)
+        if i != -1:
+            cut = min(cut, i)
+    return text[:cut], cut != len(text)

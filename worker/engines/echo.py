@@ -1,0 +1,42 @@
+"""``--engine echo``: no model; returns the prompt. For load tests of the queue itself.
+
+Tokens are UTF-8 bytes, so costs and limits behave like a real engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput, cut_at_stop
+
+
+class EchoEngine:
+    """Returns each prompt's first max_new_tokens bytes (cut at a stop string) as its output."""
+
+    name = "echo"
+    max_context_tokens: int | None = None
+
+    def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Each prompt's UTF-8 bytes."""
+        return [list(p.encode("utf-8")) for p in prompts]
+
+    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+        """Echo each prompt, within its own limits."""
+        outputs = []
+        for row in batch:
+            data = bytes(row.prompt_ids)
+            kept = data[: row.max_new_tokens]
+            text, stopped = cut_at_stop(kept.decode("utf-8", errors="ignore"), row.stop)
+            n = len(text.encode("utf-8")) if stopped else len(kept)
+            reason: Literal["stop", "length"] = (
+                "stop" if stopped or len(data) <= row.max_new_tokens else "length"
+            )
+            outputs.append(GenerationOutput(text=text, completion_tokens=n, finish_reason=reason))
+        prompt_tokens = sum(len(r.prompt_ids) for r in batch)
+        return BatchReport(
+            outputs=outputs,
+            prompt_tokens=prompt_tokens,
+            padded_prompt_tokens=prompt_tokens,
+            decode_slots=sum(o.completion_tokens for o in outputs),
+        )

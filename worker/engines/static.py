@@ -1,0 +1,206 @@
+"""``--engine static``: one ``model.generate`` call per batch, with left padding.
+
+Decoder-only models must be padded on the left, with an attention mask, so that every row's
+last prompt token sits at the same position and new tokens follow it directly; right padding
+would put pad tokens between a prompt and its continuation and silently change the output.
+
+Per-row behaviour inside one ``generate`` call:
+
+- limits: a stopping criterion ends each row at its own ``max_new_tokens`` or stop string, and
+  ``generate`` itself ends rows at eos (later steps of a finished row are padding, not counted);
+- sampling: a logits processor samples each sampled row with its own temperature, top-k,
+  top-p and seeded generator, then leaves only the drawn token for ``generate``'s greedy pick.
+  Greedy rows are untouched, so a greedy row's output does not depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput, cut_at_stop
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class StaticEngine:
+    """Batched generation with Hugging Face transformers ``generate``."""
+
+    name = "static"
+
+    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = "left"
+        self.device = device
+        eos: Any = model.generation_config.eos_token_id
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos_token_ids: list[int] = (
+            [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        )
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = self.eos_token_ids[0] if self.eos_token_ids else 0
+        self.pad_token_id = int(pad)
+        self.max_context_tokens: int | None = getattr(model.config, "max_position_embeddings", None)
+
+    @classmethod
+    def load(cls, model_name: str, device: str = "cpu", dtype: str = "auto") -> StaticEngine:
+        """Load a causal LM: ``tiny`` (built-in), a local directory, or a hub id."""
+        model, tokenizer = load_model(model_name, device, dtype)
+        return cls(model, tokenizer, device)
+
+    def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each prompt, with the model's special tokens (e.g. bos)."""
+        ids: list[list[int]] = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        return ids
+
+    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+        """Run the batch in one ``generate`` call."""
+        torch = _torch()
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        rows = len(batch)
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((rows, width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            n = len(r.prompt_ids)
+            input_ids[i, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attention_mask[i, width - n :] = 1
+        limits = _RowLimits(batch, width, self.tokenizer)
+        processors = LogitsProcessorList()
+        if any(r.temperature > 0 for r in batch):
+            processors.append(_RowSampler(batch, self.device))
+        config = GenerationConfig(
+            max_new_tokens=max(r.max_new_tokens for r in batch),
+            do_sample=False,
+            pad_token_id=self.pad_token_id,
+            eos_token_id=self.eos_token_ids or None,
+        )
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=config,
+                logits_processor=processors,
+                stopping_criteria=StoppingCriteriaList([limits]),
+            )
+        generated = out[:, width:].tolist()
+        steps = len(generated[0]) if generated else 0
+        outputs = [
+            self._finish_row(r, tokens, limits.stopped_at[i])
+            for i, (r, tokens) in enumerate(zip(batch, generated, strict=True))
+        ]
+        prompt_tokens = sum(len(r.prompt_ids) for r in batch)
+        return BatchReport(
+            outputs=outputs,
+            prompt_tokens=prompt_tokens,
+            padded_prompt_tokens=rows * width,
+            decode_slots=rows * steps,
+        )
+
+    def _finish_row(
+        self, row: GenerationInput, tokens: list[int], stopped_at: int | None
+    ) -> GenerationOutput:
+        limit = row.max_new_tokens if stopped_at is None else min(row.max_new_tokens, stopped_at)
+        tokens = tokens[:limit]
+        count = len(tokens)
+        reason: Any = "length"
+        for j, t in enumerate(tokens):
+            if t in self.eos_token_ids:
+                tokens, count, reason = tokens[:j], j + 1, "stop"
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text, stopped = cut_at_stop(text, row.stop)
+        if stopped or (stopped_at is not None and stopped_at <= count):
+            reason = "stop"
+        return GenerationOutput(text=text, completion_tokens=count, finish_reason=reason)
+
+
+class _RowLimits:
+    """Stopping criterion: each row ends at its own max_new_tokens or first stop string.
+    Records, per row, how many tokens it had generated when a stop string appeared."""
+
+    def __init__(self, batch: Sequence[GenerationInput], prompt_width: int, tokenizer: Any):
+        self.max_new = [r.max_new_tokens for r in batch]
+        self.stop = [r.stop for r in batch]
+        self.prompt_width = prompt_width
+        self.tokenizer = tokenizer
+        self.stopped_at: list[int | None] = [None] * len(batch)
+        # Tokens are at least one byte, so this many trailing tokens hold any stop string.
+        self.tail_tokens = max((len(s.encode()) for r in batch for s in r.stop), default=0) + 2
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        torch = _torch()
+        generated = input_ids.shape[1] - self.prompt_width
+        done = [generated >= m for m in self.max_new]
+        for i, stops in enumerate(self.stop):
+            if not stops or done[i]:
+                if self.stopped_at[i] is not None:
+                    done[i] = True
+                continue
+            if self.stopped_at[i] is None:
+                k = min(generated, self.tail_tokens)
+                tail = self.tokenizer.decode(input_ids[i, -k:].tolist(), skip_special_tokens=True)
+                if any(s in tail for s in stops):
+                    self.stopped_at[i] = generated
+            done[i] = self.stopped_at[i] is not None
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class _RowSampler:
+    """Logits processor: samples each sampled row with its own settings and generator, and
+    leaves only the drawn token so that greedy selection picks it."""
+
+    def __init__(self, batch: Sequence[GenerationInput], device: str):
+        torch = _torch()
+        self.rows = [(i, r) for i, r in enumerate(batch) if r.temperature > 0]
+        self.generators = {}
+        for i, r in self.rows:
+            g = torch.Generator(device=device)
+            seed = r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            g.manual_seed(seed)
+            self.generators[i] = g
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        torch = _torch()
+        for i, r in self.rows:
+            logits = scores[i].float() / r.temperature
+            if r.top_k > 0 and r.top_k < logits.shape[-1]:
+                kth = torch.topk(logits, r.top_k).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            if r.top_p < 1.0:
+                sorted_probs, order = torch.sort(probs, descending=True)
+                keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < r.top_p
+                mask = torch.zeros_like(probs, dtype=torch.bool).scatter(0, order, keep)
+                probs = probs.masked_fill(~mask, 0.0)
+            token = torch.multinomial(probs, 1, generator=self.generators[i])
+            scores[i] = float("-inf")
+            scores[i, token] = 0.0
+        return scores
+
+
+def load_model(model_name: str, device: str = "cpu", dtype: str = "auto") -> tuple[Any, Any]:
+    """(model, tokenizer) for ``tiny``, a local directory or a hub id, on ``device``."""
+    torch = _torch()
+    from genq.worker.tiny_model import TINY_MODEL_NAME, tiny_model_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # worker logs are lines, not progress bars
+    path = str(tiny_model_dir()) if model_name == TINY_MODEL_NAME else model_name
+    if dtype == "auto":
+        torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    else:
+        torch_dtype = getattr(torch, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
+    return model, tokenizer
