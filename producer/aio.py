@@ -89,22 +89,21 @@ class AsyncClient:
 
     async def result(self, request_id: str, timeout: float | None = None) -> Result:
         """Wait until the request is final and return its result. ``timeout`` in seconds (None:
-        wait as long as it takes). Raises ResultTimeout, or RequestNotFound."""
+        wait as long as it takes). Raises ResultTimeout."""
         return (await self.results([request_id], timeout=timeout))[0]
 
     async def results(
         self, request_ids: Sequence[str], timeout: float | None = None
     ) -> list[Result]:
         """Wait for many requests at once (blocking reads over their event streams, no polling)
-        and return their results in the same order."""
+        and return their results in the same order. An id with no state yet is waited for
+        like any other (it may have been enqueued without one); ``timeout`` bounds the wait."""
         ids = list(request_ids)
         waiter = Waiter(self.keys, ids, timeout)
         raws = await self.redis.mget([self.keys.result(i) for i in ids]) if ids else []
-        missing = waiter.take_stored(ids, raws)
-        if missing:
-            raise RequestNotFound(
-                f"no request(s) {missing[:5]} in Redis (never submitted, or expired)"
-            )
+        # A missing key is waited for too: a request enqueued with a plain XADD (redis-cli,
+        # another language) has no state until a worker writes one.
+        waiter.take_stored(ids, raws)
         while waiter.pending:
             read = waiter.next_read()
             if read is None:

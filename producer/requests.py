@@ -126,16 +126,12 @@ class Waiter:
         self.last_ids: dict[str, str] = dict.fromkeys(self.pending, "0-0")
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
-    def take_stored(self, ids: Sequence[str], raws: Sequence[bytes | str | None]) -> list[str]:
-        """Record results already final at their keys; return the ids that do not exist."""
-        missing = []
+    def take_stored(self, ids: Sequence[str], raws: Sequence[bytes | str | None]) -> None:
+        """Record the results already final at their keys."""
         for request_id, raw in zip(ids, raws, strict=True):
             res = parse_stored(raw)
-            if res is None:
-                missing.append(request_id)
-            elif res.is_final:
+            if res is not None and res.is_final:
                 self._done(request_id, res)
-        return missing
 
     def _done(self, request_id: str, result: Result) -> None:
         self.results[request_id] = result

@@ -37,7 +37,7 @@ SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
 _FORMAT_VERSION = 2
 #: The eos row of the output layer is scaled by this, so rows end on eos now and then (at
 #: different points), but most run to their max_new_tokens.
-EOS_LOGIT_SCALE = 0.6
+EOS_LOGIT_SCALE = 0.8
 
 
 def cache_dir() -> Path:

@@ -1,0 +1,14 @@
+# The image compose.yaml builds: genq with its worker extra.
+FROM python:3.11-slim
+WORKDIR /app
+# Install the torch build that fits your machine first (this one is CPU-only; for CUDA use e.g.
+# --index-url https://download.pytorch.org/whl/cu124).
+ARG TORCH_SPEC="torch==2.13.0"
+RUN pip install --no-cache-dir "$TORCH_SPEC"
+COPY pyproject.toml README.md ./
+COPY common ./common
+COPY producer ./producer
+COPY worker ./worker
+RUN pip install --no-cache-dir ".[worker]"
+ENV GENQ_CACHE_DIR=/cache
+ENTRYPOINT ["genq"]

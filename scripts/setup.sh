@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up genq for development on a fresh Debian/Ubuntu machine: redis-server (if missing), a
+# virtual environment in .venv with the CPU build of torch, and genq with its worker and dev
+# extras. Safe to run again. Run from anywhere; it works in the repository root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+    echo "installing redis-server (Debian package)"
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -q
+    $SUDO apt-get install -y -q redis-server
+fi
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# The torch pin comes first: a bare 'torch' requirement would pull a multi-GB CUDA build on a
+# CPU machine. On a GPU machine, install the torch build you want before running this script.
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+    .venv/bin/python -m pip install -q "torch==${GENQ_TORCH_VERSION:-2.13.0}"
+fi
+# Strict editable mode: the three folders appear as genq.common/producer/worker to Python,
+# mypy and editors alike.
+.venv/bin/python -m pip install -q -e ".[worker,dev]" --config-settings editable_mode=strict
+echo "genq is set up in .venv"

@@ -1,0 +1,102 @@
+"""Shared fixtures: a real redis-server on a free loopback port, worker processes, waiting."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from genq.worker.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+_queue_names = itertools.count()
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout_s: float = 30.0, every_s: float = 0.02
+) -> None:
+    """Wait for ``predicate()`` to be truthy instead of sleeping a guessed time."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(every_s)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One real redis-server for the whole session (tests use their own queue names)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture()
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture()
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def queue() -> str:
+    """A queue name no other test uses."""
+    return f"t{os.getpid()}-{next(_queue_names)}"
+
+
+class WorkerProcess:
+    """A ``genq worker`` subprocess with its log captured to a file."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "genq.worker", "worker", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture()
+def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``genq worker`` processes: ``start_worker(queue, "--engine", "echo", ...)``.
+    All are stopped (SIGTERM) at the end of the test."""
+    started: list[WorkerProcess] = []
+
+    def start(queue: str, *args: str) -> WorkerProcess:
+        n = len(started)
+        w = WorkerProcess(
+            ["--redis-url", redis_url, "--queue", queue, "--consumer", f"w{n}", *args],
+            tmp_path / f"worker{n}.log",
+        )
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()

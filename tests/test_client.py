@@ -1,0 +1,118 @@
+"""The client library: fast tests on fakeredis, and the async twin on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import fakeredis
+import pytest
+from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout
+from genq.common.keys import Keys
+from genq.common.models import Result
+from genq.common.wire import encode_final_event
+from genq.producer import AsyncClient, Client
+
+
+@pytest.fixture()
+def fake() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture()
+def client(fake: fakeredis.FakeRedis) -> Client:
+    return Client(fake, "q")
+
+
+def test_submit_writes_a_documented_entry_and_a_queued_state(
+    client: Client, fake: fakeredis.FakeRedis
+) -> None:
+    rid = client.submit("hello", max_new_tokens=7, priority="high")
+    entries = fake.xrange(Keys("q").stream("high"))
+    assert len(entries) == 1
+    fields = entries[0][1]
+    assert fields[b"id"].decode() == rid
+    assert json.loads(fields[b"body"]) == {"prompt": "hello", "max_new_tokens": 7}
+    assert client.status(rid).status == "queued"
+    assert 0 < fake.ttl(Keys.result(rid)) <= client.result_ttl_s
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "x" * 300_000}, "prompt"),
+        ({"prompt": "x", "max_new_tokens": 0}, "max_new_tokens"),
+        ({"prompt": "x", "max_new_tokens": -3}, "max_new_tokens"),
+        ({"prompt": "x", "max_new_tokens": 10**9}, "max_new_tokens"),
+        ({"prompt": "x", "max_new_tokens": 2.5}, "max_new_tokens"),
+        ({"prompt": "x", "temperature": math.nan}, "temperature"),
+        ({"prompt": "x", "temperature": -1.0}, "temperature"),
+        ({"prompt": "x", "top_p": 0.0}, "top_p"),
+        ({"prompt": "x", "priority": "urgent"}, "priority"),
+        ({"prompt": "x", "request_id": "has space"}, "id"),
+        ({"prompt": 42}, "prompt"),
+        ({"prompt": "x", "deadline_in_s": math.inf}, "deadline_in_s"),
+    ],
+)
+def test_invalid_requests_raise_before_reaching_redis(
+    client: Client, fake: fakeredis.FakeRedis, kwargs: dict[str, object], message: str
+) -> None:
+    prompt = kwargs.pop("prompt")
+    with pytest.raises(InvalidRequest, match=message):
+        client.submit(prompt, **kwargs)  # type: ignore[arg-type]
+    assert fake.keys("*") == []
+
+
+def test_submit_many_sends_nothing_if_any_is_invalid(
+    client: Client, fake: fakeredis.FakeRedis
+) -> None:
+    with pytest.raises(InvalidRequest):
+        client.submit_many(["ok", {"prompt": "bad", "max_new_tokens": 0}])
+    assert fake.keys("*") == []
+
+
+def test_submit_many_uses_per_item_overrides(client: Client, fake: fakeredis.FakeRedis) -> None:
+    ids = client.submit_many(["a", {"prompt": "b", "priority": "low"}], max_new_tokens=3)
+    assert len(ids) == 2
+    assert fake.xlen(Keys("q").stream("normal")) == 1
+    assert fake.xlen(Keys("q").stream("low")) == 1
+
+
+def test_status_of_unknown_id_raises_not_found(client: Client) -> None:
+    with pytest.raises(RequestNotFound):
+        client.status("nope")
+
+
+def test_result_times_out_when_nobody_answers(client: Client) -> None:
+    rid = client.submit("x")
+    with pytest.raises(ResultTimeout):
+        client.result(rid, timeout=0.05)
+
+
+def test_result_returns_the_final_event(client: Client, fake: fakeredis.FakeRedis) -> None:
+    rid = client.submit("x")
+    final = Result(id=rid, status="succeeded", text="done")
+    fake.xadd(Keys.events(rid), encode_final_event(final))  # type: ignore[arg-type]
+    assert client.result(rid, timeout=1).text == "done"
+
+
+def test_result_reads_a_final_state_from_its_key(client: Client, fake: fakeredis.FakeRedis) -> None:
+    rid = client.submit("x")
+    fake.set(Keys.result(rid), Result(id=rid, status="failed").model_dump_json())
+    assert client.result(rid).status == "failed"
+
+
+def test_async_client_round_trip_on_real_redis(redis_url: str, queue: str) -> None:
+    async def go() -> tuple[str, Result, Result]:
+        async with AsyncClient.from_url(redis_url, queue) as c:
+            rid = await c.submit("hello", max_new_tokens=4)
+            queued = await c.status(rid)
+            # Play the worker's part: write the final event.
+            final = Result(id=rid, status="succeeded", text="hi")
+            await c.redis.xadd(Keys.events(rid), encode_final_event(final))  # type: ignore[arg-type]
+            return rid, queued, await c.result(rid, timeout=5)
+
+    rid, queued, res = asyncio.run(go())
+    assert queued.status == "queued" and res.id == rid and res.text == "hi"

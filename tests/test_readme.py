@@ -1,0 +1,59 @@
+"""The README's promises: its redis-cli example runs, its tables match the code."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from genq.common.settings import WorkerSettings
+from genq.worker.redis_server import RedisServer
+
+from tests.conftest import WorkerProcess
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_readme_redis_cli_example_runs_against_a_worker(
+    redis_server: RedisServer, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    block = re.search(
+        r"<!-- redis-cli-example.*?-->\s*```bash\n(.*?)```\s*<!-- /redis-cli-example -->",
+        README,
+        re.S,
+    )
+    assert block is not None
+    start_worker("default", "--model", "tiny")
+    script = f'redis-cli() {{ command redis-cli -p {redis_server.port} "$@"; }}\n{block.group(1)}'
+    out = subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["id"] == "r1" and result["status"] == "succeeded"
+    assert result["usage"]["completion_tokens"] <= 8
+
+
+def test_every_setting_is_in_the_readme_configuration_table() -> None:
+    for name in WorkerSettings.model_fields:
+        flag = "--" + name.replace("_", "-")
+        assert f"`{flag}` | `{WorkerSettings.env_var(name)}`" in README, flag
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    assert blocks[0].strip() == "bash scripts/setup.sh && .venv/bin/genq demo"
+    assert blocks[1].strip() == "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_compose_file_is_valid() -> None:
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        ["docker-compose", "-f", str(root / "compose.yaml"), "config"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "appendonly" in out.stdout and "service_healthy" in out.stdout

@@ -1,0 +1,134 @@
+"""The static engine on the real tiny model: batched output must equal each prompt alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from genq.worker.engines.base import GenerationInput
+from genq.worker.engines.static import StaticEngine
+
+
+@pytest.fixture(scope="module")
+def engine() -> StaticEngine:
+    return StaticEngine.load("tiny")
+
+
+def varied_prompts(n: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    words = [
+        "the",
+        "queue",
+        "batches",
+        "requests",
+        "by",
+        "length",
+        "so",
+        "padding",
+        "stays",
+        "small",
+        "and",
+        "fast",
+    ]
+    return [" ".join(rng.choices(words, k=rng.randint(1, 60))) for _ in range(n)]
+
+
+def alone(engine: StaticEngine, row: GenerationInput) -> tuple[str, int, str]:
+    out = engine.generate([row]).outputs[0]
+    return out.text, out.completion_tokens, out.finish_reason
+
+
+def test_batched_greedy_equals_each_prompt_alone(engine: StaticEngine) -> None:
+    prompts = varied_prompts(12, seed=1)
+    ids = engine.tokenize(prompts)
+    rows = [GenerationInput(prompt_ids=p, max_new_tokens=4 + 9 * i) for i, p in enumerate(ids)]
+    report = engine.generate(rows)
+    batched = [(o.text, o.completion_tokens, o.finish_reason) for o in report.outputs]
+    assert batched == [alone(engine, r) for r in rows]
+    # The workload really exercises what it claims: different prompt lengths, rows ending at
+    # their own limits, and at least one ending early on eos.
+    assert len({len(p) for p in ids}) > 6
+    assert any(o.finish_reason == "length" for o in report.outputs)
+    early_eos = {
+        o.completion_tokens
+        for o, r in zip(report.outputs, rows, strict=True)
+        if o.finish_reason == "stop" and o.completion_tokens < r.max_new_tokens
+    }
+    assert len(early_eos) >= 2
+
+
+def test_no_row_gets_tokens_past_its_own_limit(engine: StaticEngine) -> None:
+    ids = engine.tokenize(varied_prompts(6, seed=3))
+    rows = [
+        GenerationInput(prompt_ids=p, max_new_tokens=n)
+        for p, n in zip(ids, [1, 2, 3, 50, 5, 8], strict=True)
+    ]
+    for row, out in zip(rows, engine.generate(rows).outputs, strict=True):
+        assert out.completion_tokens <= row.max_new_tokens
+        assert (
+            len(engine.tokenizer(out.text, add_special_tokens=False)["input_ids"])
+            <= row.max_new_tokens
+        )
+
+
+def test_stop_strings_end_their_own_row_only(engine: StaticEngine) -> None:
+    ids = engine.tokenize(varied_prompts(4, seed=11))
+    free = [GenerationInput(prompt_ids=p, max_new_tokens=40) for p in ids]
+    texts = [o.text for o in engine.generate(free).outputs]
+    # Stop row 0 on a character it really produces, mid-way.
+    stop_char = texts[0][len(texts[0]) // 2]
+    rows = [GenerationInput(prompt_ids=ids[0], max_new_tokens=40, stop=(stop_char,)), *free[1:]]
+    outs = engine.generate(rows).outputs
+    assert outs[0].text == texts[0][: texts[0].index(stop_char)]
+    assert outs[0].finish_reason == "stop"
+    assert [o.text for o in outs[1:]] == texts[1:]
+    assert (outs[0].text, outs[0].completion_tokens) == alone(engine, rows[0])[:2]
+
+
+def test_left_padding_is_what_makes_batches_correct(engine: StaticEngine) -> None:
+    """Guard against a test that cannot fail: right padding really changes the output."""
+    import torch
+
+    short, long = engine.tokenize(["hi", "a much longer prompt than the other one"])
+    width = len(long)
+    ids = torch.full((2, width), engine.pad_token_id)
+    mask = torch.zeros((2, width), dtype=torch.long)
+    ids[0, : len(short)] = torch.tensor(short)  # right padding
+    mask[0, : len(short)] = 1
+    ids[1] = torch.tensor(long)
+    mask[1] = 1
+    out = engine.model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+        pad_token_id=engine.pad_token_id,
+    )  # fmt: skip
+    right_padded = engine.tokenizer.decode(out[0, width:], skip_special_tokens=True)
+    assert right_padded != alone(engine, GenerationInput(prompt_ids=short, max_new_tokens=12))[0]
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(engine: StaticEngine) -> None:
+    ids = engine.tokenize(varied_prompts(3, seed=5))
+    sampled = GenerationInput(
+        prompt_ids=ids[0], max_new_tokens=20, temperature=0.9, top_p=0.95, top_k=50, seed=42
+    )
+    other = GenerationInput(prompt_ids=ids[1], max_new_tokens=20)
+    a = engine.generate([sampled]).outputs[0].text
+    b = engine.generate([other, sampled]).outputs[1].text
+    c = engine.generate([sampled.__class__(**{**sampled.__dict__, "seed": 43})]).outputs[0].text
+    greedy = alone(engine, GenerationInput(prompt_ids=ids[0], max_new_tokens=20))[0]
+    assert a == b
+    assert a != c or a != greedy
+
+
+def test_greedy_rows_are_unaffected_by_sampled_batch_mates(engine: StaticEngine) -> None:
+    ids = engine.tokenize(varied_prompts(2, seed=9))
+    greedy = GenerationInput(prompt_ids=ids[0], max_new_tokens=16)
+    sampled = GenerationInput(prompt_ids=ids[1], max_new_tokens=16, temperature=1.5, seed=1)
+    assert engine.generate([greedy, sampled]).outputs[0].text == alone(engine, greedy)[0]
+
+
+def test_batch_report_counts_padding(engine: StaticEngine) -> None:
+    ids = engine.tokenize(["a", "a longer prompt here"])
+    report = engine.generate([GenerationInput(prompt_ids=p, max_new_tokens=3) for p in ids])
+    assert report.prompt_tokens == sum(len(p) for p in ids)
+    assert report.padded_prompt_tokens == 2 * max(len(p) for p in ids)
+    assert 0 < report.padding_fraction < 1
