@@ -204,5 +204,81 @@ def demo(
         raise click.ClickException(str(err)) from None
 
 
+@main.command()
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--requests", "n_requests", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fifo-batch-size", type=int, default=32, show_default=True)
+@click.option("--max-batch-tokens", type=int, default=16_384, show_default=True)
+@click.option("--max-batch-size", type=int, default=32, show_default=True)
+@click.option("--queue/--no-queue", "with_queue", default=True,
+              help="also measure the same engine through Redis and a genq worker")  # fmt: skip
+@click.option("--redis-url", default=None, help="default: a private redis-server")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def bench(
+    model: str,
+    device: str,
+    dtype: str,
+    n_requests: int,
+    seed: int,
+    fifo_batch_size: int,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    with_queue: bool,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
+    from genq.worker import bench as b
+    from genq.worker.engines.static import StaticEngine
+    from genq.worker.redis_server import RedisServer
+
+    engine = StaticEngine.load(model, device, dtype)
+    workload = b.make_workload(engine, n_requests, seed)
+    results = b.run_in_process(
+        engine, workload, fifo_batch_size=fifo_batch_size,
+        max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size,
+    )  # fmt: skip
+    if with_queue:
+        server = None if redis_url else RedisServer().start()
+        try:
+            results.append(
+                b.run_through_queue(
+                    workload,
+                    redis_url=server.url if server else str(redis_url),
+                    model=model,
+                    engine="static",
+                    max_batch_tokens=max_batch_tokens,
+                    max_batch_size=max_batch_size,
+                )
+            )
+        finally:
+            if server is not None:
+                server.stop()
+    rows = b.results_table(results)
+    info = b.machine_info()
+    if as_json:
+        click.echo(json.dumps({"machine": info, "model": model, "requests": n_requests,
+                               "seed": seed, "modes": rows}, indent=2))  # fmt: skip
+        return
+    console = Console()
+    t = Table(title=f"genq bench: {n_requests} requests, model {model}, seed {seed}")
+    cols = ("mode", "batches", "mean batch", "tokens/s", "x one-at-a-time", "padding",
+            "wasted decode", "wait p50 ms", "wait p99 ms")  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="right")
+    for row in rows:
+        t.add_row(
+            row["mode"], str(row["batches"]), f"{row['mean_batch_size']:.1f}",
+            f"{row['tokens_per_s']:.0f}", f"{row['speedup_vs_one_at_a_time']:.2f}",
+            f"{row['padding_fraction']:.1%}", f"{row['wasted_decode_fraction']:.1%}",
+            f"{row['queue_wait_p50_ms']:.0f}", f"{row['queue_wait_p99_ms']:.0f}",
+        )  # fmt: skip
+    console.print(t)
+    console.print(" ".join(f"{k}={v}" for k, v in info.items()))
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,273 @@
+"""``genq bench``: one seeded workload, several ways of serving it, measured in one run.
+
+Modes (in-process unless said):
+
+- ``one_at_a_time``: each request alone (the naive service);
+- ``fifo_static``: static batches of a fixed size, in arrival order;
+- ``budgeted_static``: genq's policy: token-budgeted, length-aware static batches;
+- ``queue``: the same engine and policy through Redis and a ``genq worker`` process.
+
+Every mode gets the same requests, all "arriving" at the start. Each phase is timed on its own
+with ``time.perf_counter()``; model loading is outside every timed phase.
+"""
+
+from __future__ import annotations
+
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from genq.worker.batching import BatchPolicy, Candidate, next_batch
+from genq.worker.engines.base import BatchReport, Engine, GenerationInput
+
+WORDS = (
+    "the a queue batch token model worker stream redis prompt result padding length budget "
+    "priority request answer fast small large many one two three and of to in on for with"
+)
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request of the workload."""
+
+    prompt: str
+    max_new_tokens: int
+
+
+def make_workload(engine: Engine, n: int, seed: int) -> list[BenchRequest]:
+    """``n`` requests: prompt lengths lognormal, clipped to 8..400 tokens; ``max_new_tokens``
+    uniform in 8..128. Seeded, so every mode and every run gets the same work."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        target = int(min(400, max(8, rng.lognormvariate(4.0, 0.9))))
+        words: list[str] = []
+        while len(" ".join(words)) < target:
+            words.append(rng.choice(WORDS.split()))
+        text = " ".join(words)
+        ids = engine.tokenize([text])[0]
+        while len(ids) > target and len(text) > 1:  # trim to the target length in tokens
+            text = text[: max(1, len(text) * target // len(ids) - 1)]
+            ids = engine.tokenize([text])[0]
+        out.append(BenchRequest(prompt=text, max_new_tokens=rng.randint(8, 128)))
+    return out
+
+
+@dataclass
+class ModeResult:
+    """What one mode measured."""
+
+    mode: str
+    requests: int
+    batches: int
+    mean_batch_size: float
+    useful_tokens: int
+    """Completion tokens returned to clients."""
+    wall_s: float
+    tokens_per_s: float
+    padding_fraction: float
+    wasted_decode_fraction: float
+    queue_wait_p50_ms: float
+    """From the start of the phase until the request's batch started."""
+    queue_wait_p99_ms: float
+
+
+def _summarize(
+    mode: str, reports: list[tuple[BatchReport, int]], waits_ms: list[float], wall_s: float
+) -> ModeResult:
+    useful = sum(r.completion_tokens for r, _ in reports)
+    prompt = sum(r.prompt_tokens for r, _ in reports)
+    padded = sum(r.padded_prompt_tokens for r, _ in reports)
+    slots = sum(r.decode_slots for r, _ in reports)
+    sizes = [n for _, n in reports]
+    waits = sorted(waits_ms)
+    return ModeResult(
+        mode=mode,
+        requests=sum(sizes),
+        batches=len(sizes),
+        mean_batch_size=statistics.fmean(sizes),
+        useful_tokens=useful,
+        wall_s=wall_s,
+        tokens_per_s=useful / wall_s,
+        padding_fraction=1 - prompt / padded if padded else 0.0,
+        wasted_decode_fraction=max(0.0, 1 - useful / slots) if slots else 0.0,
+        queue_wait_p50_ms=statistics.median(waits),
+        queue_wait_p99_ms=waits[min(len(waits) - 1, int(0.99 * len(waits)))],
+    )
+
+
+def _run_batches(
+    engine: Engine, mode: str, rows: list[GenerationInput], batches: Sequence[Sequence[int]]
+) -> ModeResult:
+    reports = []
+    waits: list[float] = []
+    t0 = time.perf_counter()
+    for batch in batches:
+        waits += [(time.perf_counter() - t0) * 1000] * len(batch)
+        reports.append((engine.generate([rows[i] for i in batch]), len(batch)))
+    return _summarize(mode, reports, waits, time.perf_counter() - t0)
+
+
+def plan_budgeted(
+    rows: list[GenerationInput], max_batch_tokens: int, max_batch_size: int
+) -> list[list[int]]:
+    """The batches genq's policy forms when every request is waiting at once."""
+    policy = BatchPolicy(max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size)
+    waiting = {
+        str(i): Candidate(
+            key=str(i),
+            prompt_tokens=len(r.prompt_ids),
+            max_new_tokens=r.max_new_tokens,
+            enqueued_ms=i,
+        )
+        for i, r in enumerate(rows)
+    }
+    batches = []
+    while waiting:
+        d = next_batch(list(waiting.values()), now_ms=len(rows), policy=policy)
+        batches.append([int(c.key) for c in d.batch])
+        for c in d.batch:
+            del waiting[c.key]
+    return batches
+
+
+def run_in_process(
+    engine: Engine,
+    workload: list[BenchRequest],
+    *,
+    fifo_batch_size: int,
+    max_batch_tokens: int,
+    max_batch_size: int,
+) -> list[ModeResult]:
+    """Modes 1-3 on ``engine``."""
+    ids = engine.tokenize([w.prompt for w in workload])
+    rows = [GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
+            for p, w in zip(ids, workload, strict=True)]  # fmt: skip
+    engine.generate(rows[:2])  # warm-up, untimed
+    n = len(rows)
+    step = fifo_batch_size
+    fifo = [list(range(i, min(n, i + step))) for i in range(0, n, step)]
+    return [
+        _run_batches(engine, "one_at_a_time", rows, [[i] for i in range(n)]),
+        _run_batches(engine, "fifo_static", rows,
+                     fifo),
+        _run_batches(engine, "budgeted_static", rows,
+                     plan_budgeted(rows, max_batch_tokens, max_batch_size)),
+    ]  # fmt: skip
+
+
+def run_through_queue(
+    workload: list[BenchRequest],
+    *,
+    redis_url: str,
+    model: str,
+    engine: str,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    queue: str = "bench",
+) -> ModeResult:
+    """Mode 4: submit everything through Redis to a ``genq worker`` subprocess and wait."""
+    import redis
+    from genq.common.keys import Keys
+    from genq.producer import Client
+
+    r = redis.Redis.from_url(redis_url)
+    consumer = f"bench-{int(time.time() * 1000)}"
+    args = [
+        sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url,
+        "--queue", queue, "--model", model, "--engine", engine, "--consumer", consumer,
+        "--max-batch-tokens", str(max_batch_tokens), "--max-batch-size", str(max_batch_size),
+        "--max-wait-ms", "0",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: r.exists(Keys(queue).worker(consumer)) or proc.poll() is not None)
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"bench worker exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+            )
+        client = Client(r, queue)
+        client.generate("warm up", max_new_tokens=2, timeout=120)
+        before = _counters(r, Keys(queue).worker(consumer))
+        t0 = time.perf_counter()
+        ids = client.submit_many(
+            [{"prompt": w.prompt, "max_new_tokens": w.max_new_tokens} for w in workload]
+        )
+        results = client.results(ids, timeout=3600)
+        wall_s = time.perf_counter() - t0
+        # Counters go out in the same round trip as results: no need to wait for a heartbeat.
+        after = _counters(r, Keys(queue).worker(consumer))
+        stats = {k: after[k] - before.get(k, 0) for k in after}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    r.close()
+    useful = sum(x.usage.completion_tokens for x in results)
+    waits = sorted(float(x.timings.queue_wait_ms or 0) for x in results)
+    sizes = [x.batch_size or 1 for x in results]
+    return ModeResult(
+        mode="queue",
+        requests=len(results),
+        batches=round(sum(1 / s for s in sizes)),
+        mean_batch_size=len(sizes) / sum(1 / s for s in sizes),
+        useful_tokens=useful,
+        wall_s=wall_s,
+        tokens_per_s=useful / wall_s,
+        padding_fraction=1 - stats["prompt_tokens"] / stats["padded_prompt_tokens"],
+        wasted_decode_fraction=1 - stats["completion_tokens"] / stats["decode_slots"],
+        queue_wait_p50_ms=statistics.median(waits),
+        queue_wait_p99_ms=waits[min(len(waits) - 1, int(0.99 * len(waits)))],
+    )
+
+
+def _counters(r: Any, key: str) -> dict[str, int]:
+    raw: Any = r.hgetall(key)
+    return {k.decode(): int(v) for k, v in raw.items() if v.isdigit()}
+
+
+def _wait_for(pred: Callable[[], object], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError("bench worker did not start")
+        time.sleep(0.05)
+
+
+def machine_info() -> dict[str, str]:
+    """The machine and versions, recorded next to the numbers."""
+    import os
+
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": str(os.cpu_count()),
+    }
+    try:
+        import torch
+        import transformers
+
+        info["torch"] = torch.__version__
+        info["transformers"] = transformers.__version__
+        info["torch_threads"] = str(torch.get_num_threads())
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def results_table(results: list[ModeResult]) -> list[dict[str, Any]]:
+    """Rows for printing, with each mode's speed relative to one-at-a-time."""
+    base = next((r.tokens_per_s for r in results if r.mode == "one_at_a_time"), None)
+    rows = []
+    for r in results:
+        row = asdict(r)
+        row["speedup_vs_one_at_a_time"] = r.tokens_per_s / base if base else float("nan")
+        rows.append(row)
+    return rows
