@@ -15,6 +15,7 @@ from genq.common.models import Result
 from genq.producer import Client
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.static import StaticEngine
+from genq.worker.tiny_model import tiny_model_dir
 
 from tests.conftest import WorkerProcess, wait_until
 
@@ -41,8 +42,15 @@ def test_mixed_priority_prompts_all_succeed_and_equal_single_generation(
     specs = mixed_requests(36)
     client = Client.from_url(redis_url, queue)
     ids = client.submit_many(specs)
+    # A model directory, as a user would pass one (the tiny model's cache directory).
     worker = start_worker(
-        queue, "--model", "tiny", "--max-batch-size", "8", "--max-batch-tokens", "2048"
+        queue,
+        "--model",
+        str(tiny_model_dir()),
+        "--max-batch-size",
+        "8",
+        "--max-batch-tokens",
+        "2048",
     )
     results = client.results(ids, timeout=240)
     assert [res.status for res in results] == ["succeeded"] * len(ids), worker.log()
