@@ -25,7 +25,7 @@ DEFAULT_RESULT_TTL_S = 86_400
 #: Variables that are not worker settings but are still genq's own.
 OTHER_ENV_VARS = frozenset({"GENQ_CACHE_DIR"})
 
-EngineName = Literal["static", "echo"]
+EngineName = Literal["static", "continuous", "echo"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 
 
@@ -41,7 +41,10 @@ class WorkerSettings(BaseModel):
     model: str = Field(
         "tiny", description="'tiny' (built-in test model), a local directory or a hub id"
     )
-    engine: EngineName = Field("static", description="static (batched generate) or echo (no model)")
+    engine: EngineName = Field(
+        "static",
+        description="static (batched generate), continuous (iteration-level) or echo (no model)",
+    )
     device: str = Field("cpu", description="cpu, cuda or cuda:N")
     dtype: DType = Field("auto", description="model dtype; auto = float32 on cpu, bfloat16 on cuda")
     consumer: str | None = Field(None, description="consumer name; default HOST-PID")

@@ -36,8 +36,13 @@ def mixed_requests(n: int) -> list[dict[str, object]]:
     ]
 
 
+@pytest.mark.parametrize("engine_name", ["static", "continuous"])
 def test_mixed_priority_prompts_all_succeed_and_equal_single_generation(
-    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+    redis_url: str,
+    queue: str,
+    r: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    engine_name: str,
 ) -> None:
     specs = mixed_requests(36)
     client = Client.from_url(redis_url, queue)

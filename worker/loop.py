@@ -32,7 +32,13 @@ from genq.common.settings import WorkerSettings
 from genq.common.wire import UndecodableEntry, decode_request, encode_final_event
 from genq.worker.admission import Limits, check_limits, deadline_passed, entry_time_ms
 from genq.worker.batching import PRIORITY_RANK, BatchPolicy, Candidate, next_batch
-from genq.worker.engines.base import BatchReport, Engine, GenerationInput
+from genq.worker.engines.base import (
+    BatchReport,
+    Engine,
+    GenerationInput,
+    GenerationOutput,
+    IterationEngine,
+)
 
 log = logging.getLogger("genq.worker")
 
@@ -58,6 +64,19 @@ class Held:
 def held_key(stream: str, entry_id: str) -> str:
     """The look-ahead's key for an entry."""
     return f"{stream} {entry_id}"
+
+
+@dataclass
+class Running:
+    """A request started in an iteration-level engine."""
+
+    held: Held
+    started: int
+    cost_tokens: int
+
+
+POLL_S = 0.02
+"""How long the continuous loop waits for a finished request before checking Redis again."""
 
 
 @dataclass
@@ -126,6 +145,7 @@ class Worker:
             max_batch_tokens=settings.max_batch_tokens,
         )
         self.held: dict[str, Held] = {}  # by held_key(stream, entry id)
+        self.running: dict[str, Running] = {}  # in an iteration-level engine, by held key
         self.counters = Counters()
         self._stopping = threading.Event()
         self._signals = 0
@@ -146,8 +166,10 @@ class Worker:
             self.keys.queue,
             self.engine.name,
         )
+        continuous = isinstance(self.engine, IterationEngine)
+        step = self.step_continuous if continuous else self.step
         while not self._stopping.is_set():
-            self.step()
+            step()
         self.drain()
         self.redis.delete(self.keys.worker(self.consumer))
         log.info("worker %s stopped: %s", self.consumer, self.counters.summary())
@@ -184,6 +206,13 @@ class Worker:
 
     def drain(self) -> None:
         """Run everything still held (no more reading), as a stopping worker must."""
+        engine = self.engine
+        if isinstance(engine, IterationEngine):
+            while self.held or self.running:
+                self.write(self.start_requests(engine))
+                self.write(self.finish_requests(engine, POLL_S))
+            engine.close()
+            return
         while self.held:
             decision = next_batch(
                 self.candidates(),
@@ -257,11 +286,12 @@ class Worker:
         return max(0, self.settings.max_lookahead - held)
 
     def write(self, outcomes: Sequence[Outcome]) -> None:
-        """Write final results, their events, acks, deletes and stats in one round trip."""
+        """Write final results, their events, acks, deletes and stats in one round trip, as
+        one MULTI/EXEC: a client that sees a result never sees its entry still pending."""
         if not outcomes:
             return
         ttl = self.settings.result_ttl_s
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)
         for o in outcomes:
             data = o.result.model_dump_json()
             pipe.set(self.keys.result(o.result.id), data, ex=ttl)
@@ -414,30 +444,121 @@ class Worker:
         generation_ms = int((time.perf_counter() - t0) * 1000)
         self._count_batch(report, len(batch), generation_ms)
         finished = now_ms()
+        outcomes = [
+            self._succeeded(h, out, started, finished, generation_ms, len(batch))
+            for h, out in zip(batch, report.outputs, strict=True)
+        ]
+        return outcomes
+
+    def _succeeded(
+        self,
+        h: Held,
+        out: GenerationOutput,
+        started: int,
+        finished: int,
+        generation_ms: int,
+        batch_size: int,
+    ) -> Outcome:
+        self.counters.succeeded += 1
+        result = Result(
+            id=h.request.id,
+            status="succeeded",
+            priority=h.request.priority,
+            text=out.text,
+            finish_reason=out.finish_reason,
+            usage=Usage(prompt_tokens=len(h.prompt_ids), completion_tokens=out.completion_tokens),
+            timings=Timings(
+                queued_unix_ms=h.enqueued_ms,
+                started_unix_ms=started,
+                finished_unix_ms=finished,
+                queue_wait_ms=max(0, started - h.enqueued_ms),
+                generation_ms=generation_ms,
+            ),
+            worker=self.consumer,
+            batch_size=batch_size,
+            metadata=h.request.metadata,
+        )
+        return Outcome(h.stream, h.entry_id, result)
+
+    # -- continuous batching ---------------------------------------------------------------
+
+    def step_continuous(self) -> None:
+        """One turn with an iteration-level engine: top up the look-ahead, start requests while
+        the token budget has room, and write each result as soon as it finishes."""
+        engine = self.engine
+        if not isinstance(engine, IterationEngine):
+            raise TypeError(f"engine {engine.name!r} does not batch per iteration")
+        self.heartbeat()
+        self.admit(self.read(block_ms=None))
+        self.write(self.start_requests(engine))
+        self.write(self.finish_requests(engine, POLL_S if self.running else 0.0))
+        if not self.running and not self.held:
+            self.admit(self.read(block_ms=self.settings.read_block_ms))
+
+    def start_requests(self, engine: IterationEngine) -> list[Outcome]:
+        """Admit held requests into the running engine, by the batching policy, within what
+        is left of the token budget and batch size."""
+        used_tokens = sum(r.cost_tokens for r in self.running.values())
+        free_tokens = self.policy.max_batch_tokens - used_tokens
+        free_slots = self.policy.max_batch_size - len(self.running)
+        if not self.held or free_slots <= 0 or free_tokens <= 0:
+            return []
+        policy = BatchPolicy(
+            max_batch_tokens=free_tokens,
+            max_batch_size=free_slots,
+            priority_aging_ms=self.policy.priority_aging_ms,
+        )
+        decision = next_batch(self.candidates(), now_ms(), policy)
+        if self.running and decision.tokens > free_tokens:
+            return []  # the most urgent request does not fit yet: wait for room
+        started = now_ms()
+        batch = [self.held.pop(c.key) for c in decision.batch]
+        self._mark_running(batch, started)
         outcomes = []
-        for h, out in zip(batch, report.outputs, strict=True):
-            result = Result(
-                id=h.request.id,
-                status="succeeded",
-                priority=h.request.priority,
-                text=out.text,
-                finish_reason=out.finish_reason,
-                usage=Usage(
-                    prompt_tokens=len(h.prompt_ids), completion_tokens=out.completion_tokens
-                ),
-                timings=Timings(
-                    queued_unix_ms=h.enqueued_ms,
-                    started_unix_ms=started,
-                    finished_unix_ms=finished,
-                    queue_wait_ms=max(0, started - h.enqueued_ms),
-                    generation_ms=generation_ms,
-                ),
-                worker=self.consumer,
-                batch_size=len(batch),
-                metadata=h.request.metadata,
+        for h in batch:
+            try:
+                engine.submit(h.key, _input(h))
+            except GenqError as err:
+                outcomes.append(
+                    self._failed(h.stream, h.entry_id, h.request.id, err, h.request, started)
+                )
+                continue
+            self.running[h.key] = Running(h, started, len(h.prompt_ids) + h.request.max_new_tokens)
+        self.counters.batches += 1
+        self.counters.batch_sizes.append(len(self.running))
+        del self.counters.batch_sizes[:-1000]
+        return outcomes
+
+    def finish_requests(self, engine: IterationEngine, timeout_s: float) -> list[Outcome]:
+        """Results of the requests that finished (waiting up to ``timeout_s`` for one)."""
+        if not self.running:
+            return []
+        t0 = time.perf_counter()
+        done = engine.poll(timeout_s)
+        self.counters.generation_ms += int((time.perf_counter() - t0) * 1000)
+        finished = now_ms()
+        outcomes = []
+        for key, out in done:
+            run = self.running.pop(key, None)
+            if run is None:
+                continue
+            h = run.held
+            if isinstance(out, str):
+                err = GenerationError(f"the engine failed on this request: {out}")
+                outcomes.append(
+                    self._failed(h.stream, h.entry_id, h.request.id, err, h.request, run.started)
+                )
+                continue
+            c = self.counters
+            c.prompt_tokens += len(h.prompt_ids)
+            c.padded_prompt_tokens += len(h.prompt_ids)
+            c.completion_tokens += out.completion_tokens
+            c.decode_slots += out.completion_tokens
+            outcomes.append(
+                self._succeeded(
+                    h, out, run.started, finished, finished - run.started, len(self.running) + 1
+                )
             )
-            outcomes.append(Outcome(h.stream, h.entry_id, result))
-        self.counters.succeeded += len(outcomes)
         return outcomes
 
     def _mark_running(self, batch: Sequence[Held], started: int) -> None:

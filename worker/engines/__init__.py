@@ -19,6 +19,13 @@ def make_engine(settings: WorkerSettings) -> Engine:
         from genq.worker.engines.echo import EchoEngine
 
         return EchoEngine()
+    if settings.engine == "continuous":
+        from genq.worker.engines.continuous import ContinuousEngine
+
+        return ContinuousEngine.load(
+            settings.model, settings.device, settings.dtype,
+            max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size,
+        )  # fmt: skip
     from genq.worker.engines.static import StaticEngine
 
     return StaticEngine.load(settings.model, settings.device, settings.dtype)

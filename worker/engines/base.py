@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,24 @@ class Engine(Protocol):
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Run one batch; outputs in input order. Must not return or count a token past a
         row's own max_new_tokens."""
+        ...
+
+
+@runtime_checkable
+class IterationEngine(Engine, Protocol):
+    """An engine that batches at every decode step: requests are submitted one at a time and
+    finish one at a time (``--engine continuous``)."""
+
+    def submit(self, key: str, row: GenerationInput) -> None:
+        """Start generating ``row``; raise InvalidRequest if this engine cannot serve it."""
+        ...
+
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
+        """Finished requests since the last call: (key, output) or (key, error message)."""
+        ...
+
+    def close(self) -> None:
+        """Stop background work."""
         ...
 
 

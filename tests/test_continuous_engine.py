@@ -1,0 +1,53 @@
+"""The continuous engine on the real tiny model: same outputs as each prompt alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from genq.common.errors import InvalidRequest
+from genq.worker.engines.base import GenerationInput
+from genq.worker.engines.continuous import ContinuousEngine
+
+from tests.test_static_engine import varied_prompts
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ContinuousEngine]:
+    e = ContinuousEngine.load("tiny", max_batch_tokens=4096, max_batch_size=16)
+    yield e
+    e.close()
+
+
+def test_continuous_greedy_equals_each_prompt_alone(engine: ContinuousEngine) -> None:
+    ids = engine.tokenize(varied_prompts(12, seed=1))
+    rows = [GenerationInput(prompt_ids=p, max_new_tokens=4 + 9 * i) for i, p in enumerate(ids)]
+    outs = engine.generate(rows).outputs
+    alone = [engine._static.generate([r]).outputs[0] for r in rows]
+    assert outs == alone
+    assert any(o.finish_reason == "stop" for o in outs)  # some rows ended on eos
+
+
+def test_stop_strings_are_applied_and_counted_like_static(engine: ContinuousEngine) -> None:
+    (p,) = engine.tokenize(varied_prompts(1, seed=11))
+    free = engine.generate([GenerationInput(prompt_ids=p, max_new_tokens=40)]).outputs[0].text
+    stop = free[len(free) // 2]
+    row = GenerationInput(prompt_ids=p, max_new_tokens=40, stop=(stop,))
+    assert engine.generate([row]).outputs == engine._static.generate([row]).outputs
+
+
+def test_sampled_requests_are_refused_with_a_pointer_to_static(engine: ContinuousEngine) -> None:
+    with pytest.raises(InvalidRequest, match="--engine static"):
+        engine.submit("k", GenerationInput(prompt_ids=[1, 2], max_new_tokens=2, temperature=0.5))
+
+
+def test_requests_finish_one_by_one(engine: ContinuousEngine) -> None:
+    short, long = engine.tokenize(["a", "b"])
+    engine.submit("long", GenerationInput(prompt_ids=long, max_new_tokens=120))
+    engine.submit("short", GenerationInput(prompt_ids=short, max_new_tokens=2))
+    first: list[str] = []
+    while not first:
+        first = [k for k, _ in engine.poll(5.0)]
+    assert first[0] == "short"
+    while engine.in_flight:
+        engine.poll(5.0)

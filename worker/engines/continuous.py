@@ -1,0 +1,179 @@
+"""``--engine continuous``: iteration-level batching with transformers' continuous batching
+manager (``model.init_continuous_batching``).
+
+The manager runs the model in its own thread over a paged KV cache; requests join and leave the
+running batch at every decode step. The worker adds requests the moment its token budget has room
+and writes each result the moment that request finishes (see ``Worker.step_continuous``).
+
+The paged cache is sized explicitly from the worker's budget (otherwise the manager sizes itself
+from system memory and takes seconds to warm up): ``ceil(max_batch_tokens / PAGE_SIZE)`` pages
+for the tokens, plus one page per request for rounding.
+
+Semantics, same as ``static``: each request stops at its own ``max_new_tokens`` or eos; stop
+strings are applied to the text and counted as in ``static`` (the manager has no stop strings, so
+the request runs on to its limit: correct output, some wasted decode steps). This version serves
+greedy requests only: the manager's sampling has no per-request seed, so a sampled request fails
+with a message pointing at ``--engine static``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from genq.common.errors import InvalidRequest
+from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput, cut_at_stop
+from genq.worker.engines.static import StaticEngine, load_model
+
+PAGE_SIZE = 16
+"""Tokens per KV-cache page; small, because every request rounds up to whole pages."""
+STEP_MAX_TOKENS = 512
+"""Most tokens (prefill chunks + one per decoding request) one forward step processes."""
+
+
+class ContinuousEngine:
+    """Requests are submitted and finish one by one; ``generate`` is a convenience on top."""
+
+    name = "continuous"
+
+    def __init__(
+        self, model: Any, tokenizer: Any, device: str, max_batch_tokens: int, max_batch_size: int
+    ) -> None:
+        # The static engine knows this model's eos, pad and context; reuse it for those.
+        self._static = StaticEngine(model, tokenizer, device)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = self._static.eos_token_ids
+        self.max_context_tokens = self._static.max_context_tokens
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self._manager: Any = None
+        self._rows: dict[str, GenerationInput] = {}
+
+    @classmethod
+    def load(
+        cls,
+        model_name: str,
+        device: str = "cpu",
+        dtype: str = "auto",
+        *,
+        max_batch_tokens: int,
+        max_batch_size: int,
+    ) -> ContinuousEngine:
+        """Load a causal LM (``tiny``, a directory or a hub id) for continuous batching."""
+        model, tokenizer = load_model(model_name, device, dtype)
+        return cls(model, tokenizer, device, max_batch_tokens, max_batch_size)
+
+    def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each prompt, with the model's special tokens."""
+        return self._static.tokenize(prompts)
+
+    def _ensure_started(self) -> Any:
+        if self._manager is None:
+            from transformers import ContinuousBatchingConfig, GenerationConfig
+
+            config = ContinuousBatchingConfig(
+                page_size=PAGE_SIZE,
+                num_blocks=math.ceil(self.max_batch_tokens / PAGE_SIZE) + self.max_batch_size,
+                max_batch_tokens=min(STEP_MAX_TOKENS, self.max_batch_tokens),
+                max_requests_per_batch=self.max_batch_size,
+            )
+            generation = GenerationConfig(
+                do_sample=False,
+                max_new_tokens=1,
+                eos_token_id=self.eos_token_ids or None,
+                pad_token_id=self._static.pad_token_id,
+            )
+            self._manager = self.model.init_continuous_batching(
+                generation_config=generation, continuous_batching_config=config
+            )
+            self._manager.start()
+        return self._manager
+
+    def submit(self, key: str, row: GenerationInput) -> None:
+        """Start generating ``row``; its output comes back from ``poll`` under ``key``."""
+        if row.temperature > 0:
+            raise InvalidRequest(
+                "the continuous engine serves greedy requests only (temperature 0) in this "
+                "version; send sampled requests to a worker started with --engine static"
+            )
+        self._rows[key] = row
+        self._ensure_started().add_request(
+            row.prompt_ids, request_id=key, max_new_tokens=row.max_new_tokens
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet returned by ``poll``."""
+        return len(self._rows)
+
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
+        """Finished requests: (key, output) or (key, error message). Waits up to ``timeout_s``
+        for the first one, then takes whatever else is ready."""
+        if self._manager is None or not self._rows:
+            return []
+        done: list[tuple[str, GenerationOutput | str]] = []
+        wait = timeout_s
+        while True:
+            out = self._manager.get_result(timeout=wait)
+            if out is None:
+                return done
+            wait = 0.0
+            key = out.request_id
+            row = self._rows.pop(key, None)
+            if row is None:
+                continue
+            if out.error:
+                done.append((key, str(out.error)))
+            else:
+                done.append((key, self._finish(row, list(out.generated_tokens))))
+
+    def _finish(self, row: GenerationInput, tokens: list[int]) -> GenerationOutput:
+        tokens = tokens[: row.max_new_tokens]
+        count = len(tokens)
+        reason: Any = "length"
+        for j, t in enumerate(tokens):
+            if t in self.eos_token_ids:
+                tokens, count, reason = tokens[:j], j + 1, "stop"
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if row.stop:
+            cut, stopped = cut_at_stop(text, row.stop)
+            if stopped:
+                # Count as the static engine does: up to the token that completed the stop string.
+                for k in range(1, len(tokens) + 1):
+                    if cut_at_stop(
+                        self.tokenizer.decode(tokens[:k], skip_special_tokens=True), row.stop
+                    )[1]:
+                        count = k
+                        break
+                text, reason = cut, "stop"
+        return GenerationOutput(text=text, completion_tokens=count, finish_reason=reason)
+
+    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+        """Run ``batch`` to completion (for in-process use and benchmarks)."""
+        keys = [f"g{time.monotonic_ns()}-{i}" for i in range(len(batch))]
+        for key, row in zip(keys, batch, strict=True):
+            self.submit(key, row)
+        outputs: dict[str, GenerationOutput] = {}
+        while len(outputs) < len(keys):
+            for key, out in self.poll(1.0):
+                if isinstance(out, str):
+                    raise RuntimeError(out)
+                outputs[key] = out
+        prompt_tokens = sum(len(r.prompt_ids) for r in batch)
+        report_outputs = [outputs[k] for k in keys]
+        return BatchReport(
+            outputs=report_outputs,
+            prompt_tokens=prompt_tokens,
+            padded_prompt_tokens=prompt_tokens,  # no padding: sequences are packed
+            decode_slots=sum(o.completion_tokens for o in report_outputs),
+        )
+
+    def close(self) -> None:
+        """Stop the manager's thread."""
+        if self._manager is not None:
+            self._manager.stop(block=True)
+            self._manager = None
