@@ -22,14 +22,14 @@ from tests.conftest import WorkerProcess, wait_until
 pytestmark = pytest.mark.slow
 
 
-def mixed_requests(n: int) -> list[dict[str, object]]:
+def mixed_requests(n: int, prefix: str) -> list[dict[str, object]]:
     base = "genq keeps a queue of prompts and serves them in batches "
     return [
         {
             "prompt": (base * (1 + i % 7))[: 5 + (i * 37) % 300],
             "max_new_tokens": 4 + (i * 13) % 40,
             "priority": ("high", "normal", "low")[i % 3],
-            "request_id": f"mix-{i}",
+            "request_id": f"{prefix}-{i}",  # unique per test: results outlive tests
             "metadata": {"i": i},
         }
         for i in range(n)
@@ -44,7 +44,7 @@ def test_mixed_priority_prompts_all_succeed_and_equal_single_generation(
     start_worker: Callable[..., WorkerProcess],
     engine_name: str,
 ) -> None:
-    specs = mixed_requests(36)
+    specs = mixed_requests(36, prefix=queue)
     client = Client.from_url(redis_url, queue)
     ids = client.submit_many(specs)
     # A model directory, as a user would pass one (the tiny model's cache directory).
