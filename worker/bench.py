@@ -24,7 +24,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from genq.worker.batching import BatchPolicy, Candidate, next_batch
-from genq.worker.engines.base import BatchReport, Engine, GenerationInput
+from genq.worker.engines.base import (
+    BatchReport,
+    Engine,
+    GenerationInput,
+    GenerationOutput,
+    IterationEngine,
+)
 
 WORDS = (
     "the a queue batch token model worker stream redis prompt result padding length budget "
@@ -76,10 +82,22 @@ class ModeResult:
     queue_wait_p50_ms: float
     """From the start of the phase until the request's batch started."""
     queue_wait_p99_ms: float
+    latency_p50_ms: float
+    """From the start of the phase until the request's result was ready."""
+    latency_p99_ms: float
+
+
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
 
 def _summarize(
-    mode: str, reports: list[tuple[BatchReport, int]], waits_ms: list[float], wall_s: float
+    mode: str,
+    reports: list[tuple[BatchReport, int]],
+    waits_ms: list[float],
+    wall_s: float,
+    latencies_ms: list[float],
 ) -> ModeResult:
     useful = sum(r.completion_tokens for r, _ in reports)
     prompt = sum(r.prompt_tokens for r, _ in reports)
@@ -97,8 +115,10 @@ def _summarize(
         tokens_per_s=useful / wall_s,
         padding_fraction=1 - prompt / padded if padded else 0.0,
         wasted_decode_fraction=max(0.0, 1 - useful / slots) if slots else 0.0,
-        queue_wait_p50_ms=statistics.median(waits),
-        queue_wait_p99_ms=waits[min(len(waits) - 1, int(0.99 * len(waits)))],
+        queue_wait_p50_ms=_pct(waits, 0.5),
+        queue_wait_p99_ms=_pct(waits, 0.99),
+        latency_p50_ms=_pct(latencies_ms, 0.5),
+        latency_p99_ms=_pct(latencies_ms, 0.99),
     )
 
 
@@ -107,11 +127,38 @@ def _run_batches(
 ) -> ModeResult:
     reports = []
     waits: list[float] = []
+    latencies: list[float] = []
     t0 = time.perf_counter()
     for batch in batches:
         waits += [(time.perf_counter() - t0) * 1000] * len(batch)
         reports.append((engine.generate([rows[i] for i in batch]), len(batch)))
-    return _summarize(mode, reports, waits, time.perf_counter() - t0)
+        latencies += [(time.perf_counter() - t0) * 1000] * len(batch)
+    return _summarize(mode, reports, waits, time.perf_counter() - t0, latencies)
+
+
+def _run_continuous(engine: IterationEngine, rows: list[GenerationInput]) -> ModeResult:
+    """Everything submitted at once; the manager admits as its budget allows."""
+    t0 = time.perf_counter()
+    for i, row in enumerate(rows):
+        engine.submit(str(i), row)
+    outputs: dict[str, GenerationOutput] = {}
+    latencies: list[float] = []
+    while len(outputs) < len(rows):
+        for key, out in engine.poll(1.0):
+            if isinstance(out, str):
+                raise RuntimeError(out)
+            outputs[key] = out
+            latencies.append((time.perf_counter() - t0) * 1000)
+    wall_s = time.perf_counter() - t0
+    report = BatchReport(
+        outputs=list(outputs.values()),
+        prompt_tokens=sum(len(r.prompt_ids) for r in rows),
+        padded_prompt_tokens=sum(len(r.prompt_ids) for r in rows),
+        decode_slots=sum(o.completion_tokens for o in outputs.values()),
+    )
+    result = _summarize("continuous", [(report, len(rows))], [float("nan")], wall_s, latencies)
+    result.batches, result.mean_batch_size = 0, float("nan")  # no batches: one running set
+    return result
 
 
 def plan_budgeted(
@@ -144,8 +191,9 @@ def run_in_process(
     fifo_batch_size: int,
     max_batch_tokens: int,
     max_batch_size: int,
+    continuous: IterationEngine | None = None,
 ) -> list[ModeResult]:
-    """Modes 1-3 on ``engine``."""
+    """Modes 1-3 on ``engine``, and the continuous mode on ``continuous`` if given."""
     ids = engine.tokenize([w.prompt for w in workload])
     rows = [GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
             for p, w in zip(ids, workload, strict=True)]  # fmt: skip
@@ -159,7 +207,7 @@ def run_in_process(
                      fifo),
         _run_batches(engine, "budgeted_static", rows,
                      plan_budgeted(rows, max_batch_tokens, max_batch_size)),
-    ]  # fmt: skip
+    ] + ([_run_continuous(continuous, rows)] if continuous is not None else [])  # fmt: skip
 
 
 def run_through_queue(
@@ -196,6 +244,7 @@ def run_through_queue(
         client.generate("warm up", max_new_tokens=2, timeout=120)
         before = _counters(r, Keys(queue).worker(consumer))
         t0 = time.perf_counter()
+        submitted_ms = float(time.time() * 1000)
         ids = client.submit_many(
             [{"prompt": w.prompt, "max_new_tokens": w.max_new_tokens} for w in workload]
         )
@@ -209,10 +258,12 @@ def run_through_queue(
         proc.wait(timeout=60)
     r.close()
     useful = sum(x.usage.completion_tokens for x in results)
-    waits = sorted(float(x.timings.queue_wait_ms or 0) for x in results)
+    waits = [float(x.timings.queue_wait_ms or 0) for x in results]
+    finish_ms = [float(x.timings.finished_unix_ms or 0) for x in results]
+    latencies = [f - submitted_ms for f in finish_ms]
     sizes = [x.batch_size or 1 for x in results]
     return ModeResult(
-        mode="queue",
+        mode=f"queue_{engine}",
         requests=len(results),
         batches=round(sum(1 / s for s in sizes)),
         mean_batch_size=len(sizes) / sum(1 / s for s in sizes),
@@ -221,8 +272,10 @@ def run_through_queue(
         tokens_per_s=useful / wall_s,
         padding_fraction=1 - stats["prompt_tokens"] / stats["padded_prompt_tokens"],
         wasted_decode_fraction=1 - stats["completion_tokens"] / stats["decode_slots"],
-        queue_wait_p50_ms=statistics.median(waits),
-        queue_wait_p99_ms=waits[min(len(waits) - 1, int(0.99 * len(waits)))],
+        queue_wait_p50_ms=_pct(waits, 0.5),
+        queue_wait_p99_ms=_pct(waits, 0.99),
+        latency_p50_ms=_pct(latencies, 0.5),
+        latency_p99_ms=_pct(latencies, 0.99),
     )
 
 
@@ -271,3 +324,28 @@ def results_table(results: list[ModeResult]) -> list[dict[str, Any]]:
         row["speedup_vs_one_at_a_time"] = r.tokens_per_s / base if base else float("nan")
         rows.append(row)
     return rows
+
+
+def markdown_section(
+    rows: list[dict[str, Any]], info: dict[str, str], argv: list[str], requests: int, repeats: int
+) -> str:
+    """A BENCHMARKS.md section: the command, the machine and versions, and the table."""
+    lines = [
+        f"Command: `genq {' '.join(argv)}`  ",
+        f"Workload: {requests} requests, prompts lognormal 8-400 tokens, max_new_tokens 8-128; "
+        f"each mode run {repeats} times, the median run shown.  ",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
+        "",
+        "| mode | batches | mean batch | tokens/s | x one-at-a-time | padding | wasted decode "
+        "| wait p50 ms | latency p50 ms | latency p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mode']} | {r['batches']} | {r['mean_batch_size']:.1f} | "
+            f"{r['tokens_per_s']:.0f} | {r['speedup_vs_one_at_a_time']:.2f} | "
+            f"{r['padding_fraction']:.1%} | {r['wasted_decode_fraction']:.1%} | "
+            f"{r['queue_wait_p50_ms']:.0f} | {r['latency_p50_ms']:.0f} | "
+            f"{r['latency_p99_ms']:.0f} |"
+        )
+    return "\n".join(lines)

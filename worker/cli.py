@@ -210,63 +210,89 @@ def demo(
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--requests", "n_requests", type=int, default=64, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True,
+              help="run each mode this many times and report the median run")  # fmt: skip
 @click.option("--fifo-batch-size", type=int, default=32, show_default=True)
-@click.option("--max-batch-tokens", type=int, default=16_384, show_default=True)
+@click.option("--max-batch-tokens", type=int, default=4096, show_default=True)
 @click.option("--max-batch-size", type=int, default=32, show_default=True)
-@click.option("--queue/--no-queue", "with_queue", default=True,
-              help="also measure the same engine through Redis and a genq worker")  # fmt: skip
+@click.option("--queue-engine", type=click.Choice(["static", "continuous", "none"]),
+              default="static", show_default=True,
+              help="engine measured through Redis and a genq worker ('none' to skip)")  # fmt: skip
 @click.option("--redis-url", default=None, help="default: a private redis-server")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--markdown", is_flag=True, help="print a BENCHMARKS.md section")
 def bench(
     model: str,
     device: str,
     dtype: str,
     n_requests: int,
     seed: int,
+    repeats: int,
     fifo_batch_size: int,
     max_batch_tokens: int,
     max_batch_size: int,
-    with_queue: bool,
+    queue_engine: str,
     redis_url: str | None,
     as_json: bool,
+    markdown: bool,
 ) -> None:
     """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
+    import statistics
+
     from genq.worker import bench as b
+    from genq.worker.engines.continuous import ContinuousEngine
     from genq.worker.engines.static import StaticEngine
     from genq.worker.redis_server import RedisServer
 
     engine = StaticEngine.load(model, device, dtype)
+    continuous = ContinuousEngine(
+        engine.model, engine.tokenizer, device, max_batch_tokens, max_batch_size
+    )
     workload = b.make_workload(engine, n_requests, seed)
-    results = b.run_in_process(
-        engine, workload, fifo_batch_size=fifo_batch_size,
-        max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size,
-    )  # fmt: skip
-    if with_queue:
+    runs: dict[str, list[b.ModeResult]] = {}
+    for _ in range(repeats):
+        for res in b.run_in_process(
+            engine, workload, fifo_batch_size=fifo_batch_size,
+            max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size,
+            continuous=continuous,
+        ):  # fmt: skip
+            runs.setdefault(res.mode, []).append(res)
+    continuous.close()
+    if queue_engine != "none":
         server = None if redis_url else RedisServer().start()
+        url = server.url if server else str(redis_url)
         try:
-            results.append(
-                b.run_through_queue(
-                    workload,
-                    redis_url=server.url if server else str(redis_url),
-                    model=model,
-                    engine="static",
-                    max_batch_tokens=max_batch_tokens,
-                    max_batch_size=max_batch_size,
-                )
-            )
+            for i in range(repeats):
+                res = b.run_through_queue(
+                    workload, redis_url=url, model=model, engine=queue_engine,
+                    max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size,
+                    queue=f"bench{i}",
+                )  # fmt: skip
+                runs.setdefault(res.mode, []).append(res)
         finally:
             if server is not None:
                 server.stop()
-    rows = b.results_table(results)
+    medians = []
+    for mode_runs in runs.values():
+        speed = statistics.median_low([r.tokens_per_s for r in mode_runs])
+        medians.append(next(r for r in mode_runs if r.tokens_per_s == speed))
+    rows = b.results_table(medians)
     info = b.machine_info()
     if as_json:
         click.echo(json.dumps({"machine": info, "model": model, "requests": n_requests,
-                               "seed": seed, "modes": rows}, indent=2))  # fmt: skip
+                               "seed": seed, "repeats": repeats,
+                               "max_batch_tokens": max_batch_tokens, "modes": rows,
+                               "all_runs": {m: [r.tokens_per_s for r in rs]
+                                            for m, rs in runs.items()}}, indent=2))  # fmt: skip
         return
-    console = Console()
-    t = Table(title=f"genq bench: {n_requests} requests, model {model}, seed {seed}")
-    cols = ("mode", "batches", "mean batch", "tokens/s", "x one-at-a-time", "padding",
-            "wasted decode", "wait p50 ms", "wait p99 ms")  # fmt: skip
+    if markdown:
+        click.echo(b.markdown_section(rows, info, sys.argv[1:], n_requests, repeats))
+        return
+    console = Console(width=max(Console().width, 130))
+    t = Table(title=f"genq bench: {n_requests} requests, model {model}, seed {seed}, "
+                    f"median of {repeats}, budget {max_batch_tokens} tokens")  # fmt: skip
+    cols = ("mode", "batches", "mean batch", "tokens/s", "x one", "padding",
+            "wasted decode", "wait p50 ms", "latency p50 ms", "latency p99 ms")  # fmt: skip
     for c in cols:
         t.add_column(c, justify="right")
     for row in rows:
@@ -274,7 +300,8 @@ def bench(
             row["mode"], str(row["batches"]), f"{row['mean_batch_size']:.1f}",
             f"{row['tokens_per_s']:.0f}", f"{row['speedup_vs_one_at_a_time']:.2f}",
             f"{row['padding_fraction']:.1%}", f"{row['wasted_decode_fraction']:.1%}",
-            f"{row['queue_wait_p50_ms']:.0f}", f"{row['queue_wait_p99_ms']:.0f}",
+            f"{row['queue_wait_p50_ms']:.0f}", f"{row['latency_p50_ms']:.0f}",
+            f"{row['latency_p99_ms']:.0f}",
         )  # fmt: skip
     console.print(t)
     console.print(" ".join(f"{k}={v}" for k, v in info.items()))

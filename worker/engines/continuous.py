@@ -72,6 +72,10 @@ class ContinuousEngine:
 
     def _ensure_started(self) -> Any:
         if self._manager is None:
+            import logging
+
+            # The manager logs every start and stop at INFO; keep worker logs to genq's lines.
+            logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
             from transformers import ContinuousBatchingConfig, GenerationConfig
 
             config = ContinuousBatchingConfig(

@@ -1,0 +1,49 @@
+"""`genq bench` runs every mode on one workload (a small one here: timings are not checked)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from genq.worker.bench import make_workload, plan_budgeted
+from genq.worker.engines.base import GenerationInput
+from genq.worker.engines.echo import EchoEngine
+
+pytestmark = pytest.mark.slow
+
+
+def test_workload_is_seeded_and_within_the_stated_ranges() -> None:
+    engine = EchoEngine()
+    a = make_workload(engine, 64, seed=3)
+    assert a == make_workload(engine, 64, seed=3)
+    assert a != make_workload(engine, 64, seed=4)
+    lengths = [len(engine.tokenize([w.prompt])[0]) for w in a]
+    assert min(lengths) >= 1 and max(lengths) <= 400
+    assert all(8 <= w.max_new_tokens <= 128 for w in a)
+
+
+def test_budgeted_plan_covers_every_request_once_within_budget() -> None:
+    rows = [GenerationInput(prompt_ids=[0] * (5 + 7 * i), max_new_tokens=10) for i in range(30)]
+    plan = plan_budgeted(rows, max_batch_tokens=400, max_batch_size=8)
+    assert sorted(i for b in plan for i in b) == list(range(30))
+    for batch in plan:
+        cost = sum(len(rows[i].prompt_ids) + rows[i].max_new_tokens for i in batch)
+        assert len(batch) <= 8 and (cost <= 400 or len(batch) == 1)
+
+
+def test_bench_reports_every_mode_in_one_run() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "genq.worker", "bench", "--requests", "8", "--repeats", "1",
+         "--queue-engine", "continuous", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    modes = {m["mode"]: m for m in report["modes"]}
+    assert set(modes) == {
+        "one_at_a_time", "fifo_static", "budgeted_static", "continuous", "queue_continuous",
+    }  # fmt: skip
+    assert all(m["requests"] == 8 and m["tokens_per_s"] > 0 for m in modes.values())
+    assert report["machine"]["transformers"]
