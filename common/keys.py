@@ -14,8 +14,8 @@ key                    type    written by                  read by             T
                                counters)                   ``genq demo``
 ``genq:res:{ID}``      string  client (queued), worker     client (GET)        result_ttl_s
                                (running, final): JSON
-``genq:ev:{ID}``       stream  worker (final event)        client (XREAD       result_ttl_s
-                                                           BLOCK)
+``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
+                               streaming, final event)     BLOCK)
 =====================  ======  ==========================  ==================  ===============
 
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``).

@@ -78,6 +78,8 @@ class RequestBody(_Strict):
         Field(max_length=MAX_STOP_STRINGS),
     ] = Field(default_factory=list)
     """Generation ends before the first occurrence of any of these strings (not returned)."""
+    stream: bool = False
+    """Also send the text as it is generated, as ``delta`` events on the request's event stream."""
     deadline_unix_ms: Annotated[int, Field(ge=0)] | None = None
     """If the request has not started by this time it ends ``expired`` without running."""
     metadata: Annotated[dict[str, MetadataValue], Field(max_length=MAX_METADATA_KEYS)] = Field(

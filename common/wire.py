@@ -5,12 +5,14 @@ A work entry has exactly two fields, both UTF-8 text:
 - ``id``: the request id (``[A-Za-z0-9_.:-]{1,128}``);
 - ``body``: a JSON object with the request's other fields (see ``RequestBody``).
 
-Its priority is the stream it is in. An event entry has ``type`` (``final``; later versions add
-``delta``) and ``data`` (JSON: the Result for ``final``). Only JSON is ever decoded.
+Its priority is the stream it is in. An event entry has ``type`` (``delta``: a piece of
+streamed text; ``final``: last) and ``data`` (JSON: ``{"text": ...}`` for ``delta``, the Result
+for ``final``). Only JSON is ever decoded.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from genq.common.errors import MalformedEntry
@@ -22,6 +24,7 @@ BODY_FIELD = "body"
 EVENT_TYPE_FIELD = "type"
 EVENT_DATA_FIELD = "data"
 FINAL_EVENT = "final"
+DELTA_EVENT = "delta"
 
 
 def encode_request(request: Request) -> dict[str, str]:
@@ -109,6 +112,11 @@ def _usable_id(value: object) -> str | None:
 def encode_final_event(result: Result) -> dict[str, str]:
     """The fields of the event that ends a request's event stream."""
     return {EVENT_TYPE_FIELD: FINAL_EVENT, EVENT_DATA_FIELD: result.model_dump_json()}
+
+
+def encode_delta_event(text: str) -> dict[str, str]:
+    """An event with the next piece of generated text (``data`` is JSON: ``{"text": ...}``)."""
+    return {EVENT_TYPE_FIELD: DELTA_EVENT, EVENT_DATA_FIELD: json.dumps({"text": text})}
 
 
 def decode_result(data: bytes | str) -> Result:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -10,7 +10,13 @@ from genq.common.errors import RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import Request, Result
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_RESULT_TTL_S
-from genq.producer.requests import Waiter, build_request, parse_stored, submission
+from genq.producer.requests import (
+    StreamReader,
+    Waiter,
+    build_request,
+    parse_stored,
+    submission,
+)
 
 
 class AsyncClient:
@@ -115,3 +121,19 @@ class AsyncClient:
     async def generate(self, prompt: str, timeout: float | None = None, **options: Any) -> Result:
         """Submit and wait: ``result(submit(prompt, **options), timeout)``."""
         return await self.result(await self.submit(prompt, **options), timeout=timeout)
+
+    async def stream(
+        self, request_id: str, timeout: float | None = None
+    ) -> AsyncIterator[str | Result]:
+        """Follow a request submitted with ``stream=True``: yields each new piece of text as it is
+        generated, then the final Result (whose ``text`` the pieces add up to). Works for any
+        request; one submitted without ``stream=True`` yields its whole text at the end.
+        Raises ResultTimeout if it is not final within ``timeout`` seconds."""
+        reader = StreamReader(self.keys, request_id, timeout)
+        while not reader.done:
+            block_ms = reader.next_block_ms()
+            if block_ms is None:
+                raise ResultTimeout(f"request {request_id} not final after {timeout} s")
+            response = await self.redis.xread({reader.key: reader.last_id}, block=block_ms)
+            for item in reader.take(response):  # type: ignore[arg-type]
+                yield item

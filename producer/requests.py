@@ -5,6 +5,7 @@ Shared by the sync and async clients, which differ only in how they talk to Redi
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from genq.common.errors import InvalidRequest
 from genq.common.keys import Keys
 from genq.common.models import FINAL_STATUSES, Request, Result, new_request_id, now_ms
 from genq.common.wire import (
+    DELTA_EVENT,
     EVENT_DATA_FIELD,
     EVENT_TYPE_FIELD,
     FINAL_EVENT,
@@ -43,6 +45,7 @@ def build_request(
     deadline_in_s: float | None = None,
     metadata: Mapping[str, Any] | None = None,
     request_id: str | None = None,
+    stream: bool = False,
 ) -> Request:
     """Validate the arguments into a Request; raise InvalidRequest saying what is wrong."""
     if isinstance(stop, str):
@@ -64,6 +67,7 @@ def build_request(
         "stop": list(stop or []),
         "deadline_unix_ms": deadline_unix_ms,
         "metadata": dict(metadata or {}),
+        "stream": stream,
     }
     try:
         return Request.model_validate(fields)
@@ -159,3 +163,53 @@ class Waiter:
         for key, res in finals.items():
             if key in self.pending:
                 self._done(self.pending[key], res)
+
+
+def parse_event(fields: dict[Any, Any]) -> str | Result | None:
+    """A streamed piece of text (``delta``), the final Result, or None for an unknown type."""
+    kind = fields.get(EVENT_TYPE_FIELD.encode(), fields.get(EVENT_TYPE_FIELD))
+    data: Any = fields.get(EVENT_DATA_FIELD.encode(), fields.get(EVENT_DATA_FIELD))
+    if kind in (FINAL_EVENT, FINAL_EVENT.encode()):
+        return decode_result(data)
+    if kind in (DELTA_EVENT, DELTA_EVENT.encode()):
+        text: str = json.loads(data)["text"]
+        return text
+    return None
+
+
+class StreamReader:
+    """The bookkeeping of following one request's event stream (for both clients)."""
+
+    def __init__(self, keys: Keys, request_id: str, timeout_s: float | None) -> None:
+        self.key = keys.events(request_id)
+        self.last_id = "0-0"
+        self.sent = ""
+        self.done = False
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def next_block_ms(self) -> int | None:
+        """Block time of the next XREAD; None when the time is up."""
+        if self._deadline is None:
+            return MAX_BLOCK_MS
+        left_ms = int((self._deadline - time.monotonic()) * 1000)
+        return None if left_ms <= 0 else max(1, min(MAX_BLOCK_MS, left_ms))
+
+    def take(self, response: list[Any] | None) -> list[str | Result]:
+        """What to yield from one XREAD response: text pieces, and the final Result last (with
+        any final text the deltas had not yet carried, so the pieces add up to result.text)."""
+        out: list[str | Result] = []
+        for _stream, entries in response or []:
+            for entry_id, fields in entries:
+                self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                event = parse_event(fields)
+                if isinstance(event, str):
+                    self.sent += event
+                    out.append(event)
+                elif isinstance(event, Result):
+                    text = event.text or ""
+                    if text.startswith(self.sent) and len(text) > len(self.sent):
+                        out.append(text[len(self.sent) :])
+                    out.append(event)
+                    self.done = True
+                    return out
+        return out

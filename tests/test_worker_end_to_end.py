@@ -177,3 +177,28 @@ def test_sigterm_finishes_held_work_and_exits_zero(
     client.results(ids, timeout=60)
     assert worker.stop() == 0
     assert "stopped: succeeded=50" in worker.log()
+
+
+@pytest.mark.parametrize("engine_name", ["static", "continuous"])
+def test_streaming_sends_text_as_it_is_generated(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess], engine_name: str
+) -> None:
+    client = Client.from_url(redis_url, queue)
+    start_worker(queue, "--model", "tiny", "--engine", engine_name)
+    streamed = client.submit("stream me some text", max_new_tokens=40, stream=True)
+    plain = client.submit("stream me some text", max_new_tokens=40)
+    items = list(client.stream(streamed, timeout=120))
+    final = items[-1]
+    pieces = items[:-1]
+    assert isinstance(final, Result) and final.status == "succeeded"
+    assert all(isinstance(p, str) for p in pieces)
+    assert len(pieces) >= 5  # really incremental, not one piece at the end
+    assert "".join(str(p) for p in pieces) == final.text
+    # Streaming changes nothing about the output.
+    assert client.result(plain, timeout=120).text == final.text
+    # A request submitted without stream=True streams as one piece plus its result.
+    items_plain = list(client.stream(plain, timeout=10))
+    assert (
+        items_plain[-1] == client.result(plain)
+        and "".join(map(str, items_plain[:-1])) == final.text
+    )

@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -29,7 +29,12 @@ from genq.common.errors import GenerationError, GenqError
 from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, GROUP, Keys
 from genq.common.models import ErrorInfo, Request, Result, Timings, Usage, now_ms
 from genq.common.settings import WorkerSettings
-from genq.common.wire import UndecodableEntry, decode_request, encode_final_event
+from genq.common.wire import (
+    UndecodableEntry,
+    decode_request,
+    encode_delta_event,
+    encode_final_event,
+)
 from genq.worker.admission import Limits, check_limits, deadline_passed, entry_time_ms
 from genq.worker.batching import PRIORITY_RANK, BatchPolicy, Candidate, next_batch
 from genq.worker.engines.base import (
@@ -425,7 +430,7 @@ class Worker:
         self._mark_running(batch, started)
         t0 = time.perf_counter()
         try:
-            report = self.engine.generate([_input(h) for h in batch])
+            report = self.engine.generate([self._input(h) for h in batch])
         except Exception as err:  # an engine can raise anything; isolate the culprit(s)
             if len(batch) == 1:
                 log.warning("request %s failed in the engine: %r", batch[0].request.id, err)
@@ -517,7 +522,7 @@ class Worker:
         outcomes = []
         for h in batch:
             try:
-                engine.submit(h.key, _input(h))
+                engine.submit(h.key, self._input(h))
             except GenqError as err:
                 outcomes.append(
                     self._failed(h.stream, h.entry_id, h.request.id, err, h.request, started)
@@ -560,6 +565,23 @@ class Worker:
                 )
             )
         return outcomes
+
+    def _input(self, h: Held) -> GenerationInput:
+        """The engine's view of a held request; a streaming one sends its text as it comes."""
+        if not h.request.stream:
+            return _input(h)
+        events = self.keys.events(h.request.id)
+        ttl = self.settings.result_ttl_s
+
+        def send(text: str) -> None:
+            # One round trip per piece: streaming is opt-in, and a piece per decode step is
+            # what a streaming client asked for.
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(events, encode_delta_event(text))  # type: ignore[arg-type]
+            pipe.expire(events, ttl)
+            pipe.execute()
+
+        return _input(h, send)
 
     def _mark_running(self, batch: Sequence[Held], started: int) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -660,9 +682,10 @@ class Worker:
         )
 
 
-def _input(h: Held) -> GenerationInput:
+def _input(h: Held, on_text: Callable[[str], None] | None = None) -> GenerationInput:
     r = h.request
     return GenerationInput(
+        on_text=on_text,
         prompt_ids=h.prompt_ids,
         max_new_tokens=r.max_new_tokens,
         temperature=r.temperature,

@@ -6,7 +6,7 @@ and runs one batch of already-admitted requests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -28,6 +28,8 @@ class GenerationInput:
     else is in the batch."""
     stop: tuple[str, ...] = ()
     """The row ends before the first of these strings; the string is not returned."""
+    on_text: Callable[[str], None] | None = field(default=None, compare=False)
+    """If set, called with each new piece of text as it is generated (streaming)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,38 @@ class IterationEngine(Engine, Protocol):
     def close(self) -> None:
         """Stop background work."""
         ...
+
+
+class TextStreamer:
+    """Turns a row's growing token list into text deltas whose concatenation is a prefix of the
+    row's final text: text after eos is dropped, a possible start of a stop string and an
+    incomplete UTF-8 character are held back until they are settled."""
+
+    def __init__(
+        self, decode: Callable[[list[int]], str], eos_token_ids: Sequence[int], row: GenerationInput
+    ) -> None:
+        self.decode = decode
+        self.eos = set(eos_token_ids)
+        self.row = row
+        self.sent = ""
+        self.hold_chars = max((len(s) for s in row.stop), default=1) - 1
+
+    def update(self, tokens: list[int]) -> None:
+        """Emit (through ``row.on_text``) whatever new text ``tokens`` settle."""
+        if self.row.on_text is None:
+            return
+        tokens = tokens[: self.row.max_new_tokens]
+        for j, t in enumerate(tokens):
+            if t in self.eos:
+                tokens = tokens[:j]
+                break
+        text, stopped = cut_at_stop(self.decode(tokens), self.row.stop)
+        if not stopped and self.hold_chars:
+            text = text[: max(0, len(text) - self.hold_chars)]
+        text = text.rstrip("\ufffd")
+        if len(text) > len(self.sent) and text.startswith(self.sent):
+            delta, self.sent = text[len(self.sent) :], text
+            self.row.on_text(delta)
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from genq.common.errors import InvalidRequest
-from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput, cut_at_stop
+from genq.worker.engines.base import (
+    BatchReport,
+    GenerationInput,
+    GenerationOutput,
+    TextStreamer,
+    cut_at_stop,
+)
 from genq.worker.engines.static import StaticEngine, load_model
 
 PAGE_SIZE = 16
@@ -51,6 +57,7 @@ class ContinuousEngine:
         self.max_batch_size = max_batch_size
         self._manager: Any = None
         self._rows: dict[str, GenerationInput] = {}
+        self._streamers: dict[str, TextStreamer] = {}
 
     @classmethod
     def load(
@@ -104,8 +111,13 @@ class ContinuousEngine:
                 "version; send sampled requests to a worker started with --engine static"
             )
         self._rows[key] = row
+        if row.on_text is not None:
+            self._streamers[key] = TextStreamer(self._static._decode, self.eos_token_ids, row)
         self._ensure_started().add_request(
-            row.prompt_ids, request_id=key, max_new_tokens=row.max_new_tokens
+            row.prompt_ids,
+            request_id=key,
+            max_new_tokens=row.max_new_tokens,
+            streaming=row.on_text is not None,
         )
 
     @property
@@ -126,6 +138,11 @@ class ContinuousEngine:
                 return done
             wait = 0.0
             key = out.request_id
+            if not out.is_finished():  # a streaming request's progress
+                if key in self._streamers:
+                    self._streamers[key].update(list(out.generated_tokens))
+                continue
+            self._streamers.pop(key, None)
             row = self._rows.pop(key, None)
             if row is None:
                 continue

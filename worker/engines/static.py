@@ -19,7 +19,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput, cut_at_stop
+from genq.worker.engines.base import (
+    BatchReport,
+    GenerationInput,
+    GenerationOutput,
+    TextStreamer,
+    cut_at_stop,
+)
 
 
 def _torch() -> Any:
@@ -75,6 +81,11 @@ class StaticEngine:
             input_ids[i, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
             attention_mask[i, width - n :] = 1
         limits = _RowLimits(batch, width, self.tokenizer)
+        limits.streamers = {
+            i: TextStreamer(self._decode, self.eos_token_ids, r)
+            for i, r in enumerate(batch)
+            if r.on_text is not None
+        }
         processors = LogitsProcessorList()
         if any(r.temperature > 0 for r in batch):
             processors.append(_RowSampler(batch, self.device))
@@ -106,6 +117,10 @@ class StaticEngine:
             decode_slots=rows * steps,
         )
 
+    def _decode(self, tokens: list[int]) -> str:
+        text: str = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return text
+
     def _finish_row(
         self, row: GenerationInput, tokens: list[int], stopped_at: int | None
     ) -> GenerationOutput:
@@ -134,6 +149,7 @@ class _RowLimits:
         self.prompt_width = prompt_width
         self.tokenizer = tokenizer
         self.stopped_at: list[int | None] = [None] * len(batch)
+        self.streamers: dict[int, TextStreamer] = {}
         # Tokens are at least one byte, so this many trailing tokens hold any stop string.
         self.tail_tokens = max((len(s.encode()) for r in batch for s in r.stop), default=0) + 2
 
@@ -152,6 +168,9 @@ class _RowLimits:
                 if any(s in tail for s in stops):
                     self.stopped_at[i] = generated
             done[i] = self.stopped_at[i] is not None
+        for i, streamer in self.streamers.items():
+            limit = self.stopped_at[i] or generated
+            streamer.update(input_ids[i, self.prompt_width : self.prompt_width + limit].tolist())
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
