@@ -116,3 +116,28 @@ def test_async_client_round_trip_on_real_redis(redis_url: str, queue: str) -> No
 
     rid, queued, res = asyncio.run(go())
     assert queued.status == "queued" and res.id == rid and res.text == "hi"
+
+
+def test_async_stream_yields_pieces_then_the_result(redis_url: str, queue: str) -> None:
+    from genq.common.wire import encode_delta_event
+
+    async def go() -> list[str | Result]:
+        async with AsyncClient.from_url(redis_url, queue) as c:
+            rid = await c.submit("x", stream=True)
+            events = Keys.events(rid)
+            for piece in ("Hel", "lo"):
+                await c.redis.xadd(events, encode_delta_event(piece))  # type: ignore[arg-type]
+            final = Result(id=rid, status="succeeded", text="Hello!")
+            await c.redis.xadd(events, encode_final_event(final))  # type: ignore[arg-type]
+            return [item async for item in c.stream(rid, timeout=5)]
+
+    items = asyncio.run(go())
+    # The final text's tail that no delta carried ("!") comes as a last piece.
+    assert items[:-1] == ["Hel", "lo", "!"]
+    assert isinstance(items[-1], Result) and items[-1].text == "Hello!"
+
+
+def test_stream_times_out_when_nothing_comes(client: Client) -> None:
+    rid = client.submit("x", stream=True)
+    with pytest.raises(ResultTimeout):
+        list(client.stream(rid, timeout=0.05))
