@@ -47,3 +47,16 @@ def test_bench_reports_every_mode_in_one_run() -> None:
     }  # fmt: skip
     assert all(m["requests"] == 8 and m["tokens_per_s"] > 0 for m in modes.values())
     assert report["machine"]["transformers"]
+
+
+def test_bench_sweep_covers_both_modes_at_each_size() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "genq.worker", "bench", "--sweep", "--requests", "4", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    points = json.loads(out.stdout)["sweep"]
+    sizes = {p["max_batch_size"] for p in points}
+    assert sizes == {1, 4, 8, 16, 32, 64}
+    assert {p["mode"] for p in points} == {"budgeted_static", "continuous"}
+    assert all(p["tokens_per_s"] > 0 for p in points)

@@ -349,3 +349,47 @@ def markdown_section(
             f"{r['latency_p99_ms']:.0f} |"
         )
     return "\n".join(lines)
+
+
+def run_sweep(
+    engine: Any, workload: list[BenchRequest], sizes: Sequence[int], max_batch_tokens: int
+) -> list[dict[str, Any]]:
+    """Throughput and per-request latency against the batch size limit, for budgeted static
+    batches and for continuous batching (a fresh manager per size), on the same workload."""
+    from genq.worker.engines.continuous import ContinuousEngine
+
+    ids = engine.tokenize([w.prompt for w in workload])
+    rows = [GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
+            for p, w in zip(ids, workload, strict=True)]  # fmt: skip
+    out = []
+    for size in sizes:
+        static = _run_batches(
+            engine, "budgeted_static", rows, plan_budgeted(rows, max_batch_tokens, size)
+        )
+        cont_engine = ContinuousEngine(
+            engine.model, engine.tokenizer, engine.device, max_batch_tokens, size
+        )
+        cont_engine.generate(rows[:2])  # warm-up, untimed
+        cont = _run_continuous(cont_engine, rows)
+        cont_engine.close()
+        for r in (static, cont):
+            out.append({"max_batch_size": size, "mode": r.mode,
+                        "tokens_per_s": r.tokens_per_s, "latency_p50_ms": r.latency_p50_ms,
+                        "latency_p99_ms": r.latency_p99_ms})  # fmt: skip
+    return out
+
+
+def sweep_markdown(rows: list[dict[str, Any]], max_batch_tokens: int) -> str:
+    """The sweep as a BENCHMARKS.md table."""
+    lines = [
+        f"Budget {max_batch_tokens} tokens; one run per point.",
+        "",
+        "| max batch size | mode | tokens/s | latency p50 ms | latency p99 ms |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['max_batch_size']} | {r['mode']} | {r['tokens_per_s']:.0f} | "
+        f"{r['latency_p50_ms']:.0f} | {r['latency_p99_ms']:.0f} |"
+        for r in rows
+    ]
+    return "\n".join(lines)

@@ -221,6 +221,8 @@ def demo(
 @click.option("--redis-url", default=None, help="default: a private redis-server")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--markdown", is_flag=True, help="print a BENCHMARKS.md section")
+@click.option("--sweep", is_flag=True,
+              help="instead: throughput and latency against the batch size limit")  # fmt: skip
 def bench(
     model: str,
     device: str,
@@ -235,6 +237,7 @@ def bench(
     redis_url: str | None,
     as_json: bool,
     markdown: bool,
+    sweep: bool,
 ) -> None:
     """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
     import statistics
@@ -249,6 +252,15 @@ def bench(
         engine.model, engine.tokenizer, device, max_batch_tokens, max_batch_size
     )
     workload = b.make_workload(engine, n_requests, seed)
+    if sweep:
+        continuous.close()
+        points = b.run_sweep(engine, workload, [1, 4, 8, 16, 32, 64], max_batch_tokens)
+        if as_json:
+            click.echo(json.dumps({"machine": b.machine_info(), "sweep": points}, indent=2))
+        else:
+            click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+            click.echo(b.sweep_markdown(points, max_batch_tokens))
+        return
     runs: dict[str, list[b.ModeResult]] = {}
     for _ in range(repeats):
         for res in b.run_in_process(
