@@ -103,10 +103,8 @@ def final_from_events(
         key = stream.decode() if isinstance(stream, bytes) else stream
         for entry_id, fields in entries:
             last_ids[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-            kind = fields.get(EVENT_TYPE_FIELD.encode(), fields.get(EVENT_TYPE_FIELD))
-            if kind in (FINAL_EVENT, FINAL_EVENT.encode()):
-                data = fields.get(EVENT_DATA_FIELD.encode(), fields.get(EVENT_DATA_FIELD))
-                finals[key] = decode_result(data)
+            if _field(fields, EVENT_TYPE_FIELD) == FINAL_EVENT:
+                finals[key] = decode_result(_field(fields, EVENT_DATA_FIELD))
     return finals, last_ids
 
 
@@ -125,6 +123,7 @@ class Waiter:
     and for how long. Both clients drive it with their own Redis calls."""
 
     def __init__(self, keys: Keys, ids: Sequence[str], timeout_s: float | None) -> None:
+        self._keys = keys
         self.results: dict[str, Result] = {}
         self.pending: dict[str, str] = {keys.events(i): i for i in ids}  # event key -> id
         self.last_ids: dict[str, str] = dict.fromkeys(self.pending, "0-0")
@@ -139,10 +138,9 @@ class Waiter:
 
     def _done(self, request_id: str, result: Result) -> None:
         self.results[request_id] = result
-        for key, rid in list(self.pending.items()):
-            if rid == request_id:
-                del self.pending[key]
-                del self.last_ids[key]
+        key = self._keys.events(request_id)
+        self.pending.pop(key, None)
+        self.last_ids.pop(key, None)
 
     def next_read(self) -> tuple[dict[str, str], int] | None:
         """The streams (with start ids) and block time of the next XREAD; None when the time
@@ -165,14 +163,19 @@ class Waiter:
                 self._done(self.pending[key], res)
 
 
+def _field(fields: dict[Any, Any], name: str) -> Any:
+    """An event field as text, whether the client decodes responses or not."""
+    value = fields.get(name.encode(), fields.get(name))
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def parse_event(fields: dict[Any, Any]) -> str | Result | None:
     """A streamed piece of text (``delta``), the final Result, or None for an unknown type."""
-    kind = fields.get(EVENT_TYPE_FIELD.encode(), fields.get(EVENT_TYPE_FIELD))
-    data: Any = fields.get(EVENT_DATA_FIELD.encode(), fields.get(EVENT_DATA_FIELD))
-    if kind in (FINAL_EVENT, FINAL_EVENT.encode()):
-        return decode_result(data)
-    if kind in (DELTA_EVENT, DELTA_EVENT.encode()):
-        text: str = json.loads(data)["text"]
+    kind = _field(fields, EVENT_TYPE_FIELD)
+    if kind == FINAL_EVENT:
+        return decode_result(_field(fields, EVENT_DATA_FIELD))
+    if kind == DELTA_EVENT:
+        text: str = json.loads(_field(fields, EVENT_DATA_FIELD))["text"]
         return text
     return None
 

@@ -111,7 +111,8 @@ def run_demo(
             with _worker_process(worker_args, log_path) as proc:
                 results = _wait_with_progress(client, ids, proc, log_path, console)
                 elapsed_s = time.perf_counter() - t0
-                snapshot = collect(redis.Redis.from_url(url), queue)
+                with redis.Redis.from_url(url) as r:
+                    snapshot = collect(r, queue)
         _print_results(results, console)
         me: dict[str, Any] = next((w for w in snapshot["workers"] if w["consumer"] == consumer), {})
         d = derived(me)

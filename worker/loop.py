@@ -12,6 +12,7 @@ the queue stays available to other workers in the group.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from genq.worker.engines.base import (
     GenerationOutput,
     IterationEngine,
 )
+from genq.worker.stats import derived
 
 log = logging.getLogger("genq.worker")
 
@@ -113,13 +115,12 @@ class Counters:
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
     def summary(self) -> str:
-        mean = sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0
-        pad = 1 - self.prompt_tokens / self.padded_prompt_tokens if self.padded_prompt_tokens else 0
-        tps = self.completion_tokens / (self.generation_ms / 1000) if self.generation_ms else 0.0
+        d = derived(self.as_hash())
         return (
             f"succeeded={self.succeeded} failed={self.failed} expired={self.expired} "
             f"dead_lettered={self.dead_lettered} batches={self.batches} "
-            f"mean_batch_size={mean:.1f} padding_fraction={pad:.3f} tokens_per_s={tps:.1f}"
+            f"mean_batch_size={d['mean_batch_size']:.1f} "
+            f"padding_fraction={d['padding_fraction']:.3f} tokens_per_s={d['tokens_per_s']:.1f}"
         )
 
 
@@ -218,16 +219,9 @@ class Worker:
                 self.write(self.finish_requests(engine, POLL_S))
             engine.close()
             return
+        no_waiting = dataclasses.replace(self.policy, max_wait_ms=0)  # nothing more will arrive
         while self.held:
-            decision = next_batch(
-                self.candidates(),
-                now_ms(),
-                BatchPolicy(
-                    max_batch_tokens=self.policy.max_batch_tokens,
-                    max_batch_size=self.policy.max_batch_size,
-                    priority_aging_ms=self.policy.priority_aging_ms,
-                ),
-            )
+            decision = next_batch(self.candidates(), now_ms(), no_waiting)
             self.write(self.run_batch([self.held.pop(c.key) for c in decision.batch]))
 
     # -- Redis steps -----------------------------------------------------------------------
@@ -508,10 +502,8 @@ class Worker:
         free_slots = self.policy.max_batch_size - len(self.running)
         if not self.held or free_slots <= 0 or free_tokens <= 0:
             return []
-        policy = BatchPolicy(
-            max_batch_tokens=free_tokens,
-            max_batch_size=free_slots,
-            priority_aging_ms=self.policy.priority_aging_ms,
+        policy = dataclasses.replace(
+            self.policy, max_batch_tokens=free_tokens, max_batch_size=free_slots, max_wait_ms=0
         )
         decision = next_batch(self.candidates(), now_ms(), policy)
         if self.running and decision.tokens > free_tokens:

@@ -152,26 +152,15 @@ class ContinuousEngine:
                 done.append((key, self._finish(row, list(out.generated_tokens))))
 
     def _finish(self, row: GenerationInput, tokens: list[int]) -> GenerationOutput:
-        tokens = tokens[: row.max_new_tokens]
-        count = len(tokens)
-        reason: Any = "length"
-        for j, t in enumerate(tokens):
-            if t in self.eos_token_ids:
-                tokens, count, reason = tokens[:j], j + 1, "stop"
-                break
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        """Finish a row exactly as the static engine does, given where a stop string ended it
+        (the manager knows no stop strings, so find that point here)."""
+        stopped_at = None
         if row.stop:
-            cut, stopped = cut_at_stop(text, row.stop)
-            if stopped:
-                # Count as the static engine does: up to the token that completed the stop string.
-                for k in range(1, len(tokens) + 1):
-                    if cut_at_stop(
-                        self.tokenizer.decode(tokens[:k], skip_special_tokens=True), row.stop
-                    )[1]:
-                        count = k
-                        break
-                text, reason = cut, "stop"
-        return GenerationOutput(text=text, completion_tokens=count, finish_reason=reason)
+            for k in range(1, len(tokens) + 1):
+                if cut_at_stop(self._static._decode(tokens[:k]), row.stop)[1]:
+                    stopped_at = k
+                    break
+        return self._static._finish_row(row, tokens, stopped_at)
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Run ``batch`` to completion (for in-process use and benchmarks)."""

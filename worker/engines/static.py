@@ -132,8 +132,7 @@ class StaticEngine:
             if t in self.eos_token_ids:
                 tokens, count, reason = tokens[:j], j + 1, "stop"
                 break
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        text, stopped = cut_at_stop(text, row.stop)
+        text, stopped = cut_at_stop(self._decode(tokens), row.stop)
         if stopped or (stopped_at is not None and stopped_at <= count):
             reason = "stop"
         return GenerationOutput(text=text, completion_tokens=count, finish_reason=reason)
