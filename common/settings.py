@@ -42,11 +42,12 @@ class WorkerSettings(BaseModel):
         "tiny", description="'tiny' (built-in test model), a local directory or a hub id"
     )
     engine: EngineName = Field(
-        "static",
-        description="static (batched generate), continuous (iteration-level) or echo (no model)",
+        "continuous",
+        description="continuous (iteration-level, the default: fastest through the queue), "
+        "static (batched generate) or echo (no model)",
     )
     device: str = Field("cpu", description="cpu, cuda or cuda:N")
-    dtype: DType = Field("auto", description="model dtype; auto = float32 on cpu, bfloat16 on cuda")
+    dtype: DType = Field("auto", description="model dtype; auto = float32 (batched equals alone)")
     consumer: str | None = Field(None, description="consumer name; default HOST-PID")
     max_batch_tokens: Annotated[int, Field(ge=1)] = Field(
         16_384, description="token budget of one batch: prompt tokens + max_new_tokens, summed"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from genq.common.errors import InvalidRequest
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.continuous import ContinuousEngine
 
@@ -36,9 +35,16 @@ def test_stop_strings_are_applied_and_counted_like_static(engine: ContinuousEngi
     assert engine.generate([row]).outputs == engine._static.generate([row]).outputs
 
 
-def test_sampled_requests_are_refused_with_a_pointer_to_static(engine: ContinuousEngine) -> None:
-    with pytest.raises(InvalidRequest, match="--engine static"):
-        engine.submit("k", GenerationInput(prompt_ids=[1, 2], max_new_tokens=2, temperature=0.5))
+def test_sampled_requests_run_beside_greedy_ones_as_static_would(engine: ContinuousEngine) -> None:
+    a, b, c = engine.tokenize(varied_prompts(3, seed=5))
+    greedy = GenerationInput(prompt_ids=a, max_new_tokens=30)
+    hot = GenerationInput(prompt_ids=b, max_new_tokens=20, temperature=1.5, top_k=50, seed=7)
+    nucleus = GenerationInput(prompt_ids=c, max_new_tokens=20, temperature=0.8, top_p=0.9, seed=8)
+    outs = engine.generate([greedy, hot, nucleus]).outputs
+    assert outs[0] == engine._static.generate([greedy]).outputs[0]
+    assert outs[1:] == engine._static.generate([hot, nucleus]).outputs  # same seed, same text
+    hot_greedy = GenerationInput(prompt_ids=b, max_new_tokens=20)
+    assert outs[1] != engine._static.generate([hot_greedy]).outputs[0]  # it did sample
 
 
 def test_requests_finish_one_by_one(engine: ContinuousEngine) -> None:

@@ -176,7 +176,8 @@ def print_stats(snapshot: dict[str, Any], console: Console) -> None:
 @click.option("--queue", default="demo", show_default=True)
 @click.option("--requests", "n_requests", type=int, default=48, show_default=True)
 @click.option("--model", default="tiny", show_default=True)
-@click.option("--engine", type=click.Choice(["static", "echo"]), default="static")
+@click.option("--engine", type=click.Choice(["static", "continuous", "echo"]), default="static",
+              show_default=True, help="static shows the batches it forms")  # fmt: skip
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True)
 @click.option("--max-batch-size", type=int, default=16, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -213,10 +214,10 @@ def demo(
 @click.option("--repeats", type=int, default=3, show_default=True,
               help="run each mode this many times and report the median run")  # fmt: skip
 @click.option("--fifo-batch-size", type=int, default=32, show_default=True)
-@click.option("--max-batch-tokens", type=int, default=4096, show_default=True)
+@click.option("--max-batch-tokens", type=int, default=16384, show_default=True)
 @click.option("--max-batch-size", type=int, default=32, show_default=True)
 @click.option("--queue-engine", type=click.Choice(["static", "continuous", "none"]),
-              default="static", show_default=True,
+              default="continuous", show_default=True,
               help="engine measured through Redis and a genq worker ('none' to skip)")  # fmt: skip
 @click.option("--redis-url", default=None, help="default: a private redis-server")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")

@@ -11,9 +11,18 @@ for the tokens, plus one page per request for rounding.
 
 Semantics, same as ``static``: each request stops at its own ``max_new_tokens`` or eos; stop
 strings are applied to the text and counted as in ``static`` (the manager has no stop strings, so
-the request runs on to its limit: correct output, some wasted decode steps). This version serves
-greedy requests only: the manager's sampling has no per-request seed, so a sampled request fails
-with a message pointing at ``--engine static``.
+the request runs on to its limit: correct output, some wasted decode steps).
+
+Sampled requests (temperature > 0) are grouped and run apart from the manager. The manager can
+sample, but from one global random stream for all its requests, so a request's seed could not make
+its output reproducible. Instead, sampled requests wait until the manager has finished the greedy
+requests it is running (greedy requests submitted meanwhile wait too), then run together as one
+static batch (``StaticEngine``: per-row temperature, top-k, top-p and a generator seeded from the
+request's seed) on the same model; then the waiting greedy requests go to the manager. Not both at
+once: two threads computing on two cores change the float rounding of each other's matmuls enough
+to flip near-tied greedy picks (seen in the tests), and the guarantee that a greedy request's
+output equals its output alone would be lost. A sampled request thus gets exactly the output
+``--engine static`` gives for its seed; the cost is a drained pipeline each time one arrives.
 """
 
 from __future__ import annotations
@@ -23,7 +32,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from genq.common.errors import InvalidRequest
 from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
@@ -57,6 +65,8 @@ class ContinuousEngine:
         self.max_batch_size = max_batch_size
         self._manager: Any = None
         self._rows: dict[str, GenerationInput] = {}
+        self._sampled: dict[str, GenerationInput] = {}
+        self._deferred: dict[str, GenerationInput] = {}  # greedy, waiting for the sampled ones
         self._streamers: dict[str, TextStreamer] = {}
 
     @classmethod
@@ -106,10 +116,14 @@ class ContinuousEngine:
     def submit(self, key: str, row: GenerationInput) -> None:
         """Start generating ``row``; its output comes back from ``poll`` under ``key``."""
         if row.temperature > 0:
-            raise InvalidRequest(
-                "the continuous engine serves greedy requests only (temperature 0) in this "
-                "version; send sampled requests to a worker started with --engine static"
-            )
+            self._sampled[key] = row  # runs as a static group once the manager is idle
+            return
+        if self._sampled:
+            self._deferred[key] = row
+            return
+        self._add(key, row)
+
+    def _add(self, key: str, row: GenerationInput) -> None:
         self._rows[key] = row
         if row.on_text is not None:
             self._streamers[key] = TextStreamer(self._static._decode, self.eos_token_ids, row)
@@ -123,15 +137,21 @@ class ContinuousEngine:
     @property
     def in_flight(self) -> int:
         """Requests submitted and not yet returned by ``poll``."""
-        return len(self._rows)
+        return len(self._rows) + len(self._sampled) + len(self._deferred)
 
     def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
         """Finished requests: (key, output) or (key, error message). Waits up to ``timeout_s``
-        for the first one, then takes whatever else is ready."""
-        if self._manager is None or not self._rows:
-            return []
+        for the first one, then takes whatever else is ready. With the manager idle, runs the
+        waiting sampled requests, then hands it the greedy ones that waited for them."""
         done: list[tuple[str, GenerationOutput | str]] = []
-        wait = timeout_s
+        if self._sampled and not self._rows:
+            done = self._run_sampled()
+            for waited_key, waited in self._deferred.items():
+                self._add(waited_key, waited)
+            self._deferred.clear()
+        if self._manager is None or not self._rows:
+            return done
+        wait = 0.0 if done else timeout_s
         while True:
             out = self._manager.get_result(timeout=wait)
             if out is None:
@@ -150,6 +170,18 @@ class ContinuousEngine:
                 done.append((key, str(out.error)))
             else:
                 done.append((key, self._finish(row, list(out.generated_tokens))))
+
+    def _run_sampled(self) -> list[tuple[str, GenerationOutput | str]]:
+        """The waiting sampled requests, run as one static batch."""
+        if not self._sampled:
+            return []
+        keys, rows = list(self._sampled), list(self._sampled.values())
+        self._sampled.clear()
+        try:
+            outputs = self._static.generate(rows).outputs
+        except Exception as err:  # reported per request, as the manager reports its errors
+            return [(k, f"{type(err).__name__}: {err}") for k in keys]
+        return list(zip(keys, outputs, strict=True))
 
     def _finish(self, row: GenerationInput, tokens: list[int]) -> GenerationOutput:
         """Finish a row exactly as the static engine does, given where a stop string ended it
