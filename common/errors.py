@@ -49,6 +49,23 @@ class MalformedEntry(InvalidRequest):
     code = "malformed_entry"
 
 
+class QueueFull(GenqError):
+    """The queue holds its maximum number of requests. ``submitted``: the ids that were
+    enqueued before the limit was hit (in a large ``submit_many``); the rest were not."""
+
+    code = "queue_full"
+
+    def __init__(self, message: str, submitted: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.submitted = submitted or []
+
+
+class PoisonRequest(GenqError):
+    """Every worker that took this request died before finishing it, ``max_deliveries`` times."""
+
+    code = "poison_request"
+
+
 class GenerationError(GenqError):
     """The engine raised while generating this request."""
 

@@ -8,8 +8,10 @@ key                    type    written by                  read by             T
 ``genq:{Q}:high``      stream  client (XADD)               worker              none; entries
 ``genq:{Q}:normal``                                        (XREADGROUP)        are deleted
 ``genq:{Q}:low``                                                               when acked
-``genq:{Q}:dead``      stream  worker (entries with no     operator (XRANGE)   none; capped at
-                               usable id)                                      ~10,000 entries
+``genq:{Q}:dead``      stream  worker (entries with no     ``genq dlq``        none; capped at
+                               usable id; poison requests) (XRANGE)            ~10,000 entries
+``genq:{Q}:config``    hash    worker at start             client (in the      none (one small
+                               (``max_queue_depth``)       submit script)      hash per queue)
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
 ``genq:res:{ID}``      string  client (queued), worker     client (GET)        result_ttl_s
@@ -75,8 +77,14 @@ class Keys:
 
     @property
     def dead_letter(self) -> str:
-        """Entries that could not be decoded into a request with an id."""
+        """Entries that could not be decoded into a request with an id, and poison requests
+        (delivered ``max_deliveries`` times, every holder died)."""
         return f"{self._base}:dead"
+
+    @property
+    def config(self) -> str:
+        """The queue's limits that producers enforce (``max_queue_depth``)."""
+        return f"{self._base}:config"
 
     def worker(self, consumer: str) -> str:
         """A worker's heartbeat and counters."""

@@ -79,6 +79,24 @@ class WorkerSettings(BaseModel):
     heartbeat_ttl_s: Annotated[int, Field(ge=1)] = Field(
         30, description="a worker's stats key expires this long after its last heartbeat"
     )
+    claim_idle_ms: Annotated[int, Field(ge=100)] = Field(
+        20_000,
+        description="entries whose holder has not renewed them for this long are taken over "
+        "(a live worker renews every claim_idle_ms/4; recovery within ~1.25x this)",
+    )
+    max_deliveries: Annotated[int, Field(ge=1)] = Field(
+        3,
+        description="a request delivered more often than this (every holder died) fails as poison",
+    )
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = Field(
+        30.0, description="on SIGTERM, finish held work for up to this long, then leave the rest"
+    )
+    max_queue_depth: Annotated[int, Field(ge=0)] = Field(
+        100_000, description="producers get QueueFull beyond this many queued+running (0: no limit)"
+    )
+    oom_backoff_s: Annotated[float, Field(ge=0)] = Field(
+        60.0, description="after out-of-memory, run with half the batch budget for this long"
+    )
 
     @field_validator("queue")
     @classmethod

@@ -6,16 +6,20 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
+from genq.common.connection import connect
 from genq.common.errors import RequestNotFound, ResultTimeout
-from genq.common.keys import Keys
+from genq.common.keys import GROUP, Keys
 from genq.common.models import Request, Result
+from genq.common.scripts import APPLY, SUBMIT, apply_args
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_RESULT_TTL_S
 from genq.producer.requests import (
     StreamReader,
     Waiter,
     build_request,
+    cancelled_state,
     parse_stored,
-    submission,
+    submit_calls,
+    submit_outcome,
 )
 
 
@@ -42,7 +46,7 @@ class Client:
         """A client for the Redis at ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``;
         user and password in the URL for AUTH/ACL). Extra keyword arguments go to redis-py."""
         result_ttl_s = kwargs.pop("result_ttl_s", DEFAULT_RESULT_TTL_S)
-        return cls(redis.Redis.from_url(url, **kwargs), queue, result_ttl_s=result_ttl_s)
+        return cls(connect(url, **kwargs), queue, result_ttl_s=result_ttl_s)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -73,14 +77,36 @@ class Client:
         return self.submit_requests(requests)
 
     def submit_requests(self, requests: Sequence[Request]) -> list[str]:
-        """Enqueue already-built requests in one round trip (one MULTI/EXEC)."""
-        pipe = self.redis.pipeline(transaction=True)
-        for request in requests:
-            result_key, queued, stream, fields = submission(self.keys, request)
-            pipe.set(result_key, queued, ex=self.result_ttl_s)
-            pipe.xadd(stream, fields)  # type: ignore[arg-type]
-        pipe.execute()
-        return [r.id for r in requests]
+        """Enqueue already-built requests in one round trip. Each chunk of 500 is atomic: all
+        of it or none (QueueFull). An id that already has a live state (submitted before and
+        not yet expired) is not enqueued again: it stays one request."""
+        if not requests:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s):
+            pipe.eval(SUBMIT, len(script_keys), *script_keys, *args)
+        return submit_outcome(requests, pipe.execute(raise_on_error=False))
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a queued or running request: it ends ``cancelled`` (a running one is stopped
+        at the worker's next step). False if it was already final; RequestNotFound if it has
+        no state (never submitted with a client, or expired)."""
+        current = parse_stored(self.redis.get(self.keys.result(request_id)))
+        if current is None:
+            raise RequestNotFound(
+                f"no request {request_id!r} in Redis (never submitted, or expired)"
+            )
+        if current.is_final:
+            return False
+        state = cancelled_state(current).model_dump_json()
+        script_keys, args = apply_args(
+            self.keys.streams(), GROUP, self.result_ttl_s, "cancel",
+            [(self.keys.result(request_id), self.keys.events(request_id), None, "", state)],
+        )  # fmt: skip
+        done = (self.redis.eval(APPLY, len(script_keys), *script_keys, *args))[0]
+        if done == -1:
+            raise RequestNotFound(f"no request {request_id!r} in Redis (expired meanwhile)")
+        return bool(done == 1)
 
     def status(self, request_id: str) -> Result:
         """The request's current state. Raises RequestNotFound if there is none."""

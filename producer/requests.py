@@ -11,14 +11,25 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from genq.common.errors import InvalidRequest
+from genq.common.errors import InvalidRequest, QueueFull
 from genq.common.keys import Keys
-from genq.common.models import FINAL_STATUSES, Request, Result, new_request_id, now_ms
+from genq.common.models import (
+    FINAL_STATUSES,
+    PRIORITIES,
+    ErrorInfo,
+    Request,
+    Result,
+    new_request_id,
+    now_ms,
+)
+from genq.common.scripts import QUEUE_FULL_PREFIX
 from genq.common.wire import (
+    BODY_FIELD,
     DELTA_EVENT,
     EVENT_DATA_FIELD,
     EVENT_TYPE_FIELD,
     FINAL_EVENT,
+    ID_FIELD,
     decode_result,
     describe_validation_error,
     encode_request,
@@ -82,14 +93,60 @@ def queued_result(request: Request) -> str:
     ).model_dump_json()
 
 
-def submission(keys: Keys, request: Request) -> tuple[str, str, str, dict[str, str]]:
-    """(result key, queued result JSON, stream key, entry fields) for one submission."""
-    return (
-        keys.result(request.id),
-        queued_result(request),
-        keys.stream(request.priority),
-        encode_request(request),
+#: Requests per SUBMIT script call: each call is atomic, and short enough not to stall Redis.
+SUBMIT_CHUNK = 500
+
+
+def submit_calls(
+    keys: Keys, requests: Sequence[Request], ttl_s: int
+) -> list[tuple[list[str], list[str | int]]]:
+    """The (KEYS, ARGV) of the SUBMIT script calls that enqueue ``requests``, in chunks."""
+    calls: list[tuple[list[str], list[str | int]]] = []
+    for start in range(0, len(requests), SUBMIT_CHUNK):
+        chunk = requests[start : start + SUBMIT_CHUNK]
+        script_keys = [keys.config, *keys.streams()] + [keys.result(r.id) for r in chunk]
+        args: list[str | int] = [ttl_s, len(chunk)]
+        for r in chunk:
+            fields = encode_request(r)
+            args += [
+                PRIORITIES.index(r.priority) + 1,
+                fields[ID_FIELD],
+                fields[BODY_FIELD],
+                queued_result(r),
+            ]
+        calls.append((script_keys, args))
+    return calls
+
+
+def cancelled_state(current: Result) -> Result:
+    """The final state a cancel writes over ``current``."""
+    return current.model_copy(
+        update={
+            "status": "cancelled",
+            "error": ErrorInfo(code="cancelled", message="cancelled by a client"),
+            "timings": current.timings.model_copy(update={"finished_unix_ms": now_ms()}),
+        }
     )
+
+
+def submit_outcome(requests: Sequence[Request], replies: Sequence[Any]) -> list[str]:
+    """The ids of ``requests`` after the SUBMIT calls answered ``replies`` (one per chunk);
+    raise QueueFull (with the ids that did go in) if a chunk was refused."""
+    done: list[str] = []
+    for i, reply in enumerate(replies):
+        chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
+        if isinstance(reply, Exception):
+            if QUEUE_FULL_PREFIX in str(reply):
+                _, depth, limit = str(reply).split()[-3:]
+                raise QueueFull(
+                    f"queue is full: {depth} requests waiting or running, its limit is {limit} "
+                    f"(max_queue_depth); {len(done)} of {len(requests)} were enqueued. "
+                    "Retry later, or raise the limit with genq worker --max-queue-depth",
+                    submitted=done,
+                )
+            raise reply
+        done += [r.id for r in chunk]
+    return done
 
 
 def final_from_events(

@@ -29,6 +29,8 @@ def _settings_options(func: F) -> F:
             click_type = click.Choice([str(a) for a in args])
         elif annotation is int or int in args:
             click_type = int
+        elif annotation is float or float in args:
+            click_type = float
         default = info.default
         help_text = f"{info.description} [env: {WorkerSettings.env_var(name)}; default: {default}]"
         func = click.option(

@@ -1,10 +1,17 @@
 """The worker loop: small named steps around one Redis connection and one engine.
 
     start:  ensure_groups, resume (this consumer's own pending entries)
-    loop:   read -> admit -> plan -> run -> write (results + events + ack + delete + stats,
-            one round trip)
-    stop:   SIGTERM stops reading, runs what is already held, writes, exits; a second
-            signal exits at once.
+    loop:   reclaim (entries of dead workers) -> read -> admit -> plan -> start (mark running;
+            drop cancelled, expire late) -> run -> write (results + events + ack + delete +
+            stats, one round trip; the ack and the result are one atomic script)
+    beside: a ClaimKeeper thread renews this worker's claims and heartbeat (recovery.py)
+    stop:   SIGTERM stops reading, runs what is already held for up to shutdown_grace_s,
+            writes, exits; a second signal exits at once. Whatever is left stays pending and
+            is taken over by other workers.
+
+Redis going away (a dropped connection, a restarting redis-server) never loses work: each
+command is retried with backoff, the loop waits and retries on top of that, and results not yet
+written are kept and written first once Redis is back (writing is idempotent).
 
 A worker holds at most ``max_lookahead`` undelivered requests per priority, so the rest of
 the queue stays available to other workers in the group.
@@ -12,6 +19,7 @@ the queue stays available to other workers in the group.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -26,18 +34,29 @@ from types import FrameType
 from typing import Any
 
 import redis
-from genq.common.errors import GenerationError, GenqError
-from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, GROUP, Keys
-from genq.common.models import ErrorInfo, Request, Result, Timings, Usage, now_ms
+from genq.common.connection import connect
+from genq.common.errors import GenerationError, GenqError, PoisonRequest
+from genq.common.keys import GROUP, Keys
+from genq.common.models import (
+    FINAL_STATUSES,
+    ErrorInfo,
+    Request,
+    Result,
+    Timings,
+    Usage,
+    now_ms,
+)
+from genq.common.scripts import APPLY, MAX_QUEUE_DEPTH_FIELD, apply_args
 from genq.common.settings import WorkerSettings
 from genq.common.wire import (
     UndecodableEntry,
     decode_request,
     encode_delta_event,
-    encode_final_event,
 )
+from genq.worker import recovery
 from genq.worker.admission import Limits, check_limits, deadline_passed, entry_time_ms
 from genq.worker.batching import PRIORITY_RANK, BatchPolicy, Candidate, next_batch
+from genq.worker.dead_letter import add_to_pipeline, dead_letter_fields
 from genq.worker.engines.base import (
     BatchReport,
     Engine,
@@ -84,6 +103,8 @@ class Running:
 
 POLL_S = 0.02
 """How long the continuous loop waits for a finished request before checking Redis again."""
+CANCEL_CHECK_S = 0.25
+"""How often the continuous loop looks for cancelled running requests."""
 
 
 @dataclass
@@ -104,6 +125,10 @@ class Counters:
     failed: int = 0
     expired: int = 0
     dead_lettered: int = 0
+    already_final: int = 0
+    """Requests found final when about to start or write (cancelled, or finished elsewhere)."""
+    reclaimed: int = 0
+    oom_splits: int = 0
     prompt_tokens: int = 0
     padded_prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -118,7 +143,8 @@ class Counters:
         d = derived(self.as_hash())
         return (
             f"succeeded={self.succeeded} failed={self.failed} expired={self.expired} "
-            f"dead_lettered={self.dead_lettered} batches={self.batches} "
+            f"dead_lettered={self.dead_lettered} already_final={self.already_final} "
+            f"reclaimed={self.reclaimed} batches={self.batches} "
             f"mean_batch_size={d['mean_batch_size']:.1f} "
             f"padding_fraction={d['padding_fraction']:.3f} tokens_per_s={d['tokens_per_s']:.1f}"
         )
@@ -135,7 +161,7 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.redis = redis_client or redis.Redis.from_url(settings.redis_url)
+        self.redis = redis_client or connect(settings.redis_url)
         self.keys = Keys(settings.queue)
         self.consumer = settings.consumer_name
         self.policy = BatchPolicy(
@@ -150,22 +176,40 @@ class Worker:
             max_context_tokens=engine.max_context_tokens,
             max_batch_tokens=settings.max_batch_tokens,
         )
+        # Every entry this worker holds is in exactly one of: held (waiting), in_batch (in a
+        # static batch), running (in an iteration-level engine), unwritten (its result waits
+        # for Redis). The ClaimKeeper renews only these, so an entry dropped by mistake would
+        # go idle and be taken over, never stuck.
         self.held: dict[str, Held] = {}  # by held_key(stream, entry id)
+        self.in_batch: dict[str, Held] = {}
         self.running: dict[str, Running] = {}  # in an iteration-level engine, by held key
+        self.unwritten: list[Outcome] = []
         self.counters = Counters()
         self._stopping = threading.Event()
         self._signals = 0
         self._last_heartbeat = 0.0
+        self._last_reclaim = 0.0
+        self._last_cancel_check = 0.0
+        self._claim_cursors = dict.fromkeys(self.keys.streams(), "0-0")
+        self._full_budget = settings.max_batch_tokens
+        self._budget_restore_at: float | None = None
         self.started_ms = now_ms()
+        self.keeper = recovery.ClaimKeeper(
+            connect(settings.redis_url) if redis_client is None else redis_client,
+            self.keys,
+            self.consumer,
+            settings.claim_idle_ms,
+            settings.heartbeat_ttl_s,
+            self.claimed_entries,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def run(self) -> None:
         """Serve until stopped; then run what is held, write it, and log one summary line."""
         self._install_signal_handlers()
-        self.ensure_groups()
-        self.heartbeat(force=True)
-        self.resume()
+        self._retrying(self.join)
+        self.keeper.start()
         log.info(
             "worker %s serving queue %r with engine %s",
             self.consumer,
@@ -175,10 +219,50 @@ class Worker:
         continuous = isinstance(self.engine, IterationEngine)
         step = self.step_continuous if continuous else self.step
         while not self._stopping.is_set():
-            step()
+            self._retrying(step, once=True)
         self.drain()
-        self.redis.delete(self.keys.worker(self.consumer))
-        log.info("worker %s stopped: %s", self.consumer, self.counters.summary())
+        self.keeper.stop()
+        with contextlib.suppress(redis.RedisError):  # else the key expires on its own
+            self.redis.delete(self.keys.worker(self.consumer))
+        left = len(self.held) + len(self.running) + len(self.unwritten)
+        tail = f" left_pending={left}" if left else ""
+        log.info("worker %s stopped: %s%s", self.consumer, self.counters.summary(), tail)
+
+    def join(self) -> None:
+        """Join the queue: groups, queue config, heartbeat, then this consumer's own pending."""
+        self.ensure_groups()
+        self.heartbeat(force=True)
+        self.resume()
+
+    def _retrying(self, step: Callable[[], None], once: bool = False) -> None:
+        """Run ``step``; while Redis is unreachable, wait with backoff and try again (once:
+        return after one failed try, for the main loop to go round). A lost consumer group
+        (a redis-server that restarted without its data) is recreated."""
+        delay = 0.1
+        while True:
+            try:
+                step()
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as err:
+                log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay)
+            except redis.ResponseError as err:
+                if "NOGROUP" not in str(err):
+                    raise
+                log.warning("consumer group missing (Redis lost its data?); recreating it")
+                with contextlib.suppress(redis.RedisError):
+                    self.ensure_groups()
+            if self._stopping.wait(delay) or once:
+                return
+            delay = min(5.0, delay * 2)
+
+    def claimed_entries(self) -> list[tuple[str, str]]:
+        """(stream, entry id) of every entry this worker holds, in any stage. Called from the
+        ClaimKeeper thread: dict.copy() and list() of a list are atomic under the GIL."""
+        out = [(h.stream, h.entry_id) for h in self.held.copy().values()]
+        out += [(h.stream, h.entry_id) for h in self.in_batch.copy().values()]
+        out += [(r.held.stream, r.held.entry_id) for r in self.running.copy().values()]
+        out += [(o.stream, o.entry_id) for o in list(self.unwritten)]
+        return out
 
     def stop(self) -> None:
         """Ask the loop to stop after the current step. Idempotent."""
@@ -200,10 +284,12 @@ class Worker:
         signal.signal(signal.SIGINT, on_signal)
 
     def step(self) -> None:
-        """One turn of the loop: read, plan, and run a batch or wait for more."""
+        """One turn of the loop: reclaim, read, plan, and run a batch or wait for more."""
         self.heartbeat()
+        self.write([])  # results kept while Redis was away go first
+        self.reclaim()
         self.admit(self.read(block_ms=None))
-        decision = next_batch(self.candidates(), now_ms(), self.policy)
+        decision = next_batch(self.candidates(), now_ms(), self.current_policy())
         if decision.batch:
             self.write(self.run_batch([self.held.pop(c.key) for c in decision.batch]))
         else:
@@ -211,30 +297,57 @@ class Worker:
             self.admit(self.read(block_ms=max(1, wait_ms)))
 
     def drain(self) -> None:
-        """Run everything still held (no more reading), as a stopping worker must."""
+        """Run what is still held (no more reading) for up to ``shutdown_grace_s``; what is
+        left after that stays pending in Redis and is taken over by other workers."""
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
         engine = self.engine
         if isinstance(engine, IterationEngine):
-            while self.held or self.running:
-                self.write(self.start_requests(engine))
-                self.write(self.finish_requests(engine, POLL_S))
+            while (self.held or self.running) and time.monotonic() < deadline:
+                self._retrying(lambda: self.write(self.start_requests(engine)), once=True)
+                self._retrying(lambda: self.write(self.finish_requests(engine, POLL_S)), once=True)
             engine.close()
-            return
-        no_waiting = dataclasses.replace(self.policy, max_wait_ms=0)  # nothing more will arrive
-        while self.held:
-            decision = next_batch(self.candidates(), now_ms(), no_waiting)
-            self.write(self.run_batch([self.held.pop(c.key) for c in decision.batch]))
+        else:
+            no_waiting = dataclasses.replace(self.current_policy(), max_wait_ms=0)
+
+            def one_batch() -> None:
+                decision = next_batch(self.candidates(), now_ms(), no_waiting)
+                self.write(self.run_batch([self.held.pop(c.key) for c in decision.batch]))
+
+            while self.held and time.monotonic() < deadline:
+                self._retrying(one_batch, once=True)
+        while self.unwritten and time.monotonic() < deadline:
+            self._retrying(lambda: self.write([]), once=True)
+        if self.held or self.running or self.unwritten:
+            log.warning(
+                "grace period over: %d held, %d running, %d unwritten requests stay pending "
+                "for other workers",
+                len(self.held),
+                len(self.running),
+                len(self.unwritten),
+            )
+
+    def current_policy(self) -> BatchPolicy:
+        """The batching policy now: after an out-of-memory error the budget is halved for
+        ``oom_backoff_s``, then restored."""
+        if self._budget_restore_at is not None and time.monotonic() >= self._budget_restore_at:
+            self._budget_restore_at = None
+            self.policy = dataclasses.replace(self.policy, max_batch_tokens=self._full_budget)
+            log.info("batch budget back to %d tokens", self._full_budget)
+        return self.policy
 
     # -- Redis steps -----------------------------------------------------------------------
 
     def ensure_groups(self) -> None:
-        """Create the consumer group on every priority stream (and the streams) if missing.
-        The group starts at the beginning, so requests sent before any worker ran are served."""
+        """Create the consumer group on every priority stream (and the streams) if missing, and
+        publish the queue's limits that producers enforce. The group starts at the beginning,
+        so requests sent before any worker ran are served."""
         for stream in self.keys.streams():
             try:
                 self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
             except redis.ResponseError as err:
                 if "BUSYGROUP" not in str(err):
                     raise
+        self.redis.hset(self.keys.config, MAX_QUEUE_DEPTH_FIELD, str(self.settings.max_queue_depth))
 
     def resume(self) -> None:
         """Take back this consumer's own pending entries (a restart under the same name).
@@ -255,9 +368,57 @@ class Worker:
                     self.redis.xack(stream, GROUP, *gone)
                 live = [e for e in entries if e[1]]
                 total += len(live)
-                self.admit([(stream, live)])
+                self.admit_delivered(stream, live)
         if total:
             log.info("resumed %d pending entries of consumer %s", total, self.consumer)
+
+    def reclaim(self) -> None:
+        """Take over entries idle for ``claim_idle_ms`` (their worker died: live workers renew
+        theirs), at most every ``claim_idle_ms / 4`` and within this worker's look-ahead room."""
+        now = time.monotonic()
+        if now - self._last_reclaim < self.settings.claim_idle_ms / 4000:
+            return
+        self._last_reclaim = now
+        for stream in self.keys.streams():
+            room = self._room(stream)
+            if room <= 0:
+                continue
+            cursor, entries = recovery.autoclaim(
+                self.redis, stream, self.consumer, self.settings.claim_idle_ms, room,
+                self._claim_cursors[stream],
+            )  # fmt: skip
+            self._claim_cursors[stream] = cursor
+            if entries:
+                self.counters.reclaimed += len(entries)
+                log.info("took over %d entries of %s from dead workers", len(entries), stream)
+                self.admit_delivered(stream, entries)
+
+    def admit_delivered(self, stream: str, entries: list[Any]) -> None:
+        """Admit entries delivered before (resumed or taken over); one delivered more than
+        ``max_deliveries`` times has outlived that many workers: it fails as poison and is
+        copied to the dead-letter stream."""
+        ids = [_text(e[0]) for e in entries]
+        counts = recovery.delivery_counts(self.redis, stream, self.consumer, ids)
+        limit = self.settings.max_deliveries
+        ok = [e for e in entries if counts.get(_text(e[0]), 1) <= limit]
+        outcomes = []
+        for raw_id, fields in (e for e in entries if counts.get(_text(e[0]), 1) > limit):
+            entry_id = _text(raw_id)
+            req = decode_request(self.keys.priority_of(stream), fields)
+            request_id = req.request_id if isinstance(req, UndecodableEntry) else req.id
+            err = PoisonRequest(
+                f"this request was delivered {counts[entry_id]} times and every worker that "
+                f"took it stopped before finishing it (killed, crashed, out of memory?); it was "
+                f"copied to {self.keys.dead_letter} (genq dlq list; genq dlq retry puts it back)"
+            )
+            if request_id is None:
+                self.dead_letter(stream, entry_id, fields, str(err))
+                continue
+            self.dead_letter(stream, entry_id, fields, str(err), request_id, ack=False)
+            request = None if isinstance(req, UndecodableEntry) else req
+            outcomes.append(self._failed(stream, entry_id, request_id, err, request))
+        self.write(outcomes)
+        self.admit([(stream, ok)])
 
     def read(self, block_ms: int | None) -> list[tuple[Any, list[Any]]]:
         """New entries for this consumer. Non-blocking: one pipelined XREADGROUP per priority,
@@ -285,26 +446,29 @@ class Worker:
         return max(0, self.settings.max_lookahead - held)
 
     def write(self, outcomes: Sequence[Outcome]) -> None:
-        """Write final results, their events, acks, deletes and stats in one round trip, as
-        one MULTI/EXEC: a client that sees a result never sees its entry still pending."""
-        if not outcomes:
+        """Write final results with their events, acknowledge and delete their entries (one
+        atomic script: no entry is acknowledged without its result), and update the stats:
+        one round trip. A request that is already final (cancelled, or finished by a worker
+        that took it over) keeps its result; its entry is just acknowledged. If Redis is away,
+        the outcomes are kept and written first next time (the script is idempotent)."""
+        self.unwritten.extend(outcomes)
+        if not self.unwritten:
             return
-        ttl = self.settings.result_ttl_s
-        pipe = self.redis.pipeline(transaction=True)
-        for o in outcomes:
-            data = o.result.model_dump_json()
-            pipe.set(self.keys.result(o.result.id), data, ex=ttl)
-            events = self.keys.events(o.result.id)
-            pipe.xadd(events, encode_final_event(o.result))  # type: ignore[arg-type]
-            pipe.expire(events, ttl)
-        by_stream: dict[str, list[str]] = {}
-        for o in outcomes:
-            by_stream.setdefault(o.stream, []).append(o.entry_id)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, GROUP, *ids)
-            pipe.xdel(stream, *ids)
+        batch = list(self.unwritten)
+        items = [
+            (self.keys.result(o.result.id), self.keys.events(o.result.id), o.stream, o.entry_id,
+             o.result.model_dump_json())
+            for o in batch
+        ]  # fmt: skip
+        script_keys, args = apply_args(
+            self.keys.streams(), GROUP, self.settings.result_ttl_s, "final", items
+        )
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.eval(APPLY, len(script_keys), *script_keys, *args)
         self._add_stats(pipe)
-        pipe.execute()
+        written = pipe.execute()[0]
+        del self.unwritten[: len(batch)]
+        self.counters.already_final += sum(1 for w in written if w == 0)
 
     def heartbeat(self, force: bool = False) -> None:
         """Refresh this worker's stats key (at most once a second unless forced)."""
@@ -336,30 +500,23 @@ class Worker:
         )
         pipe.expire(key, self.settings.heartbeat_ttl_s)
 
-    def dead_letter(self, stream: str, entry_id: str, fields: dict[Any, Any], why: str) -> None:
-        """Record an entry with no usable id in the dead-letter stream, and drop it."""
-        shown = {
-            (k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)): (
-                v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-            )[:1000]
-            for k, v in list(fields.items())[:20]
-        }
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(
-            self.keys.dead_letter,
-            {
-                "stream": stream,
-                "entry_id": entry_id,
-                "error": why,
-                "fields": json.dumps(shown),
-                "worker": self.consumer,
-                "at_unix_ms": now_ms(),
-            },
-            maxlen=DEAD_LETTER_MAX_ENTRIES,
-            approximate=True,
-        )
-        pipe.xack(stream, GROUP, entry_id)
-        pipe.xdel(stream, entry_id)
+    def dead_letter(
+        self,
+        stream: str,
+        entry_id: str,
+        fields: dict[Any, Any],
+        why: str,
+        request_id: str | None = None,
+        ack: bool = True,
+    ) -> None:
+        """Record an entry in the dead-letter stream; with ``ack``, also drop it (an entry with
+        no usable id: there is no result to write)."""
+        pipe = self.redis.pipeline(transaction=True)
+        record = dead_letter_fields(stream, entry_id, fields, why, self.consumer, request_id)
+        add_to_pipeline(pipe, self.keys, record)
+        if ack:
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
         pipe.execute()
         self.counters.dead_lettered += 1
         log.warning("dead-lettered entry %s of %s: %s", entry_id, stream, why)
@@ -377,7 +534,7 @@ class Worker:
             priority = self.keys.priority_of(stream)
             for raw_id, fields in entries:
                 entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-                if held_key(stream, entry_id) in self.held:
+                if self._holding(held_key(stream, entry_id)):
                     continue
                 req = decode_request(priority, fields or {})
                 if isinstance(req, UndecodableEntry):
@@ -415,39 +572,116 @@ class Worker:
 
     # -- running ---------------------------------------------------------------------------
 
+    def _holding(self, key: str) -> bool:
+        return (
+            key in self.held
+            or key in self.in_batch
+            or key in self.running
+            or any(held_key(o.stream, o.entry_id) == key for o in self.unwritten)
+        )
+
     def run_batch(self, batch: Sequence[Held]) -> list[Outcome]:
-        """Run one batch in the engine; a failing batch is retried row by row so that one bad
-        request cannot fail its batch-mates."""
+        """Start ``batch`` (requests already final are dropped, late ones expire) and run it in
+        the engine."""
+        self.in_batch.update((h.key, h) for h in batch)
+        try:
+            started = now_ms()
+            try:
+                live, outcomes = self.mark_running(batch, started)
+            except redis.RedisError:
+                self.held.update((h.key, h) for h in batch)  # not started: keep them
+                raise
+            return outcomes + self._generate(live, started)
+        finally:
+            for h in batch:
+                self.in_batch.pop(h.key, None)
+
+    def _generate(self, batch: Sequence[Held], started: int) -> list[Outcome]:
+        """Run ``batch``. If the engine raises, split the batch in halves and run each, down to
+        single requests, so the culprit fails with the error and its batch-mates succeed. Out of
+        memory also halves the worker's budget for ``oom_backoff_s``; only a request that runs
+        out of memory alone fails."""
         if not batch:
             return []
-        started = now_ms()
-        self._mark_running(batch, started)
         t0 = time.perf_counter()
         try:
             report = self.engine.generate([self._input(h) for h in batch])
         except Exception as err:  # an engine can raise anything; isolate the culprit(s)
+            oom = _is_out_of_memory(err)
+            if oom:
+                self._lower_budget(sum(len(h.prompt_ids) + h.request.max_new_tokens for h in batch))
             if len(batch) == 1:
-                log.warning("request %s failed in the engine: %r", batch[0].request.id, err)
+                h = batch[0]
+                log.warning("request %s failed in the engine: %r", h.request.id, err)
+                why = (
+                    f"out of memory even alone ({len(h.prompt_ids)} prompt tokens + "
+                    f"{h.request.max_new_tokens} new): ask for fewer tokens, or run a worker "
+                    "with more memory"
+                    if oom
+                    else f"the engine failed on this request: {err}"
+                )
                 return [
                     self._failed(
-                        batch[0].stream,
-                        batch[0].entry_id,
-                        batch[0].request.id,
-                        GenerationError(f"the engine failed on this request: {err}"),
-                        batch[0].request,
+                        h.stream, h.entry_id, h.request.id, GenerationError(why), h.request,
                         started,
                     )
-                ]
-            log.warning("batch of %d failed (%r); retrying each request alone", len(batch), err)
-            return [o for h in batch for o in self.run_batch([h])]
+                ]  # fmt: skip
+            half = len(batch) // 2
+            log.warning(
+                "batch of %d failed (%s); splitting it in two", len(batch), type(err).__name__
+            )
+            return self._generate(batch[:half], started) + self._generate(batch[half:], started)
         generation_ms = int((time.perf_counter() - t0) * 1000)
         self._count_batch(report, len(batch), generation_ms)
         finished = now_ms()
-        outcomes = [
+        return [
             self._succeeded(h, out, started, finished, generation_ms, len(batch))
             for h, out in zip(batch, report.outputs, strict=True)
         ]
-        return outcomes
+
+    def _lower_budget(self, failed_tokens: int) -> None:
+        """Run with half the budget (at most half the batch that failed) for a while."""
+        self.counters.oom_splits += 1
+        budget = max(1, min(self.policy.max_batch_tokens, failed_tokens) // 2)
+        self.policy = dataclasses.replace(self.policy, max_batch_tokens=budget)
+        self._budget_restore_at = time.monotonic() + self.settings.oom_backoff_s
+        log.warning(
+            "out of memory: batch budget lowered to %d tokens for %.0f s",
+            budget,
+            self.settings.oom_backoff_s,
+        )
+
+    def mark_running(self, batch: Sequence[Held], started: int) -> tuple[list[Held], list[Outcome]]:
+        """Mark ``batch`` running, in one script call. Returns the requests to run, and the
+        outcomes of those that must not run: a deadline that passed (expired). A request
+        already final (cancelled, or a duplicate finished elsewhere) is acknowledged by the
+        script and dropped."""
+        now = now_ms()
+        late = [h for h in batch if deadline_passed(h.request, now)]
+        todo = [h for h in batch if not deadline_passed(h.request, now)]
+        items = []
+        for h in todo:
+            running = Result(
+                id=h.request.id,
+                status="running",
+                priority=h.request.priority,
+                timings=Timings(queued_unix_ms=h.enqueued_ms, started_unix_ms=started),
+                worker=self.consumer,
+                metadata=h.request.metadata,
+            )
+            items.append(
+                (self.keys.result(h.request.id), self.keys.events(h.request.id), h.stream,
+                 h.entry_id, running.model_dump_json())
+            )  # fmt: skip
+        written: Any = []
+        if items:
+            script_keys, args = apply_args(
+                self.keys.streams(), GROUP, self.settings.result_ttl_s, "running", items
+            )
+            written = self.redis.eval(APPLY, len(script_keys), *script_keys, *args)
+        live = [h for h, w in zip(todo, written, strict=True) if w == 1]
+        self.counters.already_final += len(todo) - len(live)
+        return live, [self._expired(h.stream, h.entry_id, h.request) for h in late]
 
     def _succeeded(
         self,
@@ -488,9 +722,12 @@ class Worker:
         if not isinstance(engine, IterationEngine):
             raise TypeError(f"engine {engine.name!r} does not batch per iteration")
         self.heartbeat()
+        self.write([])  # results kept while Redis was away go first
+        self.reclaim()
         self.admit(self.read(block_ms=None))
         self.write(self.start_requests(engine))
         self.write(self.finish_requests(engine, POLL_S if self.running else 0.0))
+        self.write(self.drop_cancelled(engine))
         if not self.running and not self.held:
             self.admit(self.read(block_ms=self.settings.read_block_ms))
 
@@ -510,9 +747,12 @@ class Worker:
             return []  # the most urgent request does not fit yet: wait for room
         started = now_ms()
         batch = [self.held.pop(c.key) for c in decision.batch]
-        self._mark_running(batch, started)
-        outcomes = []
-        for h in batch:
+        try:
+            live, outcomes = self.mark_running(batch, started)
+        except redis.RedisError:
+            self.held.update((h.key, h) for h in batch)  # not started: keep them
+            raise
+        for h in live:
             try:
                 engine.submit(h.key, self._input(h))
             except GenqError as err:
@@ -575,22 +815,26 @@ class Worker:
 
         return _input(h, send)
 
-    def _mark_running(self, batch: Sequence[Held], started: int) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for h in batch:
-            running = Result(
-                id=h.request.id,
-                status="running",
-                priority=h.request.priority,
-                timings=Timings(queued_unix_ms=h.enqueued_ms, started_unix_ms=started),
-                worker=self.consumer,
-                metadata=h.request.metadata,
-            )
-            # XX: only if the request still has a state to update; KEEPTTL: the client's TTL.
-            pipe.set(
-                self.keys.result(h.request.id), running.model_dump_json(), xx=True, keepttl=True
-            )
-        pipe.execute()
+    def drop_cancelled(self, engine: IterationEngine) -> list[Outcome]:
+        """Stop running requests that became final meanwhile (cancelled by a client), freeing
+        their place in the batch; checked every CANCEL_CHECK_S. Their entries are just
+        acknowledged: the final state is the client's."""
+        now = time.monotonic()
+        if not self.running or now - self._last_cancel_check < CANCEL_CHECK_S:
+            return []
+        self._last_cancel_check = now
+        runs = list(self.running.values())
+        raws = self.redis.mget([self.keys.result(r.held.request.id) for r in runs])
+        outcomes = []
+        for run, raw in zip(runs, raws, strict=True):
+            if raw is None or json.loads(raw).get("status") not in FINAL_STATUSES:
+                continue
+            h = run.held
+            engine.cancel(h.key)
+            del self.running[h.key]
+            log.info("request %s became final while running (cancelled?)", h.request.id)
+            outcomes.append(self._cancelled(h))
+        return outcomes
 
     def _count_batch(self, report: BatchReport, size: int, generation_ms: int) -> None:
         c = self.counters
@@ -627,6 +871,13 @@ class Worker:
                 started,
             ),
         )
+
+    def _cancelled(self, h: Held) -> Outcome:
+        """The outcome of a request cancelled while running: only its entry is acknowledged
+        (its state is already final, so the script writes nothing)."""
+        info = ErrorInfo(code="cancelled", message="cancelled by a client")
+        result = self._final(h.stream, h.entry_id, h.request.id, "cancelled", h.request, info, None)
+        return Outcome(h.stream, h.entry_id, result)
 
     def _expired(self, stream: str, entry_id: str, request: Request) -> Outcome:
         self.counters.expired += 1
@@ -686,3 +937,12 @@ def _input(h: Held, on_text: Callable[[str], None] | None = None) -> GenerationI
         seed=r.seed,
         stop=tuple(r.stop),
     )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA, MPS) or the allocator's message, without importing torch."""
+    return type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err).lower()

@@ -109,6 +109,10 @@ class IterationEngine(Engine, Protocol):
         """Finished requests since the last call: (key, output) or (key, error message)."""
         ...
 
+    def cancel(self, key: str) -> None:
+        """Stop generating ``key`` and free its place; ``poll`` will not return it."""
+        ...
+
     def close(self) -> None:
         """Stop background work."""
         ...

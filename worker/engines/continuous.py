@@ -134,6 +134,14 @@ class ContinuousEngine:
             streaming=row.on_text is not None,
         )
 
+    def cancel(self, key: str) -> None:
+        """Stop generating ``key`` and free its place in the running batch."""
+        self._sampled.pop(key, None)
+        self._deferred.pop(key, None)
+        self._streamers.pop(key, None)
+        if self._rows.pop(key, None) is not None and self._manager is not None:
+            self._manager.cancel_request(key)
+
     @property
     def in_flight(self) -> int:
         """Requests submitted and not yet returned by ``poll``."""

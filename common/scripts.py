@@ -1,0 +1,135 @@
+"""The Lua scripts that make genq's state changes atomic. Shared by the client and the worker.
+
+Each runs inside Redis as one step, so there is no window between a check and a write:
+
+- ``SUBMIT``: refuse the whole call if the queue is full; for each request whose id has no live
+  state yet, set its ``queued`` state and add its entry; an id that already has one is not
+  enqueued again (one request, not two).
+- ``APPLY``: write requests' states unless they are already final; a final state also appends
+  the final event, and acknowledges and deletes the request's work entry in the same step. A
+  final result is therefore written once: a late duplicate (a worker presumed dead finishing
+  after another worker did) changes nothing, nor does a ``running`` mark arriving after a
+  cancel; and no entry is acknowledged without its result written.
+
+Callers send them with EVAL (Redis caches the compiled script), never EVALSHA: a Redis that
+restarted has an empty script cache, and a NOSCRIPT error in the middle of a pipeline would
+leave the commands around it half done.
+
+Keys are passed as KEYS (never built in Lua), so every key still comes from ``keys.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from genq.common.models import FINAL_STATUSES
+from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
+
+QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
+"""Start of the error SUBMIT returns when the queue is full (the client raises QueueFull)."""
+MAX_QUEUE_DEPTH_FIELD = "max_queue_depth"
+"""The field of the queue's config hash holding its maximum depth (0 or absent: no limit)."""
+
+_FINAL_TABLE = "{" + ", ".join(f"[{s!r}]=true" for s in sorted(FINAL_STATUSES)) + "}"
+
+_IS_FINAL = f"""
+local FINAL = {_FINAL_TABLE}
+local function is_final(raw)
+  if not raw then return false end
+  local ok, doc = pcall(cjson.decode, raw)
+  return ok and type(doc) == 'table' and FINAL[doc['status']] == true
+end
+"""
+
+SUBMIT = f"""
+-- KEYS: config, stream high, stream normal, stream low, then one state key per request
+-- ARGV: ttl_s, n, then per request: priority index (1-3), id, body JSON, queued state JSON
+local ttl = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local max_depth = tonumber(redis.call('HGET', KEYS[1], '{MAX_QUEUE_DEPTH_FIELD}') or '0') or 0
+if max_depth > 0 then
+  local depth = redis.call('XLEN', KEYS[2]) + redis.call('XLEN', KEYS[3])
+    + redis.call('XLEN', KEYS[4])
+  local fresh = 0
+  for i = 1, n do
+    if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh = fresh + 1 end
+  end
+  if fresh > 0 and depth + fresh > max_depth then
+    return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
+  end
+end
+local out = {{}}
+for i = 1, n do
+  local a = 3 + (i - 1) * 4
+  if redis.call('SET', KEYS[4 + i], ARGV[a + 3], 'NX', 'EX', ttl) then
+    redis.call('XADD', KEYS[1 + tonumber(ARGV[a])], '*',
+      '{ID_FIELD}', ARGV[a + 1], '{BODY_FIELD}', ARGV[a + 2])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+APPLY = (
+    _IS_FINAL
+    + f"""
+-- KEYS: the three work streams (high, normal, low), then per request: state key, event key
+-- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), then per request:
+--       work stream index (1-3; 0: no entry to acknowledge), entry id, state JSON
+-- Per request, returns 1 if the state was written, 0 if the request was already final (its
+-- entry is then acknowledged and deleted: nothing more to do), -1 if 'cancel' found no state.
+local group, ttl, mode = ARGV[1], ARGV[2], ARGV[3]
+local out = {{}}
+for i = 1, (#KEYS - 3) / 2 do
+  local res, ev = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
+  local a = 1 + 3 * i
+  local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
+  local current = redis.call('GET', res)
+  local ack = false
+  if is_final(current) then
+    out[i] = 0
+    ack = true
+  elseif mode == 'cancel' and not current then
+    out[i] = -1
+  elseif mode == 'running' then
+    if current then
+      redis.call('SET', res, state, 'KEEPTTL')
+    else
+      redis.call('SET', res, state, 'EX', ttl)
+    end
+    out[i] = 1
+  else
+    redis.call('SET', res, state, 'EX', ttl)
+    redis.call('XADD', ev, '*',
+      '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
+    redis.call('EXPIRE', ev, ttl)
+    out[i] = 1
+    ack = true
+  end
+  if ack and s > 0 then
+    redis.call('XACK', KEYS[s], group, eid)
+    redis.call('XDEL', KEYS[s], eid)
+  end
+end
+return out
+"""
+)
+
+
+def apply_args(
+    streams: Sequence[str],
+    group: str,
+    ttl_s: int,
+    mode: str,
+    items: Sequence[tuple[str, str, str | None, str, str]],
+) -> tuple[list[str], list[str | int]]:
+    """KEYS and ARGV of one APPLY call. ``items``: (state key, event key, work stream or None,
+    entry id, state JSON) per request."""
+    keys: list[str] = list(streams)
+    args: list[str | int] = [group, ttl_s, mode]
+    for state_key, event_key, stream, entry_id, state in items:
+        keys += [state_key, event_key]
+        args += [streams.index(stream) + 1 if stream else 0, entry_id, state]
+    return keys, args

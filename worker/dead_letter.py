@@ -1,0 +1,121 @@
+"""The dead-letter stream: what the worker puts there, and ``genq dlq list | retry | purge``.
+
+Two kinds of entries land there, each with the reason:
+
+- entries with no usable request id (nothing to fail: acknowledged and recorded);
+- poison requests: delivered ``max_deliveries`` times, every holder died. They also end
+  ``failed``; ``retry`` puts them back in their stream (and resets their state to ``queued``).
+
+Fields of a dead-letter entry: ``stream``, ``entry_id``, ``request_id`` (may be empty),
+``error``, ``fields`` (the original entry's fields as JSON, values cut at 100,000 characters),
+``worker``, ``at_unix_ms``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, Keys
+from genq.common.models import Result, now_ms
+
+MAX_FIELD_CHARS = 100_000
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def dead_letter_fields(
+    stream: str,
+    entry_id: str,
+    fields: dict[Any, Any],
+    error: str,
+    worker: str,
+    request_id: str | None = None,
+) -> dict[str, str | int]:
+    """The fields of the dead-letter entry recording ``fields`` (a work entry)."""
+    shown = {_text(k): _text(v)[:MAX_FIELD_CHARS] for k, v in list(fields.items())[:20]}
+    return {
+        "stream": stream,
+        "entry_id": entry_id,
+        "request_id": request_id or "",
+        "error": error,
+        "fields": json.dumps(shown),
+        "worker": worker,
+        "at_unix_ms": now_ms(),
+    }
+
+
+def add_to_pipeline(pipe: Any, keys: Keys, record: dict[str, str | int]) -> None:
+    """Queue the XADD of ``record`` to the dead-letter stream on ``pipe``."""
+    pipe.xadd(keys.dead_letter, record, maxlen=DEAD_LETTER_MAX_ENTRIES, approximate=True)
+
+
+@dataclass
+class DeadLetter:
+    """One dead-letter entry, as ``genq dlq list`` shows it."""
+
+    dlq_id: str
+    stream: str
+    entry_id: str
+    request_id: str
+    error: str
+    fields: dict[str, str]
+    worker: str
+    at_unix_ms: int
+
+
+def list_dead(r: redis.Redis, keys: Keys, count: int = 100) -> list[DeadLetter]:
+    """The oldest ``count`` dead-letter entries."""
+    rows: Any = r.xrange(keys.dead_letter, count=count)
+    out = []
+    for dlq_id, f in rows:
+        g = {_text(k): _text(v) for k, v in f.items()}
+        out.append(
+            DeadLetter(
+                dlq_id=_text(dlq_id),
+                stream=g.get("stream", ""),
+                entry_id=g.get("entry_id", ""),
+                request_id=g.get("request_id", ""),
+                error=g.get("error", ""),
+                fields=json.loads(g.get("fields", "{}")),
+                worker=g.get("worker", ""),
+                at_unix_ms=int(g.get("at_unix_ms", "0") or 0),
+            )
+        )
+    return out
+
+
+def retry_dead(
+    r: redis.Redis, keys: Keys, dlq_ids: list[str] | None, result_ttl_s: int
+) -> list[str]:
+    """Put dead-letter entries (all if ``dlq_ids`` is None) back into their work streams, reset
+    their requests' state to ``queued`` (a new final event will follow), and remove them from
+    the dead-letter stream. Returns the new work entry ids."""
+    wanted = None if dlq_ids is None else set(dlq_ids)
+    retried = []
+    for d in list_dead(r, keys, count=DEAD_LETTER_MAX_ENTRIES * 2):
+        if wanted is not None and d.dlq_id not in wanted:
+            continue
+        if d.stream not in keys.streams():
+            continue  # not a work stream of this queue: leave it for a person to look at
+        pipe = r.pipeline(transaction=True)
+        if d.request_id:
+            queued = Result(id=d.request_id, status="queued", priority=keys.priority_of(d.stream))
+            pipe.set(keys.result(d.request_id), queued.model_dump_json(), ex=result_ttl_s)
+            pipe.delete(keys.events(d.request_id))  # its old final event is no longer final
+        pipe.xadd(d.stream, dict[Any, Any](d.fields))
+        pipe.xdel(keys.dead_letter, d.dlq_id)
+        replies = pipe.execute()
+        retried.append(_text(replies[-2]))
+    return retried
+
+
+def purge_dead(r: redis.Redis, keys: Keys) -> int:
+    """Delete every dead-letter entry; return how many there were."""
+    n = int(r.xlen(keys.dead_letter))
+    r.delete(keys.dead_letter)
+    return n

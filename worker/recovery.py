@@ -1,0 +1,135 @@
+"""Taking over the work of dead workers, without taking it from live ones.
+
+Redis Streams keep every delivered, unacknowledged entry in the group's pending list with its
+holder, its idle time and its delivery count. genq recovers with three rules:
+
+1. **A live worker renews its claims.** A background thread (``ClaimKeeper``) re-claims the
+   worker's own pending entries every ``claim_idle_ms / 4`` (``XCLAIM ... JUSTID``: resets their
+   idle time, leaves their delivery count alone) and keeps its heartbeat key alive, even while
+   the main thread is inside a long ``generate`` call. So a live worker's entries never look idle
+   for ``claim_idle_ms``, however long its generations run.
+2. **Entries idle for ``claim_idle_ms`` belong to a dead worker**, and any live worker takes them
+   with ``XAUTOCLAIM`` (checked every ``claim_idle_ms / 4``). A dead worker's entries are
+   therefore taken over within about ``1.25 x claim_idle_ms`` of its death (plus the batch a
+   busy taker is running). ``XAUTOCLAIM`` also drops from the pending list entries that no
+   longer exist in the stream (Redis >= 7), so a trimmed or deleted entry never comes back empty.
+3. **A request delivered more than ``max_deliveries`` times** has been held by that many workers
+   that all died (or restarted) before finishing it: it is treated as poison, ends ``failed``
+   and is copied to the dead-letter stream instead of killing another worker.
+
+A worker restarted under the same consumer name first resumes its own pending entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from genq.common.keys import GROUP, Keys
+
+log = logging.getLogger("genq.worker")
+
+PENDING_PAGE = 1000
+"""Pending entries read per XPENDING call."""
+
+
+def delivery_counts(
+    r: redis.Redis, stream: str, consumer: str, entry_ids: Sequence[str]
+) -> dict[str, int]:
+    """How many times each of ``entry_ids`` (pending for ``consumer``) has been delivered."""
+    if not entry_ids:
+        return {}
+    ordered = sorted(entry_ids, key=lambda e: tuple(int(x) for x in e.split("-")))
+    rows: Any = r.xpending_range(
+        stream, GROUP, min=ordered[0], max=ordered[-1], count=len(ordered) + PENDING_PAGE,
+        consumername=consumer,
+    )  # fmt: skip
+    wanted = set(entry_ids)
+    counts = {}
+    for row in rows:
+        entry_id = row["message_id"]
+        entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        if entry_id in wanted:
+            counts[entry_id] = int(row["times_delivered"])
+    return counts
+
+
+def own_pending(r: redis.Redis, stream: str, consumer: str) -> list[str]:
+    """Ids of the entries pending for ``consumer`` on ``stream``."""
+    ids: list[str] = []
+    start = "-"
+    while True:
+        rows: Any = r.xpending_range(
+            stream, GROUP, min=start, max="+", count=PENDING_PAGE, consumername=consumer
+        )
+        for row in rows:
+            entry_id = row["message_id"]
+            ids.append(entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
+        if len(rows) < PENDING_PAGE:
+            return ids
+        start = "(" + ids[-1]
+
+
+def autoclaim(
+    r: redis.Redis, stream: str, consumer: str, min_idle_ms: int, count: int, cursor: str
+) -> tuple[str, list[Any]]:
+    """Take up to ``count`` entries idle for ``min_idle_ms`` on ``stream``; (next cursor,
+    entries). Entries deleted from the stream are dropped from the pending list by Redis."""
+    resp: Any = r.xautoclaim(stream, GROUP, consumer, min_idle_ms, start_id=cursor, count=count)
+    next_cursor = resp[0].decode() if isinstance(resp[0], bytes) else str(resp[0])
+    entries = [e for e in resp[1] if e is not None and e[1]]
+    return next_cursor, entries
+
+
+class ClaimKeeper(threading.Thread):
+    """Renews a live worker's claims and heartbeat key from a thread of its own."""
+
+    def __init__(
+        self,
+        r: redis.Redis,
+        keys: Keys,
+        consumer: str,
+        claim_idle_ms: int,
+        heartbeat_ttl_s: int,
+        claimed: Callable[[], list[tuple[str, str]]],
+    ) -> None:
+        super().__init__(name="genq-claim-keeper", daemon=True)
+        self.redis = r
+        self.keys = keys
+        self.consumer = consumer
+        self.every_s = claim_idle_ms / 4000
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.claimed = claimed
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.every_s):
+            try:
+                self.renew()
+            except redis.RedisError as err:  # Redis away: the main loop reconnects; retry
+                log.warning("could not renew claims: %s", err)
+
+    def renew(self) -> int:
+        """Reset the idle time of every entry this worker holds; return how many. Only entries
+        the worker knows it holds are renewed: one it lost track of (say, a read whose reply
+        was lost with the connection) goes idle and is taken over like a dead worker's."""
+        renewed = 0
+        claimed = self.claimed()
+        for stream in self.keys.streams():
+            mine = {e for s, e in claimed if s == stream}
+            if not mine:
+                continue
+            ids = [e for e in own_pending(self.redis, stream, self.consumer) if e in mine]
+            for start in range(0, len(ids), PENDING_PAGE):
+                chunk = ids[start : start + PENDING_PAGE]
+                self.redis.xclaim(stream, GROUP, self.consumer, 0, list[Any](chunk), justid=True)
+                renewed += len(chunk)
+        self.redis.expire(self.keys.worker(self.consumer), self.heartbeat_ttl_s)
+        return renewed
+
+    def stop(self) -> None:
+        """Stop renewing (the worker is exiting)."""
+        self._stop_event.set()
