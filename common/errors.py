@@ -61,7 +61,7 @@ class QueueFull(GenqError):
 
 
 class PoisonRequest(GenqError):
-    """Every worker that took this request died before finishing it, ``max_deliveries`` times."""
+    """Every worker that started this request died before finishing it, ``max_attempts`` times."""
 
     code = "poison_request"
 

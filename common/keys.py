@@ -18,6 +18,8 @@ key                    type    written by                  read by             T
                                (running, final): JSON
 ``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
                                streaming, final event)     BLOCK)
+``genq:att:{ID}``      string  worker (INCR at each start, worker (poison      result_ttl_s;
+                               DEL at the final result)    check)              deleted at end
 =====================  ======  ==========================  ==================  ===============
 
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``).
@@ -78,7 +80,7 @@ class Keys:
     @property
     def dead_letter(self) -> str:
         """Entries that could not be decoded into a request with an id, and poison requests
-        (delivered ``max_deliveries`` times, every holder died)."""
+        (started ``max_attempts`` times, every time by a worker that died)."""
         return f"{self._base}:dead"
 
     @property
@@ -94,6 +96,11 @@ class Keys:
     def result(request_id: str) -> str:
         """The request's current state, a Result as JSON."""
         return f"{PREFIX}:res:{{{request_id}}}"
+
+    @staticmethod
+    def attempts(request_id: str) -> str:
+        """How many times workers have started the request (deleted when it ends)."""
+        return f"{PREFIX}:att:{{{request_id}}}"
 
     @staticmethod
     def events(request_id: str) -> str:

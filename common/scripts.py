@@ -9,7 +9,9 @@ Each runs inside Redis as one step, so there is no window between a check and a 
   the final event, and acknowledges and deletes the request's work entry in the same step. A
   final result is therefore written once: a late duplicate (a worker presumed dead finishing
   after another worker did) changes nothing, nor does a ``running`` mark arriving after a
-  cancel; and no entry is acknowledged without its result written.
+  cancel; and no entry is acknowledged without its result written. ``running`` also counts
+  the request's attempts (starts): one started ``max_attempts`` times already, every time by a
+  worker that died before finishing it, is poison and is not started again.
 
 Callers send them with EVAL (Redis caches the compiled script), never EVALSHA: a Redis that
 restarted has an empty script cache, and a NOSCRIPT error in the middle of a pipeline would
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from genq.common.keys import GROUP, Keys
 from genq.common.models import FINAL_STATUSES
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
 
@@ -75,16 +78,18 @@ return out
 APPLY = (
     _IS_FINAL
     + f"""
--- KEYS: the three work streams (high, normal, low), then per request: state key, event key
--- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), then per request:
+-- KEYS: the three work streams (high, normal, low), then per request: state key, event key,
+--       attempts key
+-- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, then per request:
 --       work stream index (1-3; 0: no entry to acknowledge), entry id, state JSON
 -- Per request, returns 1 if the state was written, 0 if the request was already final (its
--- entry is then acknowledged and deleted: nothing more to do), -1 if 'cancel' found no state.
-local group, ttl, mode = ARGV[1], ARGV[2], ARGV[3]
+-- entry is then acknowledged and deleted: nothing more to do), -1 if 'cancel' found no state,
+-- -2 if 'running' found it started max attempts times already (poison: nothing written).
+local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local out = {{}}
-for i = 1, (#KEYS - 3) / 2 do
-  local res, ev = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
-  local a = 1 + 3 * i
+for i = 1, (#KEYS - 3) / 3 do
+  local res, ev, att = KEYS[1 + 3 * i], KEYS[2 + 3 * i], KEYS[3 + 3 * i]
+  local a = 2 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
   local current = redis.call('GET', res)
   local ack = false
@@ -93,7 +98,11 @@ for i = 1, (#KEYS - 3) / 2 do
     ack = true
   elseif mode == 'cancel' and not current then
     out[i] = -1
+  elseif mode == 'running' and tonumber(redis.call('GET', att) or '0') >= max_attempts then
+    out[i] = -2
   elseif mode == 'running' then
+    redis.call('INCR', att)
+    redis.call('EXPIRE', att, ttl)
     if current then
       redis.call('SET', res, state, 'KEEPTTL')
     else
@@ -105,6 +114,7 @@ for i = 1, (#KEYS - 3) / 2 do
     redis.call('XADD', ev, '*',
       '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
     redis.call('EXPIRE', ev, ttl)
+    redis.call('DEL', att)
     out[i] = 1
     ack = true
   end
@@ -119,17 +129,18 @@ return out
 
 
 def apply_args(
-    streams: Sequence[str],
-    group: str,
+    keys: Keys,
     ttl_s: int,
     mode: str,
-    items: Sequence[tuple[str, str, str | None, str, str]],
+    items: Sequence[tuple[str, str | None, str, str]],
+    max_attempts: int = 0,
 ) -> tuple[list[str], list[str | int]]:
-    """KEYS and ARGV of one APPLY call. ``items``: (state key, event key, work stream or None,
-    entry id, state JSON) per request."""
-    keys: list[str] = list(streams)
-    args: list[str | int] = [group, ttl_s, mode]
-    for state_key, event_key, stream, entry_id, state in items:
-        keys += [state_key, event_key]
+    """KEYS and ARGV of one APPLY call. ``items``: (request id, work stream or None, entry id,
+    state JSON) per request."""
+    streams = keys.streams()
+    script_keys: list[str] = list(streams)
+    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts]
+    for request_id, stream, entry_id, state in items:
+        script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
         args += [streams.index(stream) + 1 if stream else 0, entry_id, state]
-    return keys, args
+    return script_keys, args

@@ -84,15 +84,18 @@ class WorkerSettings(BaseModel):
         description="entries whose holder has not renewed them for this long are taken over "
         "(a live worker renews every claim_idle_ms/4; recovery within ~1.25x this)",
     )
-    max_deliveries: Annotated[int, Field(ge=1)] = Field(
+    max_attempts: Annotated[int, Field(ge=1)] = Field(
         3,
-        description="a request delivered more often than this (every holder died) fails as poison",
+        description="a request started this many times, by workers that all died, fails as poison",
     )
     shutdown_grace_s: Annotated[float, Field(ge=0)] = Field(
         30.0, description="on SIGTERM, finish held work for up to this long, then leave the rest"
     )
     max_queue_depth: Annotated[int, Field(ge=0)] = Field(
         100_000, description="producers get QueueFull beyond this many queued+running (0: no limit)"
+    )
+    echo_step_ms: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="--engine echo only: simulated time per decode step of a batch"
     )
     oom_backoff_s: Annotated[float, Field(ge=0)] = Field(
         60.0, description="after out-of-memory, run with half the batch budget for this long"

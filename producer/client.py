@@ -8,15 +8,16 @@ from typing import Any
 import redis
 from genq.common.connection import connect
 from genq.common.errors import RequestNotFound, ResultTimeout
-from genq.common.keys import GROUP, Keys
+from genq.common.keys import Keys
 from genq.common.models import Request, Result
-from genq.common.scripts import APPLY, SUBMIT, apply_args
+from genq.common.scripts import APPLY, SUBMIT
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_RESULT_TTL_S
 from genq.producer.requests import (
     StreamReader,
     Waiter,
     build_request,
-    cancelled_state,
+    cancel_call,
+    cancel_outcome,
     parse_stored,
     submit_calls,
     submit_outcome,
@@ -91,22 +92,14 @@ class Client:
         """Cancel a queued or running request: it ends ``cancelled`` (a running one is stopped
         at the worker's next step). False if it was already final; RequestNotFound if it has
         no state (never submitted with a client, or expired)."""
-        current = parse_stored(self.redis.get(self.keys.result(request_id)))
-        if current is None:
-            raise RequestNotFound(
-                f"no request {request_id!r} in Redis (never submitted, or expired)"
-            )
-        if current.is_final:
+        raw = self.redis.get(self.keys.result(request_id))
+        call = cancel_call(self.keys, request_id, raw, self.result_ttl_s)
+        if call is None:
             return False
-        state = cancelled_state(current).model_dump_json()
-        script_keys, args = apply_args(
-            self.keys.streams(), GROUP, self.result_ttl_s, "cancel",
-            [(self.keys.result(request_id), self.keys.events(request_id), None, "", state)],
-        )  # fmt: skip
-        done = (self.redis.eval(APPLY, len(script_keys), *script_keys, *args))[0]
-        if done == -1:
-            raise RequestNotFound(f"no request {request_id!r} in Redis (expired meanwhile)")
-        return bool(done == 1)
+        script_keys, args = call
+        return cancel_outcome(
+            request_id, self.redis.eval(APPLY, len(script_keys), *script_keys, *args)
+        )
 
     def status(self, request_id: str) -> Result:
         """The request's current state. Raises RequestNotFound if there is none."""

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from genq.common.errors import InvalidRequest, QueueFull
+from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound
 from genq.common.keys import Keys
 from genq.common.models import (
     FINAL_STATUSES,
@@ -22,7 +22,7 @@ from genq.common.models import (
     new_request_id,
     now_ms,
 )
-from genq.common.scripts import QUEUE_FULL_PREFIX
+from genq.common.scripts import QUEUE_FULL_PREFIX, apply_args
 from genq.common.wire import (
     BODY_FIELD,
     DELTA_EVENT,
@@ -118,15 +118,31 @@ def submit_calls(
     return calls
 
 
-def cancelled_state(current: Result) -> Result:
-    """The final state a cancel writes over ``current``."""
-    return current.model_copy(
+def cancel_call(
+    keys: Keys, request_id: str, raw: bytes | str | None, ttl_s: int
+) -> tuple[list[str], list[str | int]] | None:
+    """KEYS and ARGV of the APPLY call that cancels a request whose state is ``raw``; None if
+    it is already final. Raises RequestNotFound if it has no state."""
+    current = parse_stored(raw)
+    if current is None:
+        raise RequestNotFound(f"no request {request_id!r} in Redis (never submitted, or expired)")
+    if current.is_final:
+        return None
+    state = current.model_copy(
         update={
             "status": "cancelled",
             "error": ErrorInfo(code="cancelled", message="cancelled by a client"),
             "timings": current.timings.model_copy(update={"finished_unix_ms": now_ms()}),
         }
     )
+    return apply_args(keys, ttl_s, "cancel", [(request_id, None, "", state.model_dump_json())])
+
+
+def cancel_outcome(request_id: str, reply: Any) -> bool:
+    """Whether the APPLY call of ``cancel_call`` cancelled the request."""
+    if reply[0] == -1:
+        raise RequestNotFound(f"no request {request_id!r} in Redis (expired meanwhile)")
+    return bool(reply[0] == 1)
 
 
 def submit_outcome(requests: Sequence[Request], replies: Sequence[Any]) -> list[str]:

@@ -58,14 +58,22 @@ def queue() -> str:
 class WorkerProcess:
     """A ``genq worker`` subprocess with its log captured to a file."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, command: tuple[str, ...] = ("genq.worker", "worker")
+    ) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "genq.worker", "worker", *args],
+            [sys.executable, "-m", *command, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
+
+    def kill(self) -> None:
+        """SIGKILL: the worker gets no chance to clean up."""
+        self.proc.kill()
+        self.proc.wait()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -88,11 +96,14 @@ def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worke
     All are stopped (SIGTERM) at the end of the test."""
     started: list[WorkerProcess] = []
 
-    def start(queue: str, *args: str) -> WorkerProcess:
+    def start(queue: str, *args: str, fault: str | None = None) -> WorkerProcess:
+        """``fault``: run the worker loop on a fault-injecting engine of tests/faults.py."""
         n = len(started)
+        command = ("tests.faults", fault) if fault else ("genq.worker", "worker")
         w = WorkerProcess(
             ["--redis-url", redis_url, "--queue", queue, "--consumer", f"w{n}", *args],
             tmp_path / f"worker{n}.log",
+            command,
         )
         started.append(w)
         return w

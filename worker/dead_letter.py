@@ -3,7 +3,7 @@
 Two kinds of entries land there, each with the reason:
 
 - entries with no usable request id (nothing to fail: acknowledged and recorded);
-- poison requests: delivered ``max_deliveries`` times, every holder died. They also end
+- poison requests: started ``max_attempts`` times, every time by a worker that died. They also end
   ``failed``; ``retry`` puts them back in their stream (and resets their state to ``queued``).
 
 Fields of a dead-letter entry: ``stream``, ``entry_id``, ``request_id`` (may be empty),

@@ -52,6 +52,7 @@ from genq.common.wire import (
     UndecodableEntry,
     decode_request,
     encode_delta_event,
+    encode_request,
 )
 from genq.worker import recovery
 from genq.worker.admission import Limits, check_limits, deadline_passed, entry_time_ms
@@ -80,6 +81,15 @@ class Held:
     request: Request
     prompt_ids: list[int]
     enqueued_ms: int
+    deliveries: int = 1
+    """How many times Redis has delivered the entry. Above 1, a worker died holding it: it
+    runs alone, so that if it is what kills workers, it takes no batch-mates with it (their
+    delivery counts would grow too, and they would fail as poison with it)."""
+
+    @property
+    def suspect(self) -> bool:
+        """Delivered before: run alone."""
+        return self.deliveries > 1
 
     @property
     def key(self) -> str:
@@ -289,6 +299,10 @@ class Worker:
         self.write([])  # results kept while Redis was away go first
         self.reclaim()
         self.admit(self.read(block_ms=None))
+        suspect = self.next_suspect()
+        if suspect is not None:
+            self.write(self.run_batch([self.held.pop(suspect.key)]))
+            return
         decision = next_batch(self.candidates(), now_ms(), self.current_policy())
         if decision.batch:
             self.write(self.run_batch([self.held.pop(c.key) for c in decision.batch]))
@@ -310,6 +324,10 @@ class Worker:
             no_waiting = dataclasses.replace(self.current_policy(), max_wait_ms=0)
 
             def one_batch() -> None:
+                suspect = self.next_suspect()
+                if suspect is not None:
+                    self.write(self.run_batch([self.held.pop(suspect.key)]))
+                    return
                 decision = next_batch(self.candidates(), now_ms(), no_waiting)
                 self.write(self.run_batch([self.held.pop(c.key) for c in decision.batch]))
 
@@ -325,6 +343,11 @@ class Worker:
                 len(self.running),
                 len(self.unwritten),
             )
+
+    def next_suspect(self) -> Held | None:
+        """The oldest held request that was delivered before (it runs alone), if any."""
+        suspects = [h for h in self.held.values() if h.suspect]
+        return min(suspects, key=lambda h: h.enqueued_ms) if suspects else None
 
     def current_policy(self) -> BatchPolicy:
         """The batching policy now: after an out-of-memory error the budget is halved for
@@ -394,31 +417,12 @@ class Worker:
                 self.admit_delivered(stream, entries)
 
     def admit_delivered(self, stream: str, entries: list[Any]) -> None:
-        """Admit entries delivered before (resumed or taken over); one delivered more than
-        ``max_deliveries`` times has outlived that many workers: it fails as poison and is
-        copied to the dead-letter stream."""
+        """Admit entries delivered before (resumed or taken over). Each remembers how often it
+        was delivered: one delivered before runs alone (``Held.suspect``)."""
         ids = [_text(e[0]) for e in entries]
-        counts = recovery.delivery_counts(self.redis, stream, self.consumer, ids)
-        limit = self.settings.max_deliveries
-        ok = [e for e in entries if counts.get(_text(e[0]), 1) <= limit]
-        outcomes = []
-        for raw_id, fields in (e for e in entries if counts.get(_text(e[0]), 1) > limit):
-            entry_id = _text(raw_id)
-            req = decode_request(self.keys.priority_of(stream), fields)
-            request_id = req.request_id if isinstance(req, UndecodableEntry) else req.id
-            err = PoisonRequest(
-                f"this request was delivered {counts[entry_id]} times and every worker that "
-                f"took it stopped before finishing it (killed, crashed, out of memory?); it was "
-                f"copied to {self.keys.dead_letter} (genq dlq list; genq dlq retry puts it back)"
-            )
-            if request_id is None:
-                self.dead_letter(stream, entry_id, fields, str(err))
-                continue
-            self.dead_letter(stream, entry_id, fields, str(err), request_id, ack=False)
-            request = None if isinstance(req, UndecodableEntry) else req
-            outcomes.append(self._failed(stream, entry_id, request_id, err, request))
-        self.write(outcomes)
-        self.admit([(stream, ok)])
+        self.admit(
+            [(stream, entries)], recovery.delivery_counts(self.redis, stream, self.consumer, ids)
+        )
 
     def read(self, block_ms: int | None) -> list[tuple[Any, list[Any]]]:
         """New entries for this consumer. Non-blocking: one pipelined XREADGROUP per priority,
@@ -455,14 +459,8 @@ class Worker:
         if not self.unwritten:
             return
         batch = list(self.unwritten)
-        items = [
-            (self.keys.result(o.result.id), self.keys.events(o.result.id), o.stream, o.entry_id,
-             o.result.model_dump_json())
-            for o in batch
-        ]  # fmt: skip
-        script_keys, args = apply_args(
-            self.keys.streams(), GROUP, self.settings.result_ttl_s, "final", items
-        )
+        items = [(o.result.id, o.stream, o.entry_id, o.result.model_dump_json()) for o in batch]
+        script_keys, args = apply_args(self.keys, self.settings.result_ttl_s, "final", items)
         pipe = self.redis.pipeline(transaction=False)
         pipe.eval(APPLY, len(script_keys), *script_keys, *args)
         self._add_stats(pipe)
@@ -523,7 +521,9 @@ class Worker:
 
     # -- admission -------------------------------------------------------------------------
 
-    def admit(self, response: Sequence[tuple[Any, list[Any]]]) -> None:
+    def admit(
+        self, response: Sequence[tuple[Any, list[Any]]], deliveries: dict[str, int] | None = None
+    ) -> None:
         """Decode and check newly read entries. Runnable ones join the look-ahead; the rest
         are finished at once (failed, expired) or dead-lettered, and written together."""
         decoded: list[tuple[str, str, Request]] = []
@@ -553,7 +553,10 @@ class Worker:
                 if problem is not None:
                     outcomes.append(self._failed(stream, entry_id, req.id, problem, req))
                     continue
-                held = Held(stream, entry_id, req, ids, entry_time_ms(entry_id))
+                held = Held(
+                    stream, entry_id, req, ids, entry_time_ms(entry_id),
+                    (deliveries or {}).get(entry_id, 1),
+                )  # fmt: skip
                 self.held[held.key] = held
         self.write(outcomes)
 
@@ -669,19 +672,32 @@ class Worker:
                 worker=self.consumer,
                 metadata=h.request.metadata,
             )
-            items.append(
-                (self.keys.result(h.request.id), self.keys.events(h.request.id), h.stream,
-                 h.entry_id, running.model_dump_json())
-            )  # fmt: skip
+            items.append((h.request.id, h.stream, h.entry_id, running.model_dump_json()))
         written: Any = []
         if items:
             script_keys, args = apply_args(
-                self.keys.streams(), GROUP, self.settings.result_ttl_s, "running", items
-            )
+                self.keys, self.settings.result_ttl_s, "running", items,
+                self.settings.max_attempts,
+            )  # fmt: skip
             written = self.redis.eval(APPLY, len(script_keys), *script_keys, *args)
         live = [h for h, w in zip(todo, written, strict=True) if w == 1]
-        self.counters.already_final += len(todo) - len(live)
-        return live, [self._expired(h.stream, h.entry_id, h.request) for h in late]
+        poison = [h for h, w in zip(todo, written, strict=True) if w == -2]
+        self.counters.already_final += sum(1 for w in written if w == 0)
+        outcomes = [self._expired(h.stream, h.entry_id, h.request) for h in late]
+        return live, outcomes + [self._poison(h) for h in poison]
+
+    def _poison(self, h: Held) -> Outcome:
+        """A request started ``max_attempts`` times, every time by a worker that died: fail it
+        and copy it to the dead-letter stream instead of letting it kill another worker."""
+        n = self.settings.max_attempts
+        err = PoisonRequest(
+            f"{n} workers started this request and every one stopped before finishing it "
+            f"(killed, crashed, out of memory?); it will not be started again. It was copied to "
+            f"{self.keys.dead_letter}: genq dlq list shows it, genq dlq retry puts it back"
+        )
+        fields = encode_request(h.request)
+        self.dead_letter(h.stream, h.entry_id, dict(fields), str(err), h.request.id, ack=False)
+        return self._failed(h.stream, h.entry_id, h.request.id, err, h.request)
 
     def _succeeded(
         self,
@@ -733,20 +749,30 @@ class Worker:
 
     def start_requests(self, engine: IterationEngine) -> list[Outcome]:
         """Admit held requests into the running engine, by the batching policy, within what
-        is left of the token budget and batch size."""
-        used_tokens = sum(r.cost_tokens for r in self.running.values())
-        free_tokens = self.policy.max_batch_tokens - used_tokens
-        free_slots = self.policy.max_batch_size - len(self.running)
-        if not self.held or free_slots <= 0 or free_tokens <= 0:
+        is left of the token budget and batch size. A request delivered before runs alone:
+        it waits for the running ones to finish, and nothing starts beside it."""
+        if any(r.held.suspect for r in self.running.values()):
             return []
-        policy = dataclasses.replace(
-            self.policy, max_batch_tokens=free_tokens, max_batch_size=free_slots, max_wait_ms=0
-        )
-        decision = next_batch(self.candidates(), now_ms(), policy)
-        if self.running and decision.tokens > free_tokens:
-            return []  # the most urgent request does not fit yet: wait for room
+        suspect = self.next_suspect()
+        if suspect is not None:
+            if self.running:
+                return []
+            batch = [self.held.pop(suspect.key)]
+        else:
+            policy = self.current_policy()
+            used_tokens = sum(r.cost_tokens for r in self.running.values())
+            free_tokens = policy.max_batch_tokens - used_tokens
+            free_slots = policy.max_batch_size - len(self.running)
+            if not self.held or free_slots <= 0 or free_tokens <= 0:
+                return []
+            policy = dataclasses.replace(
+                policy, max_batch_tokens=free_tokens, max_batch_size=free_slots, max_wait_ms=0
+            )
+            decision = next_batch(self.candidates(), now_ms(), policy)
+            if self.running and decision.tokens > free_tokens:
+                return []  # the most urgent request does not fit yet: wait for room
+            batch = [self.held.pop(c.key) for c in decision.batch]
         started = now_ms()
-        batch = [self.held.pop(c.key) for c in decision.batch]
         try:
             live, outcomes = self.mark_running(batch, started)
         except redis.RedisError:

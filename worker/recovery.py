@@ -13,9 +13,12 @@ holder, its idle time and its delivery count. genq recovers with three rules:
    therefore taken over within about ``1.25 x claim_idle_ms`` of its death (plus the batch a
    busy taker is running). ``XAUTOCLAIM`` also drops from the pending list entries that no
    longer exist in the stream (Redis >= 7), so a trimmed or deleted entry never comes back empty.
-3. **A request delivered more than ``max_deliveries`` times** has been held by that many workers
-   that all died (or restarted) before finishing it: it is treated as poison, ends ``failed``
-   and is copied to the dead-letter stream instead of killing another worker.
+3. **An entry delivered before runs alone**: its worker died holding it, and if it is what
+   kills workers it must not take batch-mates with it. **A request started ``max_attempts``
+   times** (counted at each start, in ``genq:att:{ID}``), every time by a worker that died
+   before finishing it, is poison: it ends ``failed`` and is copied to the dead-letter stream
+   instead of killing another worker. Starts are counted, not deliveries: a request that was
+   only waiting in a dead worker's look-ahead has not been tried.
 
 A worker restarted under the same consumer name first resumes its own pending entries.
 """

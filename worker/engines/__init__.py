@@ -18,7 +18,7 @@ def make_engine(settings: WorkerSettings) -> Engine:
     if settings.engine == "echo":
         from genq.worker.engines.echo import EchoEngine
 
-        return EchoEngine()
+        return EchoEngine(step_ms=settings.echo_step_ms)
     if settings.engine == "continuous":
         from genq.worker.engines.continuous import ContinuousEngine
 

@@ -1,10 +1,14 @@
 """``--engine echo``: no model; returns the prompt. For load tests of the queue itself.
 
-Tokens are UTF-8 bytes, so costs and limits behave like a real engine's.
+Tokens are UTF-8 bytes, so costs and limits behave like a real engine's. ``step_ms`` (worker
+``--echo-step-ms``) makes a batch take as long as a static batch whose decode steps each take
+that long (its longest ``max_new_tokens`` steps): queue behaviour under slow generation, with no
+model (recovery tests kill workers mid-batch this way).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Literal
 
@@ -17,12 +21,17 @@ class EchoEngine:
     name = "echo"
     max_context_tokens: int | None = None
 
+    def __init__(self, step_ms: float = 0.0) -> None:
+        self.step_ms = step_ms
+
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Each prompt's UTF-8 bytes."""
         return [list(p.encode("utf-8")) for p in prompts]
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Echo each prompt, within its own limits."""
+        if self.step_ms > 0 and batch:
+            time.sleep(self.step_ms * max(r.max_new_tokens for r in batch) / 1000)
         outputs = []
         for row in batch:
             data = bytes(row.prompt_ids)
