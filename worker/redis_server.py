@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 from genq.common.errors import ConfigError
@@ -40,8 +41,9 @@ class RedisServer:
         """The redis:// URL of this server."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> RedisServer:
-        """Start the server and wait until it answers PING."""
+    def start(self, timeout_s: float = 10.0, tls_ca_certs: str | None = None) -> RedisServer:
+        """Start the server and wait until it answers PING (over TLS, trusting
+        ``tls_ca_certs``, when ``port`` is the server's TLS port)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise ConfigError(
@@ -60,7 +62,8 @@ class RedisServer:
             stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        tls: dict[str, Any] = {"ssl": True, "ssl_ca_certs": tls_ca_certs} if tls_ca_certs else {}
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5, **tls)
         try:
             while True:
                 if self.process.poll() is not None:
