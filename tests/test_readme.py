@@ -57,3 +57,23 @@ def test_compose_file_is_valid() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "appendonly" in out.stdout and "service_healthy" in out.stdout
+
+
+def test_the_documented_acl_line_is_the_tested_one() -> None:
+    from tests.test_security import GENQ_ACL
+
+    block = re.search(r"<!-- acl-line.*?-->\s*```\n(.*?)\n\s*```", README, re.S)
+    assert block is not None
+    documented = block.group(1).strip().split()
+    assert documented[:3] == ["ACL", "SETUSER", "genq"]
+    tested = GENQ_ACL.replace(">genq-secret", ">PASSWORD").split()
+    assert documented[3:] == tested
+
+
+def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
+    from genq.common.keys import Keys
+
+    k = Keys("Q")
+    for key in [*k.streams(), k.dead_letter, k.config, k.worker("C"), k.result("ID"),
+                k.events("ID"), k.attempts("ID")]:  # fmt: skip
+        assert f"`{key}`" in README, key
