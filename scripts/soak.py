@@ -61,8 +61,11 @@ def main() -> None:
         nonlocal refused
         i = 0
         while not stop.is_set():
-            batch = [{"prompt": f"soak {i}-{j}", "max_new_tokens": rng.randint(4, 40),
-                      "priority": rng.choice(["high", "normal", "low"])} for j in range(20)]  # fmt: skip
+            batch = [
+                {"prompt": f"soak {i}-{j}", "max_new_tokens": rng.randint(4, 40),
+                 "priority": rng.choice(["high", "normal", "low"])}
+                for j in range(20)
+            ]  # fmt: skip
             try:
                 accepted.extend(client.submit_many(batch))
             except redis.ConnectionError:
