@@ -132,3 +132,14 @@ def test_batch_report_counts_padding(engine: StaticEngine) -> None:
     assert report.prompt_tokens == sum(len(p) for p in ids)
     assert report.padded_prompt_tokens == 2 * max(len(p) for p in ids)
     assert 0 < report.padding_fraction < 1
+
+
+def test_the_gpu_bench_model_has_a_few_hundred_million_parameters() -> None:
+    import torch
+    from genq.worker.tiny_model import BUILTIN_CONFIGS
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):  # shapes only: nothing is allocated or initialised
+        model = LlamaForCausalLM(LlamaConfig(**BUILTIN_CONFIGS["random-250m"]))
+    params = sum(p.numel() for p in model.parameters())
+    assert 200e6 < params < 400e6

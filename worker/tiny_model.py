@@ -32,6 +32,21 @@ TINY_CONFIG: dict[str, Any] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+#: Built-in models by name: ``tiny`` for tests and the demo, ``random-250m`` (258 M parameters,
+#: random weights, same byte tokenizer) to measure batching on a GPU at a realistic step cost.
+BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
+    TINY_MODEL_NAME: TINY_CONFIG,
+    "random-250m": {
+        **TINY_CONFIG,
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 20,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "initializer_range": 0.02,
+    },
+}
 TINY_SEED = 1234
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
 _FORMAT_VERSION = 2
@@ -51,19 +66,24 @@ def cache_dir() -> Path:
 
 def tiny_model_dir() -> Path:
     """The tiny model's directory, built on first use. Safe to call from several processes."""
+    return builtin_model_dir(TINY_MODEL_NAME)
+
+
+def builtin_model_dir(name: str) -> Path:
+    """A built-in model's directory (see BUILTIN_CONFIGS), built on first use."""
+    config = BUILTIN_CONFIGS[name]
     digest = hashlib.sha256(
-        json.dumps(
-            [TINY_CONFIG, TINY_SEED, EOS_LOGIT_SCALE, _FORMAT_VERSION], sort_keys=True
-        ).encode()
+        json.dumps([config, TINY_SEED, EOS_LOGIT_SCALE, _FORMAT_VERSION], sort_keys=True).encode()
     ).hexdigest()[:12]
-    target = cache_dir() / f"tiny-llama-{digest}"
+    prefix = "tiny-llama" if name == TINY_MODEL_NAME else name
+    target = cache_dir() / f"{prefix}-{digest}"
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build in a private directory and rename into place, so a concurrent builder never sees a
     # half-written model; the loser of the race just discards its copy.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        build_tiny_model(Path(tmp) / "model")
+        build_tiny_model(Path(tmp) / "model", config)
         try:
             os.rename(Path(tmp) / "model", target)
         except OSError:
@@ -112,8 +132,8 @@ def _byte_of(ch: str) -> int:
     return mapping[ch]
 
 
-def build_tiny_model(path: Path) -> None:
-    """Write the tiny model and its tokenizer to ``path``."""
+def build_tiny_model(path: Path, config_values: dict[str, Any] = TINY_CONFIG) -> None:
+    """Write a random-weight Llama (the tiny one by default) and its tokenizer to ``path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
@@ -121,7 +141,7 @@ def build_tiny_model(path: Path) -> None:
     hf_logging.disable_progress_bar()
 
     torch.manual_seed(TINY_SEED)
-    config = LlamaConfig(**TINY_CONFIG)
+    config = LlamaConfig(**config_values)
     model = LlamaForCausalLM(config)
     tokenizer = _byte_tokenizer()
     # Only printable ASCII, newline and eos can win the argmax: output is readable gibberish.
