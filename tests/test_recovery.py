@@ -4,6 +4,7 @@ poisoned; entries taken over within the claim time and never taken from a live w
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +125,51 @@ def test_a_request_that_kills_workers_fails_as_poison_and_spares_its_batch_mates
     r.xadd(keys.dead_letter, {"stream": "x", "error": "y"})
     purged = subprocess.run([*genq, "purge", *where, "--yes"], capture_output=True, check=True)
     assert b"purged 1" in purged.stdout and r.xlen(keys.dead_letter) == 0
+
+
+def test_sigterm_drains_held_work_then_exits_zero(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    client = Client.from_url(redis_url, queue)
+    worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "100",
+                          "--max-batch-size", "2")  # fmt: skip
+    ids = client.submit_many([f"d{i}" for i in range(6)], max_new_tokens=5)  # 3 batches of 0.5 s
+    wait_until(lambda: pending(r, queue, "w0") == 6)
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(timeout=30) == 0
+    assert [x.status for x in client.results(ids, timeout=5)] == ["succeeded"] * 6
+    assert "stopped: succeeded=6" in worker.log()
+
+
+def test_after_the_grace_period_what_is_left_goes_to_other_workers(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    client = Client.from_url(redis_url, queue)
+    worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "200",
+                          "--max-batch-size", "1", "--shutdown-grace-s", "0.5",
+                          *FAST_CLAIM)  # fmt: skip
+    ids = client.submit_many([f"g{i}" for i in range(4)], max_new_tokens=5)  # 1 s each, alone
+    wait_until(lambda: pending(r, queue, "w0") == 4)
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(timeout=30) == 0
+    log = worker.log()
+    assert "stay pending for other workers" in log and "left_pending=" in log
+    assert pending(r, queue, "w0") >= 2
+    start_worker(queue, "--engine", "echo", *FAST_CLAIM)
+    assert [x.status for x in client.results(ids, timeout=30)] == ["succeeded"] * 4
+
+
+def test_a_second_signal_exits_at_once(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    client = Client.from_url(redis_url, queue)
+    worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "1000")
+    client.submit("slow", max_new_tokens=20)  # a 20 s batch
+    wait_until(lambda: pending(r, queue, "w0") == 1)
+    worker.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(timeout=10) == 1
+    assert time.monotonic() - t0 < 5
+    assert pending(r, queue, "w0") == 1  # left for another worker to take over
