@@ -94,6 +94,9 @@ class WorkerSettings(BaseModel):
     max_queue_depth: Annotated[int, Field(ge=0)] = Field(
         100_000, description="producers get QueueFull beyond this many queued+running (0: no limit)"
     )
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
+        None, description="serve Prometheus metrics on this port (default: off)"
+    )
     echo_step_ms: Annotated[float, Field(ge=0)] = Field(
         0.0, description="--engine echo only: simulated time per decode step of a batch"
     )

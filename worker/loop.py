@@ -65,6 +65,7 @@ from genq.worker.engines.base import (
     GenerationOutput,
     IterationEngine,
 )
+from genq.worker.metrics import Metrics
 from genq.worker.stats import derived
 
 log = logging.getLogger("genq.worker")
@@ -204,6 +205,7 @@ class Worker:
         self._full_budget = settings.max_batch_tokens
         self._budget_restore_at: float | None = None
         self.started_ms = now_ms()
+        self.metrics = Metrics(self.keys.queue, settings.metrics_port)
         self.keeper = recovery.ClaimKeeper(
             connect(settings.redis_url) if redis_client is None else redis_client,
             self.keys,
@@ -232,6 +234,7 @@ class Worker:
             self._retrying(step, once=True)
         self.drain()
         self.keeper.stop()
+        self.metrics.close()
         with contextlib.suppress(redis.RedisError):  # else the key expires on its own
             self.redis.delete(self.keys.worker(self.consumer))
         left = len(self.held) + len(self.running) + len(self.unwritten)
@@ -466,6 +469,7 @@ class Worker:
         self._add_stats(pipe)
         written = pipe.execute()[0]
         del self.unwritten[: len(batch)]
+        self.metrics.ended([o.result for o, w in zip(batch, written, strict=True) if w == 1])
         self.counters.already_final += sum(1 for w in written if w == 0)
 
     def heartbeat(self, force: bool = False) -> None:
@@ -476,6 +480,9 @@ class Worker:
         pipe = self.redis.pipeline(transaction=False)
         self._add_stats(pipe)
         pipe.execute()
+        c = self.counters
+        held = len(self.held) + len(self.running) + len(self.in_batch)
+        self.metrics.state(held, c.prompt_tokens, c.padded_prompt_tokens)
 
     def _add_stats(self, pipe: Any) -> None:
         self._last_heartbeat = time.monotonic()
@@ -817,6 +824,7 @@ class Worker:
             c.padded_prompt_tokens += len(h.prompt_ids)
             c.completion_tokens += out.completion_tokens
             c.decode_slots += out.completion_tokens
+            self.metrics.batch(1, 0, (finished - run.started) / 1000)
             outcomes.append(
                 self._succeeded(
                     h, out, run.started, finished, finished - run.started, len(self.running) + 1
@@ -872,6 +880,8 @@ class Worker:
         c.completion_tokens += report.completion_tokens
         c.decode_slots += report.decode_slots
         c.generation_ms += generation_ms
+        tokens = report.prompt_tokens + report.completion_tokens
+        self.metrics.batch(size, tokens, generation_ms / 1000)
 
     def _failed(
         self,

@@ -1,0 +1,58 @@
+"""Operating genq: the Prometheus endpoint scraped from a real worker, `genq stats` and
+`genq top` on a live queue."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Callable
+
+from genq.producer import Client
+from genq.worker.redis_server import free_port
+
+from tests.conftest import WorkerProcess, wait_until
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of ``name`` whose labels include ``labels``."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sample {name} {labels} in:\n{text}")
+
+
+def test_the_metrics_endpoint_counts_requests_batches_and_waits(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    port = free_port()
+    start_worker(queue, "--engine", "echo", "--metrics-port", str(port))
+    client = Client.from_url(redis_url, queue)
+    ok = client.submit_many([f"m{i}" for i in range(10)], max_new_tokens=4, priority="high")
+    bad = client.submit("too many", max_new_tokens=5000)
+    client.results([*ok, bad], timeout=30)
+    wait_until(lambda: _ready(port))
+    text = scrape(port)
+    assert metric(text, "genq_requests_total", status="succeeded", priority="high") == 10
+    assert metric(text, "genq_requests_total", status="failed", priority="normal") == 1
+    assert metric(text, "genq_queue_wait_seconds_count", priority="high") == 10
+    assert metric(text, "genq_generated_tokens_total", queue=queue) == 10 * 2  # "mN" is 2 bytes
+    assert metric(text, "genq_batch_size_count", queue=queue) >= 1
+    assert metric(text, "genq_batch_size_sum", queue=queue) == 10
+    wait_until(lambda: metric(scrape(port), "genq_in_flight_requests", queue=queue) == 0)
+    assert "genq_generation_seconds_bucket" in text and "genq_padding_ratio" in text
+
+
+def _ready(port: int) -> bool:
+    try:
+        return "genq_requests_total" in scrape(port)
+    except OSError:
+        return False

@@ -1,0 +1,114 @@
+"""``genq worker --metrics-port N``: a Prometheus endpoint with the worker's own metrics.
+
+Names follow Prometheus conventions (base units, ``_total`` for counters). Every metric carries
+the worker's ``queue`` label; requests also carry ``priority`` and ``status``.
+
+=====================================  =========  =============================================
+metric                                 type       what
+=====================================  =========  =============================================
+``genq_requests_total``                counter    requests ended, by status and priority
+``genq_queue_wait_seconds``            histogram  enqueue to start, by priority
+``genq_generation_seconds``            histogram  engine time per static batch, or per request
+                                                  (continuous)
+``genq_batch_size``                    histogram  requests per batch (static) or running at a
+                                                  start (continuous)
+``genq_batch_tokens``                  histogram  prompt + completion tokens per batch
+``genq_generated_tokens_total``        counter    completion tokens returned
+``genq_in_flight_requests``            gauge      requests this worker holds (waiting + running)
+``genq_padding_ratio``                 gauge      padded prompt positions / all, since start
+=====================================  =========  =============================================
+
+Without ``--metrics-port`` nothing is imported or served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genq.common.models import Result
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536)
+
+
+class Metrics:
+    """The worker's Prometheus metrics; every method is a no-op when disabled."""
+
+    def __init__(self, queue: str, port: int | None, host: str = "0.0.0.0") -> None:
+        self.enabled = port is not None
+        self.queue = queue
+        if port is None:
+            return
+        import prometheus_client as pc
+
+        self.registry = pc.CollectorRegistry()
+        q = ["queue"]
+        self.requests = pc.Counter(
+            "genq_requests_total", "Requests ended, by final status", [*q, "status", "priority"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.wait = pc.Histogram(
+            "genq_queue_wait_seconds", "Time from enqueue to start", [*q, "priority"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.generation = pc.Histogram(
+            "genq_generation_seconds", "Engine time per batch (static) or request (continuous)",
+            q, buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.batch_size = pc.Histogram(
+            "genq_batch_size", "Requests per batch", q, buckets=_SIZE_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.batch_tokens = pc.Histogram(
+            "genq_batch_tokens", "Prompt + completion tokens per batch", q,
+            buckets=_TOKEN_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.tokens = pc.Counter(
+            "genq_generated_tokens", "Completion tokens returned", q, registry=self.registry
+        )
+        self.in_flight = pc.Gauge(
+            "genq_in_flight_requests", "Requests held (waiting + running)", q,
+            registry=self.registry,
+        )  # fmt: skip
+        self.padding = pc.Gauge(
+            "genq_padding_ratio", "Padded prompt positions / all, since start", q,
+            registry=self.registry,
+        )  # fmt: skip
+        self.server: Any
+        self.server, _ = pc.start_http_server(port, addr=host, registry=self.registry)
+
+    def ended(self, results: list[Result]) -> None:
+        """Count requests that reached a final state (and their waits and tokens)."""
+        if not self.enabled:
+            return
+        for res in results:
+            priority = res.priority or "normal"
+            self.requests.labels(self.queue, res.status, priority).inc()
+            if res.timings.queue_wait_ms is not None:
+                self.wait.labels(self.queue, priority).observe(res.timings.queue_wait_ms / 1000)
+            if res.usage.completion_tokens:
+                self.tokens.labels(self.queue).inc(res.usage.completion_tokens)
+
+    def batch(self, size: int, tokens: int, seconds: float | None) -> None:
+        """Record one batch (static) or one started set (continuous)."""
+        if not self.enabled:
+            return
+        self.batch_size.labels(self.queue).observe(size)
+        if tokens:
+            self.batch_tokens.labels(self.queue).observe(tokens)
+        if seconds is not None:
+            self.generation.labels(self.queue).observe(seconds)
+
+    def state(self, in_flight: int, prompt_tokens: int, padded_prompt_tokens: int) -> None:
+        """Refresh the gauges."""
+        if not self.enabled:
+            return
+        self.in_flight.labels(self.queue).set(in_flight)
+        if padded_prompt_tokens:
+            self.padding.labels(self.queue).set(1 - prompt_tokens / padded_prompt_tokens)
+
+    def close(self) -> None:
+        """Stop serving."""
+        if self.enabled:
+            self.server.shutdown()
