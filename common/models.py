@@ -30,7 +30,9 @@ FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", 
 FinishReason = Literal["stop", "length"]
 
 #: Request ids become part of Redis key names, so they are kept to a safe alphabet.
-RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")]
+REQUEST_ID_CHARS = r"[A-Za-z0-9_.:\-]{1,128}"
+"""What a request id may be (it becomes part of key names)."""
+RequestId = Annotated[str, StringConstraints(pattern=f"^{REQUEST_ID_CHARS}$")]
 MetadataValue = (
     Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]
     | int

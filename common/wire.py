@@ -13,10 +13,12 @@ for ``final``). Only JSON is ever decoded.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
+import orjson
 from genq.common.errors import MalformedEntry
-from genq.common.models import Priority, Request, RequestBody, Result
+from genq.common.models import REQUEST_ID_CHARS, Priority, Request, Result
 from pydantic import ValidationError
 
 ID_FIELD = "id"
@@ -55,6 +57,9 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+_REQUEST_ID = re.compile(REQUEST_ID_CHARS)
+
+
 def decode_request(
     priority: Priority, fields: dict[bytes, bytes] | dict[str, str]
 ) -> Request | UndecodableEntry:
@@ -84,14 +89,29 @@ def decode_request(
     if BODY_FIELD not in text:
         return UndecodableEntry(request_id, MalformedEntry("entry has no 'body' field"))
     try:
-        body = RequestBody.model_validate_json(text[BODY_FIELD])
+        body = orjson.loads(text[BODY_FIELD])
+    except orjson.JSONDecodeError as err:
+        return UndecodableEntry(
+            request_id, MalformedEntry(f"invalid request body: not valid JSON ({err})")
+        )
+    if not isinstance(body, dict):
+        return UndecodableEntry(
+            request_id,
+            MalformedEntry(
+                f"invalid request body: expected a JSON object, got {type(body).__name__}"
+            ),
+        )
+    misplaced = sorted({"id", "priority"} & set(body))
+    if misplaced:  # they are the entry's and the stream's, not the body's
+        return UndecodableEntry(
+            request_id, MalformedEntry(f"invalid request body: unexpected fields {misplaced}")
+        )
+    try:  # one validation: the body's fields, plus id and priority from the entry
+        return Request.model_validate({**body, "id": request_id, "priority": priority})
     except ValidationError as err:
         return UndecodableEntry(
             request_id, MalformedEntry(f"invalid request body: {describe_validation_error(err)}")
         )
-    return Request.model_construct(
-        **dict(body), id=request_id, priority=priority, _fields_set=body.model_fields_set
-    )
 
 
 def _usable_id(value: object) -> str | None:
@@ -100,11 +120,7 @@ def _usable_id(value: object) -> str | None:
             value = value.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    if not isinstance(value, str):
-        return None
-    try:
-        Request.model_validate({"id": value, "prompt": "x"})
-    except ValidationError:
+    if not isinstance(value, str) or _REQUEST_ID.fullmatch(value) is None:
         return None
     return value
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+import orjson
 import redis
 from genq.common.connection import connect
 from genq.common.errors import GenerationError, GenqError, PoisonRequest
@@ -43,7 +45,6 @@ from genq.common.models import (
     Request,
     Result,
     Timings,
-    Usage,
     now_ms,
 )
 from genq.common.scripts import APPLY, MAX_QUEUE_DEPTH_FIELD, apply_args
@@ -87,6 +88,17 @@ class Held:
     runs alone, so that if it is what kills workers, it takes no batch-mates with it (their
     delivery counts would grow too, and they would fail as poison with it)."""
 
+    @functools.cached_property
+    def candidate(self) -> Candidate:
+        """The request as the batching policy sees it (built once: the policy runs each turn)."""
+        return Candidate(
+            key=self.key,
+            prompt_tokens=len(self.prompt_ids),
+            max_new_tokens=self.request.max_new_tokens,
+            enqueued_ms=self.enqueued_ms,
+            priority_rank=PRIORITY_RANK[self.request.priority],
+        )
+
     @property
     def suspect(self) -> bool:
         """Delivered before: run alone."""
@@ -120,11 +132,26 @@ CANCEL_CHECK_S = 0.25
 
 @dataclass
 class Outcome:
-    """A final result to write, and the entry to acknowledge for it."""
+    """A final result to write (already as JSON: this is the hot path), and the entry to
+    acknowledge for it."""
 
     stream: str
     entry_id: str
-    result: Result
+    request_id: str
+    status: str
+    priority: str
+    state_json: str
+    queue_wait_ms: int | None = None
+    completion_tokens: int = 0
+
+    @classmethod
+    def of(cls, stream: str, entry_id: str, result: Result) -> Outcome:
+        """The outcome that writes ``result``."""
+        return cls(
+            stream, entry_id, result.id, result.status, result.priority or "normal",
+            result.model_dump_json(), result.timings.queue_wait_ms,
+            result.usage.completion_tokens,
+        )  # fmt: skip
 
 
 @dataclass
@@ -462,14 +489,14 @@ class Worker:
         if not self.unwritten:
             return
         batch = list(self.unwritten)
-        items = [(o.result.id, o.stream, o.entry_id, o.result.model_dump_json()) for o in batch]
+        items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in batch]
         script_keys, args = apply_args(self.keys, self.settings.result_ttl_s, "final", items)
         pipe = self.redis.pipeline(transaction=False)
         pipe.eval(APPLY, len(script_keys), *script_keys, *args)
         self._add_stats(pipe)
         written = pipe.execute()[0]
         del self.unwritten[: len(batch)]
-        self.metrics.ended([o.result for o, w in zip(batch, written, strict=True) if w == 1])
+        self.metrics.ended([o for o, w in zip(batch, written, strict=True) if w == 1])
         self.counters.already_final += sum(1 for w in written if w == 0)
 
     def heartbeat(self, force: bool = False) -> None:
@@ -569,16 +596,7 @@ class Worker:
 
     def candidates(self) -> list[Candidate]:
         """The look-ahead as the batching policy sees it."""
-        return [
-            Candidate(
-                key=h.key,
-                prompt_tokens=len(h.prompt_ids),
-                max_new_tokens=h.request.max_new_tokens,
-                enqueued_ms=h.enqueued_ms,
-                priority_rank=PRIORITY_RANK[h.request.priority],
-            )
-            for h in self.held.values()
-        ]
+        return [h.candidate for h in self.held.values()]
 
     # -- running ---------------------------------------------------------------------------
 
@@ -671,15 +689,15 @@ class Worker:
         todo = [h for h in batch if not deadline_passed(h.request, now)]
         items = []
         for h in todo:
-            running = Result(
-                id=h.request.id,
-                status="running",
-                priority=h.request.priority,
-                timings=Timings(queued_unix_ms=h.enqueued_ms, started_unix_ms=started),
-                worker=self.consumer,
-                metadata=h.request.metadata,
-            )
-            items.append((h.request.id, h.stream, h.entry_id, running.model_dump_json()))
+            running = {
+                "id": h.request.id,
+                "status": "running",
+                "priority": h.request.priority,
+                "timings": {"queued_unix_ms": h.enqueued_ms, "started_unix_ms": started},
+                "worker": self.consumer,
+                "metadata": h.request.metadata,
+            }  # a Result's JSON, written directly (see _succeeded)
+            items.append((h.request.id, h.stream, h.entry_id, orjson.dumps(running).decode()))
         written: Any = []
         if items:
             script_keys, args = apply_args(
@@ -716,25 +734,29 @@ class Worker:
         batch_size: int,
     ) -> Outcome:
         self.counters.succeeded += 1
-        result = Result(
-            id=h.request.id,
-            status="succeeded",
-            priority=h.request.priority,
-            text=out.text,
-            finish_reason=out.finish_reason,
-            usage=Usage(prompt_tokens=len(h.prompt_ids), completion_tokens=out.completion_tokens),
-            timings=Timings(
-                queued_unix_ms=h.enqueued_ms,
-                started_unix_ms=started,
-                finished_unix_ms=finished,
-                queue_wait_ms=max(0, started - h.enqueued_ms),
-                generation_ms=generation_ms,
-            ),
-            worker=self.consumer,
-            batch_size=batch_size,
-            metadata=h.request.metadata,
-        )
-        return Outcome(h.stream, h.entry_id, result)
+        wait_ms = max(0, started - h.enqueued_ms)
+        # A Result's JSON, written directly: building pydantic models cost more than the rest of
+        # the worker's per-request work. Clients parse it with the strict Result model, so every
+        # end-to-end test checks its shape.
+        state = {
+            "id": h.request.id,
+            "status": "succeeded",
+            "priority": h.request.priority,
+            "text": out.text,
+            "finish_reason": out.finish_reason,
+            "usage": {"prompt_tokens": len(h.prompt_ids),
+                      "completion_tokens": out.completion_tokens},
+            "timings": {"queued_unix_ms": h.enqueued_ms, "started_unix_ms": started,
+                        "finished_unix_ms": finished, "queue_wait_ms": wait_ms,
+                        "generation_ms": generation_ms},
+            "worker": self.consumer,
+            "batch_size": batch_size,
+            "metadata": h.request.metadata,
+        }  # fmt: skip
+        return Outcome(
+            h.stream, h.entry_id, h.request.id, "succeeded", h.request.priority,
+            orjson.dumps(state).decode(), wait_ms, out.completion_tokens,
+        )  # fmt: skip
 
     # -- continuous batching ---------------------------------------------------------------
 
@@ -894,7 +916,7 @@ class Worker:
     ) -> Outcome:
         self.counters.failed += 1
         log.info("request %s failed: %s", request_id, error)
-        return Outcome(
+        return Outcome.of(
             stream,
             entry_id,
             self._final(
@@ -913,11 +935,11 @@ class Worker:
         (its state is already final, so the script writes nothing)."""
         info = ErrorInfo(code="cancelled", message="cancelled by a client")
         result = self._final(h.stream, h.entry_id, h.request.id, "cancelled", h.request, info, None)
-        return Outcome(h.stream, h.entry_id, result)
+        return Outcome.of(h.stream, h.entry_id, result)
 
     def _expired(self, stream: str, entry_id: str, request: Request) -> Outcome:
         self.counters.expired += 1
-        return Outcome(
+        return Outcome.of(
             stream,
             entry_id,
             self._final(

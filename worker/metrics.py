@@ -23,9 +23,18 @@ Without ``--metrics-port`` nothing is imported or served.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from genq.common.models import Result
+
+class Ended(Protocol):
+    """What the metrics need of a request that ended (the worker's Outcome)."""
+
+    status: str
+    priority: str
+    queue_wait_ms: int | None
+    completion_tokens: int
+
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -78,17 +87,16 @@ class Metrics:
         self.server: Any
         self.server, _ = pc.start_http_server(port, addr=host, registry=self.registry)
 
-    def ended(self, results: list[Result]) -> None:
+    def ended(self, outcomes: Sequence[Ended]) -> None:
         """Count requests that reached a final state (and their waits and tokens)."""
         if not self.enabled:
             return
-        for res in results:
-            priority = res.priority or "normal"
-            self.requests.labels(self.queue, res.status, priority).inc()
-            if res.timings.queue_wait_ms is not None:
-                self.wait.labels(self.queue, priority).observe(res.timings.queue_wait_ms / 1000)
-            if res.usage.completion_tokens:
-                self.tokens.labels(self.queue).inc(res.usage.completion_tokens)
+        for o in outcomes:
+            self.requests.labels(self.queue, o.status, o.priority).inc()
+            if o.queue_wait_ms is not None:
+                self.wait.labels(self.queue, o.priority).observe(o.queue_wait_ms / 1000)
+            if o.completion_tokens:
+                self.tokens.labels(self.queue).inc(o.completion_tokens)
 
     def batch(self, size: int, tokens: int, seconds: float | None) -> None:
         """Record one batch (static) or one started set (continuous)."""
