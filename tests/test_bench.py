@@ -60,3 +60,19 @@ def test_bench_sweep_covers_both_modes_at_each_size() -> None:
     assert sizes == {1, 4, 8, 16, 32, 64}
     assert {p["mode"] for p in points} == {"budgeted_static", "continuous"}
     assert all(p["tokens_per_s"] > 0 for p in points)
+
+
+def test_priority_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_url: str) -> None:
+    from genq.worker.priority_bench import priority_markdown, run_priority_scenario
+
+    res = run_priority_scenario(
+        redis_url, engine="static", backlog=120, arrivals=6, every_s=0.15, max_new_tokens=10,
+        max_batch_size=8, queue="prio-test",
+        extra_worker_args=("--engine", "echo", "--echo-step-ms", "10"),  # a batch: 100 ms
+    )  # fmt: skip
+    p = res["priorities"]
+    assert all(d["requests"] == d["succeeded"] for d in p.values())
+    # 120 low requests are 15 batches (1.5 s) deep; high ones wait about one batch.
+    assert p["high"]["wait_p99_ms"] < 400
+    assert p["low"]["wait_p50_ms"] > 3 * p["high"]["wait_p50_ms"]
+    assert "| high | 6 | 6 |" in priority_markdown(res)

@@ -56,3 +56,34 @@ def _ready(port: int) -> bool:
         return "genq_requests_total" in scrape(port)
     except OSError:
         return False
+
+
+def test_stats_and_top_show_streams_workers_and_waits(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    start_worker(queue, "--engine", "echo")
+    client = Client.from_url(redis_url, queue)
+    client.results(client.submit_many([f"s{i}" for i in range(20)]), timeout=30)
+    client.submit("waiting", priority="low", deadline_in_s=3600)
+    genq = [sys.executable, "-m", "genq.worker"]
+    where = ["--redis-url", redis_url, "--queue", queue]
+
+    def snapshot() -> dict[str, object]:
+        out = subprocess.run([*genq, "stats", *where, "--json"], capture_output=True,
+                             text=True, timeout=60, check=True)  # fmt: skip
+        snap: dict[str, object] = json.loads(out.stdout)
+        return snap
+
+    wait_until(lambda: snapshot()["workers"][0].get("succeeded", 0) >= 21)  # type: ignore[index]
+    (worker,) = snapshot()["workers"]  # type: ignore[misc]
+    for field in ("last_seen_unix_ms", "in_flight", "in_flight_tokens", "wait_p50_ms",
+                  "wait_p99_ms", "recent_batch_sizes"):  # fmt: skip
+        assert field in worker, field
+    top = subprocess.run([*genq, "top", *where, "--iterations", "2", "--interval-s", "0.2"],
+                         capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    assert f"queue '{queue}'" in top.stdout and "wait p50/p99 ms" in top.stdout
+    assert "w0" in top.stdout

@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 F = Callable[..., Any]
+WIDE = 160
+"""Columns the stats tables get at least, terminal or not, so that no header is cut."""
 
 
 def _settings_options(func: F) -> F:
@@ -140,7 +142,7 @@ def stats(redis_url: str, queue: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(snapshot, indent=2))
     else:
-        print_stats(snapshot, Console())
+        print_stats(snapshot, Console(width=max(Console().width, WIDE)))
 
 
 @main.group()
@@ -215,6 +217,13 @@ def dlq_purge(redis_url: str, queue: str, yes: bool) -> None:
 
 def print_stats(snapshot: dict[str, Any], console: Console) -> None:
     """Render a stats snapshot as two tables."""
+    for table in stats_tables(snapshot):
+        console.print(table)
+
+
+def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
+    """A stats snapshot as two tables: streams by priority, and workers."""
+    from genq.common.models import now_ms
     from genq.worker.stats import derived
 
     t = Table(title=f"queue {snapshot['queue']!r}")
@@ -225,21 +234,58 @@ def print_stats(snapshot: dict[str, Any], console: Console) -> None:
             priority, str(s["length"]), str(s["pending"]), str(s["lag"]),
             str(s.get("oldest_waiting_ms", "-")),
         )  # fmt: skip
-    console.print(t)
     w = Table(title=f"workers (dead-letter entries: {snapshot['dead_letter']})")
-    for col in ("consumer", "alive", "pending", "batches", "succeeded", "failed",
-                "mean batch", "padding", "tokens/s"):  # fmt: skip
+    for col in ("consumer", "alive", "last seen ms", "pending", "in flight", "batches",
+                "succeeded", "failed", "wait p50/p99 ms", "mean batch", "padding",
+                "tokens/s"):  # fmt: skip
         w.add_column(col, justify="right")
+    now = now_ms()
     for worker in snapshot["workers"]:
         d = derived(worker)
+        seen = worker.get("last_seen_unix_ms")
         w.add_row(
             str(worker["consumer"]), "yes" if worker["alive"] else "no",
-            str(worker["pending"]), str(worker.get("batches", "-")),
+            str(now - int(seen)) if seen else "-",
+            str(worker["pending"]), str(worker.get("in_flight", "-")),
+            str(worker.get("batches", "-")),
             str(worker.get("succeeded", "-")), str(worker.get("failed", "-")),
+            f"{worker.get('wait_p50_ms', '-')}/{worker.get('wait_p99_ms', '-')}",
             f"{d['mean_batch_size']:.1f}", f"{d['padding_fraction']:.1%}",
             f"{d['tokens_per_s']:.0f}",
         )  # fmt: skip
-    console.print(w)
+    return [t, w]
+
+
+@main.command()
+@_redis_options
+@click.option("--interval-s", type=float, default=1.0, show_default=True)
+@click.option("--iterations", type=int, default=0, help="stop after this many (0: until Ctrl-C)")
+def top(redis_url: str, queue: str, interval_s: float, iterations: int) -> None:
+    """`genq stats`, live: refreshed every --interval-s until Ctrl-C."""
+    import time
+
+    from genq.common.connection import connect
+    from genq.worker.stats import collect
+    from rich.console import Group
+    from rich.live import Live
+
+    def render(r: Any) -> Group:
+        return Group(*stats_tables(collect(r, queue)))
+
+    with (
+        connect(redis_url) as r,
+        Live(
+            render(r), console=Console(width=max(Console().width, WIDE)), auto_refresh=False
+        ) as live,
+    ):
+        n = 1
+        try:
+            while iterations == 0 or n < iterations:
+                time.sleep(interval_s)
+                live.update(render(r), refresh=True)
+                n += 1
+        except KeyboardInterrupt:
+            pass
 
 
 @main.command()
@@ -296,6 +342,9 @@ def demo(
 @click.option("--markdown", is_flag=True, help="print a BENCHMARKS.md section")
 @click.option("--sweep", is_flag=True,
               help="instead: throughput and latency against the batch size limit")  # fmt: skip
+@click.option("--scenario", type=click.Choice(["modes", "priority"]), default="modes",
+              show_default=True,
+              help="priority: waits per priority under a low-priority backlog")  # fmt: skip
 def bench(
     model: str,
     device: str,
@@ -311,9 +360,14 @@ def bench(
     as_json: bool,
     markdown: bool,
     sweep: bool,
+    scenario: str,
 ) -> None:
     """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
     import statistics
+
+    if scenario == "priority":
+        _priority_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
+        return
 
     from genq.worker import bench as b
     from genq.worker.engines.continuous import ContinuousEngine
@@ -390,6 +444,28 @@ def bench(
         )  # fmt: skip
     console.print(t)
     console.print(" ".join(f"{k}={v}" for k, v in info.items()))
+
+
+def _priority_scenario(
+    redis_url: str | None, model: str, engine: str, max_batch_size: int, as_json: bool
+) -> None:
+    from genq.worker.priority_bench import priority_markdown, run_priority_scenario
+    from genq.worker.redis_server import RedisServer
+
+    server = None if redis_url else RedisServer().start()
+    try:
+        res = run_priority_scenario(
+            server.url if server else str(redis_url), model=model,
+            engine="continuous" if engine == "none" else engine, max_batch_size=max_batch_size,
+        )  # fmt: skip
+    finally:
+        if server is not None:
+            server.stop()
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+    else:
+        click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+        click.echo(priority_markdown(res))
 
 
 if __name__ == "__main__":

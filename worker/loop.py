@@ -173,6 +173,8 @@ class Counters:
     decode_slots: int = 0
     generation_ms: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    recent_waits_ms: list[int] = field(default_factory=list)
+    """Queue waits of the last 1,000 requests that started (for the published percentiles)."""
 
     def as_hash(self) -> dict[str, int]:
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}
@@ -496,7 +498,11 @@ class Worker:
         self._add_stats(pipe)
         written = pipe.execute()[0]
         del self.unwritten[: len(batch)]
-        self.metrics.ended([o for o, w in zip(batch, written, strict=True) if w == 1])
+        ended = [o for o, w in zip(batch, written, strict=True) if w == 1]
+        self.metrics.ended(ended)
+        waits = self.counters.recent_waits_ms
+        waits += [o.queue_wait_ms for o in ended if o.queue_wait_ms is not None]
+        del waits[:-1000]
         self.counters.already_final += sum(1 for w in written if w == 0)
 
     def heartbeat(self, force: bool = False) -> None:
@@ -515,6 +521,8 @@ class Worker:
         self._last_heartbeat = time.monotonic()
         key = self.keys.worker(self.consumer)
         recent = self.counters.batch_sizes[-100:]
+        waits = sorted(self.counters.recent_waits_ms)
+        in_flight = [*self.in_batch.values(), *(r.held for r in self.running.values())]
         pipe.hset(
             key,
             mapping={
@@ -527,6 +535,12 @@ class Worker:
                 "started_unix_ms": self.started_ms,
                 "last_seen_unix_ms": now_ms(),
                 "held": len(self.held),
+                "in_flight": len(in_flight),
+                "in_flight_tokens": sum(
+                    len(h.prompt_ids) + h.request.max_new_tokens for h in in_flight
+                ),
+                "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
+                "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,
                 "recent_batch_sizes": json.dumps(recent),
             },
         )

@@ -1,0 +1,177 @@
+"""The queue's own speed: N no-op jobs through genq (echo engine) and peer task queues on one
+redis-server, one worker process each, end to end (enqueue until every result is readable by
+the producer); each phase timed on its own, medians of --repeats runs.
+
+    python3 -m venv .venv-peers && .venv-peers/bin/pip install torch==2.13.0 -e ".[bench-peers]"
+    .venv-peers/bin/python benchmarks/queue_speed.py --jobs 20000 --repeats 3
+
+A venv of its own: arq pins redis-py below 6, which genq's own venv should not get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from genq.worker.bench import machine_info
+from genq.worker.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+Result = dict[str, float]
+
+
+def _spawn(args: list[str], port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_REDIS_PORT": str(port)}
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wait(pred: Callable[[], object], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError("worker did not start")
+        time.sleep(0.05)
+
+
+def run_genq(server: RedisServer, n: int, run: int) -> Result:
+    from genq.common.keys import Keys
+    from genq.producer import Client
+
+    queue = f"speed{run}"
+    r = redis.Redis(port=server.port)
+    proc = _spawn([sys.executable, "-m", "genq.worker", "worker", "--redis-url", server.url,
+                   "--queue", queue, "--engine", "echo", "--consumer", "w",
+                   "--max-batch-size", "256", "--max-lookahead", "512",
+                   "--max-queue-depth", "0"], server.port)  # fmt: skip
+    try:
+        _wait(lambda: r.exists(Keys(queue).worker("w")))
+        client = Client(r, queue)
+        t0 = time.perf_counter()
+        ids = client.submit_many([f"job {i}" for i in range(n)], max_new_tokens=16)
+        t1 = time.perf_counter()
+        results = client.results(ids, timeout=600)
+        t2 = time.perf_counter()
+        assert all(x.status == "succeeded" for x in results)
+    finally:
+        _stop(proc)
+    return {"enqueue_s": t1 - t0, "rest_s": t2 - t1, "total_s": t2 - t0}
+
+
+def run_rq(server: RedisServer, n: int, run: int) -> Result:
+    from rq import Queue
+    from rq.job import Job, JobStatus
+
+    r = redis.Redis(port=server.port)
+    name = f"speed{run}"
+    proc = _spawn([sys.executable, "-m", "rq.cli", "worker", "--url", server.url,
+                   "--worker-class", "rq.worker.SimpleWorker", name], server.port)  # fmt: skip
+    try:
+        _wait(lambda: any(True for _ in r.scan_iter("rq:worker:*")))
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.peer_jobs import noop
+
+        q = Queue(name, connection=r)
+        t0 = time.perf_counter()
+        jobs = q.enqueue_many([Queue.prepare_data(noop, (f"job {i}",)) for i in range(n)])
+        t1 = time.perf_counter()
+        ids = [j.id for j in jobs]
+        pending = ids
+        while pending:
+            # RQ has no way to wait for many results at once: poll the statuses of the oldest
+            # 500 unfinished (jobs finish in order), every 10 ms, like a fair client would.
+            head = pending[:500]
+            got = Job.fetch_many(head, connection=r)
+            done = {
+                i
+                for i, j in zip(head, got, strict=True)
+                if j is not None and j.get_status(refresh=False) == JobStatus.FINISHED
+            }
+            pending = [i for i in pending if i not in done] if done else pending
+            if pending and not done:
+                time.sleep(0.01)
+        t2 = time.perf_counter()
+    finally:
+        _stop(proc)
+    return {"enqueue_s": t1 - t0, "rest_s": t2 - t1, "total_s": t2 - t0}
+
+
+def run_arq(server: RedisServer, n: int, run: int) -> Result:
+    from arq import create_pool
+    from arq.connections import RedisSettings
+
+    r = redis.Redis(port=server.port)
+    r.flushdb()  # arq uses fixed key names: start each run clean
+    proc = _spawn([sys.executable, "-m", "arq", "benchmarks.peer_jobs.ArqSettings"], server.port)
+
+    async def main() -> Result:
+        pool = await create_pool(RedisSettings(port=server.port))
+        _wait(lambda: r.exists("arq:queue:health-check"), 60)
+        t0 = time.perf_counter()
+        jobs = await asyncio.gather(*(pool.enqueue_job("arq_noop", f"job {i}") for i in range(n)))
+        t1 = time.perf_counter()
+        await asyncio.gather(*(j.result(timeout=600, poll_delay=0.01) for j in jobs if j))
+        t2 = time.perf_counter()
+        await pool.aclose()
+        return {"enqueue_s": t1 - t0, "rest_s": t2 - t1, "total_s": t2 - t0}
+
+    try:
+        return asyncio.run(main())
+    finally:
+        _stop(proc)
+
+
+SYSTEMS = {"genq": run_genq, "rq": run_rq, "arq": run_arq}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--jobs", type=int, default=20000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--systems", default="genq,rq,arq")
+    p.add_argument("--markdown", action="store_true")
+    a = p.parse_args()
+    medians: dict[str, Result] = {}
+    with RedisServer() as server:
+        for name in a.systems.split(","):
+            runs = [SYSTEMS[name](server, a.jobs, i) for i in range(a.repeats)]
+            redis.Redis(port=server.port).flushdb()
+            medians[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            medians[name]["runs_per_s"] = [round(a.jobs / r["total_s"]) for r in runs]  # type: ignore[assignment]
+            print(name, medians[name], file=sys.stderr)
+    best_peer = max((a.jobs / m["total_s"] for k, m in medians.items() if k != "genq"), default=0)
+    lines = [
+        f"Command: `python benchmarks/queue_speed.py --jobs {a.jobs} --repeats {a.repeats}`  ",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "  ",
+        "",
+        "| system | jobs/s end to end (median) | runs | enqueue s | enqueue to last result s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, m in medians.items():
+        lines.append(f"| {name} | {a.jobs / m['total_s']:,.0f} | {m['runs_per_s']} | "
+                     f"{m['enqueue_s']:.2f} | {m['rest_s']:.2f} |")  # fmt: skip
+    if "genq" in medians and best_peer:
+        lines.append("")
+        lines.append(f"genq / best peer: {a.jobs / medians['genq']['total_s'] / best_peer:.1f}x")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
