@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from genq.producer import Client
 from genq.worker.redis_server import free_port
@@ -87,3 +88,35 @@ def test_stats_and_top_show_streams_workers_and_waits(
                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     assert f"queue '{queue}'" in top.stdout and "wait p50/p99 ms" in top.stdout
     assert "w0" in top.stdout
+
+
+def test_submit_a_file_of_prompts_reports_bad_lines_and_prints_results(
+    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    start_worker(queue, "--engine", "echo")
+    src = tmp_path / "prompts.txt"
+    src.write_text(
+        "first prompt\n"
+        "\n"
+        '{"prompt": "second", "max_new_tokens": 3, "priority": "high"}\n'
+        "{not json\n"
+        '{"prompt": "x", "max_new_tokens": -1}\n'
+        "third prompt\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "genq.worker", "submit", "--redis-url", redis_url, "--queue",
+         queue, "--file", str(src), "--max-new-tokens", "5", "--timeout-s", "60"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1  # some lines were bad
+    assert "line 4: not valid JSON" in out.stderr and "line 5: invalid request" in out.stderr
+    assert "2 line(s) were not submitted" in out.stderr
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["line"], r["status"], r["text"]) for r in results] == [
+        (1, "succeeded", "first"), (3, "succeeded", "sec"), (6, "succeeded", "third"),
+    ]  # fmt: skip
+    assert results[1]["priority"] == "high"

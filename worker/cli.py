@@ -80,7 +80,10 @@ def worker(**flags: Any) -> None:
 
 @main.command()
 @_redis_options
-@click.argument("prompt")
+@click.argument("prompt", required=False)
+@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+              help="submit every line of this file: a prompt per line, or JSON Lines of "
+                   "request options; results are printed as JSON Lines")  # fmt: skip
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--priority", type=click.Choice(["high", "normal", "low"]), default="normal")
 @click.option("--temperature", type=float, default=0.0, show_default=True)
@@ -92,7 +95,8 @@ def worker(**flags: Any) -> None:
 def submit(
     redis_url: str,
     queue: str,
-    prompt: str,
+    prompt: str | None,
+    path: str | None,
     max_new_tokens: int,
     priority: str,
     temperature: float,
@@ -102,9 +106,18 @@ def submit(
     no_wait: bool,
     as_json: bool,
 ) -> None:
-    """Submit PROMPT and print the generated text (or the result as JSON)."""
+    """Submit PROMPT and print the generated text (or the result as JSON); or submit every
+    line of --file with a progress bar."""
     from genq.producer import Client
 
+    if (prompt is None) == (path is None):
+        raise click.UsageError("give a PROMPT or --file, not both")
+    options = {"max_new_tokens": max_new_tokens, "priority": priority,
+               "temperature": temperature, "seed": seed, "stop": list(stop)}  # fmt: skip
+    if path is not None:
+        _submit_file(redis_url, queue, path, options, timeout_s, no_wait)
+        return
+    prompt = prompt or ""  # given: checked above
     with Client.from_url(redis_url, queue) as client:
         try:
             request_id = client.submit(
@@ -124,6 +137,52 @@ def submit(
     else:
         msg = result.error.message if result.error else ""
         raise click.ClickException(f"request {result.id} {result.status}: {msg}")
+
+
+def _submit_file(
+    redis_url: str,
+    queue: str,
+    path: str,
+    options: dict[str, Any],
+    timeout_s: float | None,
+    no_wait: bool,
+) -> None:
+    """``genq submit --file``: bad lines to stderr with their numbers, the rest submitted in
+    chunks under a progress bar; then (unless --no-wait) one JSON line per result."""
+    from genq.producer import Client
+    from genq.producer.files import read_requests
+    from rich.progress import Progress
+
+    with click.open_file(path, encoding="utf-8") as f:
+        requests, errors = read_requests(f, options)
+    err = Console(stderr=True)
+    for e in errors:
+        err.print(f"line {e.line}: {e.message}", markup=False)
+    chunk = 500
+    with Client.from_url(redis_url, queue) as client, Progress(console=err) as progress:
+        sent = progress.add_task("submitting", total=len(requests))
+        ids: list[str] = []
+        try:
+            for start in range(0, len(requests), chunk):
+                part = [r for _, r in requests[start : start + chunk]]
+                ids += client.submit_requests(part)
+                progress.advance(sent, len(part))
+        except GenqError as e:
+            raise click.ClickException(f"{e} ({len(ids)} of {len(requests)} submitted)") from None
+        if no_wait:
+            progress.stop()
+            for (line, _), request_id in zip(requests, ids, strict=True):
+                click.echo(json.dumps({"line": line, "id": request_id}))
+            return
+        done = progress.add_task("waiting", total=len(ids))
+        for start in range(0, len(ids), chunk):
+            results = client.results(ids[start : start + chunk], timeout=timeout_s)
+            progress.advance(done, len(results))
+            for (line, _), res in zip(requests[start : start + chunk], results, strict=True):
+                out = {"line": line, **res.model_dump(mode="json")}
+                click.echo(json.dumps(out))
+    if errors:
+        raise click.ClickException(f"{len(errors)} line(s) were not submitted (see above)")
 
 
 @main.command()
