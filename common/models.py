@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 #: Hard limits of the wire format. A worker may set tighter ones (its settings), never looser.
 MAX_PROMPT_CHARS = 200_000
@@ -56,6 +56,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, frozen=True)
 
 
+MAX_MESSAGES = 256
+
+
+class ChatMessage(_Strict):
+    """One message of a chat request (OpenAI's ``messages`` shape, text content)."""
+
+    role: Annotated[str, StringConstraints(min_length=1, max_length=32)]
+    """``system``, ``user``, ``assistant`` (or whatever roles the model's template knows)."""
+    content: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
+
+
 class RequestBody(_Strict):
     """The ``body`` field of a stream entry: everything about a request but its id and priority.
 
@@ -63,8 +74,16 @@ class RequestBody(_Strict):
     id) and the priority is the stream the entry is in.
     """
 
-    prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)]
-    """The text to continue. Tokenized by the worker with the model's own tokenizer."""
+    prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)] | None = (
+        None
+    )
+    """The text to continue. Tokenized by the worker with the model's own tokenizer. Exactly one
+    of ``prompt`` and ``messages`` is given."""
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
+        None
+    )
+    """A chat to continue: the worker renders it with the model's chat template (or, for a
+    model without one, as ``role: content`` lines ending with ``assistant:``)."""
     max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = 64
     """Generate at most this many tokens; generation also ends at eos or a stop string."""
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
@@ -88,6 +107,14 @@ class RequestBody(_Strict):
         default_factory=dict
     )
     """Free-form data the client wants back with the result; genq does not read it."""
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> RequestBody:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if self.messages and sum(len(m.content) for m in self.messages) > MAX_PROMPT_CHARS:
+            raise ValueError(f"messages hold more than {MAX_PROMPT_CHARS} characters in all")
+        return self
 
 
 class Request(RequestBody):

@@ -59,10 +59,10 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def submit(self, prompt: str, **options: Any) -> str:
+    async def submit(self, prompt: str | None = None, **options: Any) -> str:
         """Enqueue one request and return its id. ``options`` are those of ``build_request``:
-        max_new_tokens, priority, temperature, top_p, top_k, seed, stop, deadline_in_s,
-        metadata, request_id. Raises InvalidRequest before touching Redis if anything is wrong."""
+        messages (instead of a prompt), max_new_tokens, priority, temperature, top_p, top_k,
+        seed, stop, deadline_in_s, metadata, request_id. Raises InvalidRequest before touching Redis if anything is wrong."""
         return (await self.submit_requests([build_request(prompt, **options)]))[0]
 
     async def submit_many(
@@ -137,7 +137,9 @@ class AsyncClient:
             waiter.take_events(await self.redis.xread(streams, block=block_ms))  # type: ignore[arg-type]
         return [waiter.results[i] for i in ids]
 
-    async def generate(self, prompt: str, timeout: float | None = None, **options: Any) -> Result:
+    async def generate(
+        self, prompt: str | None = None, timeout: float | None = None, **options: Any
+    ) -> Result:
         """Submit and wait: ``result(submit(prompt, **options), timeout)``."""
         return await self.result(await self.submit(prompt, **options), timeout=timeout)
 

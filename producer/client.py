@@ -59,10 +59,10 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def submit(self, prompt: str, **options: Any) -> str:
+    def submit(self, prompt: str | None = None, **options: Any) -> str:
         """Enqueue one request and return its id. ``options`` are those of ``build_request``:
-        max_new_tokens, priority, temperature, top_p, top_k, seed, stop, deadline_in_s,
-        metadata, request_id. Raises InvalidRequest before touching Redis if anything is wrong."""
+        messages (instead of a prompt), max_new_tokens, priority, temperature, top_p, top_k,
+        seed, stop, deadline_in_s, metadata, request_id. Raises InvalidRequest before touching Redis if anything is wrong."""
         return self.submit_requests([build_request(prompt, **options)])[0]
 
     def submit_many(self, prompts: Iterable[str | Mapping[str, Any]], **defaults: Any) -> list[str]:
@@ -133,7 +133,9 @@ class Client:
             waiter.take_events(self.redis.xread(streams, block=block_ms))  # type: ignore[arg-type]
         return [waiter.results[i] for i in ids]
 
-    def generate(self, prompt: str, timeout: float | None = None, **options: Any) -> Result:
+    def generate(
+        self, prompt: str | None = None, timeout: float | None = None, **options: Any
+    ) -> Result:
         """Submit and wait: ``result(submit(prompt, **options), timeout)``."""
         return self.result(self.submit(prompt, **options), timeout=timeout)
 

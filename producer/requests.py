@@ -44,8 +44,9 @@ MAX_STREAMS_PER_READ = 500
 
 
 def build_request(
-    prompt: str,
+    prompt: str | None = None,
     *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
     max_new_tokens: int = 64,
     priority: str = "normal",
     temperature: float = 0.0,
@@ -58,7 +59,9 @@ def build_request(
     request_id: str | None = None,
     stream: bool = False,
 ) -> Request:
-    """Validate the arguments into a Request; raise InvalidRequest saying what is wrong."""
+    """Validate the arguments into a Request; raise InvalidRequest saying what is wrong. Give a
+    ``prompt`` to continue, or chat ``messages`` (``[{"role": ..., "content": ...}]``) that the
+    worker renders with the model's chat template."""
     if isinstance(stop, str):
         stop = [stop]
     deadline_unix_ms = None
@@ -69,6 +72,7 @@ def build_request(
     fields: dict[str, Any] = {
         "id": request_id if request_id is not None else new_request_id(),
         "prompt": prompt,
+        "messages": None if messages is None else [dict(m) for m in messages],
         "max_new_tokens": max_new_tokens,
         "priority": priority,
         "temperature": float(temperature) if isinstance(temperature, int) else temperature,

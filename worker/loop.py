@@ -58,6 +58,7 @@ from genq.common.wire import (
 from genq.worker import recovery
 from genq.worker.admission import Limits, check_limits, deadline_passed, entry_time_ms
 from genq.worker.batching import PRIORITY_RANK, BatchPolicy, Candidate, next_batch
+from genq.worker.chat import prompt_text
 from genq.worker.dead_letter import add_to_pipeline, dead_letter_fields
 from genq.worker.engines.base import (
     BatchReport,
@@ -595,7 +596,8 @@ class Worker:
                 else:
                     decoded.append((stream, entry_id, req))
         if decoded:
-            token_ids = self.engine.tokenize([r.prompt for _, _, r in decoded])
+            texts = [prompt_text(r, getattr(self.engine, "tokenizer", None)) for _, _, r in decoded]
+            token_ids = self.engine.tokenize(texts)
             for (stream, entry_id, req), ids in zip(decoded, token_ids, strict=True):
                 problem = check_limits(req, len(ids), self.limits)
                 if problem is not None:
