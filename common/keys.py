@@ -20,6 +20,8 @@ key                    type    written by                  read by             T
                                streaming, final event)     BLOCK)
 ``genq:att:{ID}``      string  worker (INCR at each start, worker (poison      result_ttl_s;
                                DEL at the final result)    check)              deleted at end
+``genq:batch:{B}``     hash    ``genq batch submit``       ``genq batch``      result_ttl_s
+``genq:batch:{B}:items`` list  ``genq batch submit``       ``genq batch``      result_ttl_s
 =====================  ======  ==========================  ==================  ===============
 
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``).
@@ -96,6 +98,16 @@ class Keys:
     def result(request_id: str) -> str:
         """The request's current state, a Result as JSON."""
         return f"{PREFIX}:res:{{{request_id}}}"
+
+    @staticmethod
+    def batch(batch_id: str) -> str:
+        """A batch file's record: queue, created_at, total, input name, cancelled."""
+        return f"{PREFIX}:batch:{{{batch_id}}}"
+
+    @staticmethod
+    def batch_items(batch_id: str) -> str:
+        """A batch file's requests, in input order: "REQUEST_ID ENDPOINT" per line."""
+        return f"{PREFIX}:batch:{{{batch_id}}}:items"
 
     @staticmethod
     def attempts(request_id: str) -> str:

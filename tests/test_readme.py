@@ -75,5 +75,5 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
 
     k = Keys("Q")
     for key in [*k.streams(), k.dead_letter, k.config, k.worker("C"), k.result("ID"),
-                k.events("ID"), k.attempts("ID")]:  # fmt: skip
+                k.events("ID"), k.attempts("ID"), k.batch("B"), k.batch_items("B")]:  # fmt: skip
         assert f"`{key}`" in README, key
