@@ -31,7 +31,8 @@ DELTA_EVENT = "delta"
 
 def encode_request(request: Request) -> dict[str, str]:
     """The fields of the stream entry for ``request``."""
-    body = request.body().model_dump_json(exclude_defaults=True)
+    # The body's fields straight from the validated request (no second validation).
+    body = request.model_dump_json(exclude={"id", "priority"}, exclude_defaults=True)
     return {ID_FIELD: request.id, BODY_FIELD: body}
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound
 from genq.common.keys import Keys
 from genq.common.models import (
@@ -92,9 +93,10 @@ def build_request(
 
 def queued_result(request: Request) -> str:
     """The JSON written to the result key at submission."""
-    return Result(
-        id=request.id, status="queued", priority=request.priority, metadata=request.metadata
-    ).model_dump_json()
+    # A Result's JSON written directly (the submit hot path); clients parse it as a Result.
+    state = {"id": request.id, "status": "queued", "priority": request.priority,
+             "metadata": request.metadata}  # fmt: skip
+    return orjson.dumps(state).decode()
 
 
 #: Requests per SUBMIT script call: each call is atomic, and short enough not to stall Redis.
