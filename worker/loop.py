@@ -621,7 +621,10 @@ class Worker:
             key in self.held
             or key in self.in_batch
             or key in self.running
-            or any(held_key(o.stream, o.entry_id) == key for o in self.unwritten)
+            or (
+                bool(self.unwritten)
+                and any(held_key(o.stream, o.entry_id) == key for o in self.unwritten)
+            )
         )
 
     def run_batch(self, batch: Sequence[Held]) -> list[Outcome]:
