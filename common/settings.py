@@ -94,6 +94,11 @@ class WorkerSettings(BaseModel):
     max_queue_depth: Annotated[int, Field(ge=0)] = Field(
         100_000, description="producers get QueueFull beyond this many queued+running (0: no limit)"
     )
+    gpus: str | None = Field(
+        None,
+        description="'all' or indices like 0,1,3: one supervised worker process per GPU "
+        "(CUDA_VISIBLE_DEVICES), restarted if it dies",
+    )
     metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
         None, description="serve Prometheus metrics on this port (default: off)"
     )

@@ -74,8 +74,31 @@ def worker(**flags: Any) -> None:
         settings = WorkerSettings.build(flags)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
+    if settings.gpus is not None:
+        sys.exit(_launch(settings, flags))
     engine = make_engine(settings)
     Worker(settings, engine).run()
+
+
+def _launch(settings: WorkerSettings, flags: dict[str, Any]) -> int:
+    """``genq worker --gpus``: one supervised worker per GPU."""
+    import socket
+
+    from genq.worker.launcher import Launcher, parse_gpus
+
+    needs_cuda = settings.engine != "echo"
+    try:
+        gpus = parse_gpus(str(settings.gpus), needs_cuda)
+    except ConfigError as err:
+        raise click.UsageError(str(err)) from None
+    skip = {"gpus", "consumer", "device", "metrics_port"}
+    args = [a for k, v in flags.items() if v is not None and k not in skip
+            for a in (f"--{k.replace('_', '-')}", str(v))]  # fmt: skip
+    launcher = Launcher(
+        gpus, args, consumer_base=settings.consumer or socket.gethostname(),
+        device="cuda" if needs_cuda else settings.device,
+    )  # fmt: skip
+    return launcher.run()
 
 
 @main.command()
