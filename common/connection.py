@@ -1,4 +1,10 @@
-"""Opening Redis connections that ride out a dropped connection or a restarting redis-server."""
+"""Opening Redis connections that ride out a dropped connection or a restarting redis-server,
+to one Redis or to a Redis Cluster.
+
+URLs: ``redis://`` (``rediss://`` for TLS, ``unix://``), with user and password for AUTH/ACL;
+``redis+cluster://host:port`` (``rediss+cluster://`` for TLS) for a Redis Cluster, given any
+one node: the client learns the others and follows slot moves and failovers.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,41 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 RETRIES = 8
 """Retries of one command on a connection error, with exponential backoff (0.05 s .. 2 s):
-about 8 s in all, enough for a redis-server restart. Callers loop on top of that."""
+about 8 s in all, enough for a redis-server restart or a cluster failover. Callers loop on
+top of that."""
+
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.SlotNotCoveredError,
+)
+"""Errors that pass: Redis restarting or unreachable, or a cluster in the middle of a failover.
+Whoever loops on Redis waits and tries again on these (after ``refresh_cluster_view``)."""
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def cluster_url(url: str) -> str | None:
+    """The plain URL of a ``redis+cluster://`` URL (None for any other URL)."""
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower())
+    return f"{plain}://{rest}" if sep and plain else None
+
+
+def is_cluster(r: Any) -> bool:
+    """True if ``r`` is a Redis Cluster client (sync or asyncio)."""
+    return isinstance(r, RedisCluster | AsyncRedisCluster)
 
 
 def _retry_options(kwargs: dict[str, Any], retry: Any) -> dict[str, Any]:
@@ -22,13 +56,55 @@ def _retry_options(kwargs: dict[str, Any], retry: Any) -> dict[str, Any]:
 
 
 def connect(url: str, **kwargs: Any) -> redis.Redis:
-    """A client for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``; user and
-    password in the URL for AUTH/ACL) that retries commands on connection errors."""
+    """A client for ``url`` that retries commands on connection errors. For a cluster URL it is
+    a ``redis.cluster.RedisCluster``, which has the same commands for genq's purposes."""
     retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES)
+    plain = cluster_url(url)
+    if plain is not None:
+        kwargs.setdefault("retry", retry)
+        cluster: Any = RedisCluster.from_url(plain, **kwargs)
+        return cluster  # type: ignore[no-any-return]
     return redis.Redis.from_url(url, **_retry_options(kwargs, retry))
 
 
 def connect_async(url: str, **kwargs: Any) -> aioredis.Redis:
     """The asyncio twin of ``connect``."""
     retry = AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES)
+    plain = cluster_url(url)
+    if plain is not None:
+        kwargs.setdefault("retry", retry)
+        cluster: Any = AsyncRedisCluster.from_url(plain, **kwargs)
+        return cluster  # type: ignore[no-any-return]
     return aioredis.Redis.from_url(url, **_retry_options(kwargs, retry))
+
+
+def refresh_cluster_view(r: Any) -> None:
+    """After a connection error on a Redis Cluster client: learn the slot map again and pick a
+    live default node. (redis-py's cluster pipeline asks its default node which keys an EVAL
+    touches; it does not replace that node when it dies, so without this every later script
+    call would fail after a failover of that node.) Does nothing for a plain client."""
+    if not isinstance(r, RedisCluster):
+        return
+    try:
+        r.nodes_manager.initialize()
+        r.replace_default_node()
+    except redis.RedisError:
+        pass  # the cluster is still electing: the caller's next try refreshes again
+
+
+async def refresh_cluster_view_async(r: Any) -> None:
+    """The asyncio twin of ``refresh_cluster_view``."""
+    if not isinstance(r, AsyncRedisCluster):
+        return
+    try:
+        await r.nodes_manager.initialize()
+        nodes = [n for n in r.get_primaries() if n != r.get_default_node()]
+        if nodes:
+            r.set_default_node(nodes[0])
+    except redis.RedisError:
+        pass
+
+
+CLUSTER_RETRIES = 20
+"""Tries of an idempotent client call across a cluster failover (0.5 s apart: ~10 s, several
+times a typical cluster-node-timeout plus election)."""

@@ -14,6 +14,8 @@ key                    type    written by                  read by             T
                                (``max_queue_depth``)       submit script)      hash per queue)
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
+``genq:{Q}:sub:ID``    string  client (submit script;      client (submit      result_ttl_s
+                               Redis Cluster only)         script)
 ``genq:res:{ID}``      string  client (queued), worker     client (GET)        result_ttl_s
                                (running, final): JSON
 ``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
@@ -27,8 +29,12 @@ key                    type    written by                  read by             T
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``).
 
 Why the braces: they are Redis Cluster hash tags. The three streams of a queue share the tag
-``{Q}`` so one XREADGROUP can read them all in Cluster too; result and event keys are tagged by
-request id, so they spread over the cluster while a request's own two keys stay together.
+``{Q}`` so one XREADGROUP can read them all in Cluster too; result, event and attempts keys are
+tagged by request id, so they spread over the cluster while a request's own keys stay together
+(one script can change them atomically). On a cluster the submit script cannot reach the
+result key from the queue's slot, so it marks the id as submitted with ``genq:{Q}:sub:ID``
+instead (the one-request-per-id check), and the client then writes the ``queued`` state with
+SET NX (never over a worker's newer state).
 """
 
 from __future__ import annotations
@@ -89,6 +95,11 @@ class Keys:
     def config(self) -> str:
         """The queue's limits that producers enforce (``max_queue_depth``)."""
         return f"{self._base}:config"
+
+    def submitted(self, request_id: str) -> str:
+        """Redis Cluster only: the id was submitted to this queue (in the queue's slot, where
+        the submit script checks and adds atomically)."""
+        return f"{self._base}:sub:{request_id}"
 
     def worker(self, consumer: str) -> str:
         """A worker's heartbeat and counters."""

@@ -22,8 +22,10 @@ Keys are passed as KEYS (never built in Lua), so every key still comes from ``ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from genq.common.connection import is_cluster
 from genq.common.keys import GROUP, Keys
 from genq.common.models import FINAL_STATUSES
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
@@ -78,18 +80,21 @@ return out
 APPLY = (
     _IS_FINAL
     + f"""
--- KEYS: the three work streams (high, normal, low), then per request: state key, event key,
+-- KEYS: S work streams (high, normal, low; S = ARGV[5] is 3, or 0 when the caller acknowledges
+--       entries itself, as on a Redis Cluster), then per request: state key, event key,
 --       attempts key
--- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, then per request:
---       work stream index (1-3; 0: no entry to acknowledge), entry id, state JSON
+-- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, then per
+--       request: work stream index (1-S; 0: no entry to acknowledge here), entry id, state JSON
 -- Per request, returns 1 if the state was written, 0 if the request was already final (its
 -- entry is then acknowledged and deleted: nothing more to do), -1 if 'cancel' found no state,
 -- -2 if 'running' found it started max attempts times already (poison: nothing written).
 local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local ns = tonumber(ARGV[5])
 local out = {{}}
-for i = 1, (#KEYS - 3) / 3 do
-  local res, ev, att = KEYS[1 + 3 * i], KEYS[2 + 3 * i], KEYS[3 + 3 * i]
-  local a = 2 + 3 * i
+for i = 1, (#KEYS - ns) / 3 do
+  local k = ns + 3 * (i - 1)
+  local res, ev, att = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local a = 3 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
   local current = redis.call('GET', res)
   local ack = false
@@ -128,19 +133,61 @@ return out
 )
 
 
+ApplyItem = tuple[str, str | None, str, str]
+"""(request id, work stream or None, entry id, state JSON) of one request in an APPLY call."""
+
+
 def apply_args(
-    keys: Keys,
-    ttl_s: int,
-    mode: str,
-    items: Sequence[tuple[str, str | None, str, str]],
-    max_attempts: int = 0,
+    keys: Keys, ttl_s: int, mode: str, items: Sequence[ApplyItem], max_attempts: int = 0
 ) -> tuple[list[str], list[str | int]]:
-    """KEYS and ARGV of one APPLY call. ``items``: (request id, work stream or None, entry id,
-    state JSON) per request."""
-    streams = keys.streams()
+    """KEYS and ARGV of one APPLY call. The work streams are among its keys only if an item
+    has an entry to acknowledge (so a cancel touches only the request's own slot)."""
+    streams = keys.streams() if any(stream for _, stream, _, _ in items) else []
     script_keys: list[str] = list(streams)
-    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts]
+    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(streams)]
     for request_id, stream, entry_id, state in items:
         script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
         args += [streams.index(stream) + 1 if stream else 0, entry_id, state]
     return script_keys, args
+
+
+def apply(
+    r: Any,
+    keys: Keys,
+    ttl_s: int,
+    mode: str,
+    items: Sequence[ApplyItem],
+    max_attempts: int = 0,
+    also: Callable[[Any], None] | None = None,
+) -> list[int]:
+    """Run APPLY over ``items`` and return its answer per item; ``also(pipe)`` adds commands to
+    the same round trip. On one Redis this is one atomic script call. On a Redis Cluster a
+    request's keys and the queue's streams live in different slots, so each request gets its
+    own call (atomic for that request) and the entries are acknowledged in a second round trip
+    *after* their states are written: a crash in between leaves an entry that is redelivered,
+    which APPLY answers 0 (already final) and acknowledges then."""
+    pipe = r.pipeline(transaction=False)
+    cluster = is_cluster(r)
+    if cluster:
+        calls = [apply_args(keys, ttl_s, mode, [(i, None, e, st)], max_attempts)
+                 for i, _, e, st in items]  # fmt: skip
+    else:
+        calls = [apply_args(keys, ttl_s, mode, items, max_attempts)]
+    for script_keys, args in calls:
+        pipe.execute_command("EVAL", APPLY, len(script_keys), *script_keys, *args)
+    if also is not None:
+        also(pipe)
+    replies = pipe.execute()
+    written = [int(x[0]) for x in replies[: len(calls)]] if cluster else list(replies[0])
+    if cluster:
+        done: dict[str, list[str]] = {}
+        for (_, stream, entry_id, _), w in zip(items, written, strict=True):
+            if stream and (w == 0 or (w == 1 and mode == "final")):
+                done.setdefault(stream, []).append(entry_id)
+        if done:
+            pipe = r.pipeline(transaction=False)
+            for stream, entry_ids in done.items():
+                pipe.xack(stream, GROUP, *entry_ids)
+                pipe.xdel(stream, *entry_ids)
+            pipe.execute()
+    return written

@@ -35,7 +35,9 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     redis_url: str = Field(
-        DEFAULT_REDIS_URL, description="Redis URL: redis://, rediss:// (TLS) or unix://"
+        DEFAULT_REDIS_URL,
+        description="Redis URL: redis://, rediss:// (TLS), unix://, or redis+cluster://host:port "
+        "(any node of a Redis Cluster)",
     )
     queue: str = Field(DEFAULT_QUEUE, description="queue name; one consumer group per queue")
     model: str = Field(

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from genq.common.connection import connect_async
+from genq.common.connection import (
+    CLUSTER_RETRIES,
+    TRANSIENT_ERRORS,
+    connect_async,
+    is_cluster,
+    refresh_cluster_view_async,
+)
 from genq.common.errors import RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import Request, Result
@@ -19,6 +26,7 @@ from genq.producer.requests import (
     cancel_call,
     cancel_outcome,
     parse_stored,
+    queued_writes,
     submit_calls,
     submit_outcome,
 )
@@ -86,10 +94,29 @@ class AsyncClient:
         not yet expired) is not enqueued again: it stays one request."""
         if not requests:
             return []
+        if is_cluster(self.redis):
+            for attempt in range(CLUSTER_RETRIES):
+                try:
+                    return await self._submit(requests, cluster=True)
+                except TRANSIENT_ERRORS:
+                    # Safe to repeat: an id already marked submitted is not enqueued again.
+                    if attempt == CLUSTER_RETRIES - 1:
+                        raise
+                    await refresh_cluster_view_async(self.redis)
+                    await asyncio.sleep(0.5)
+        return await self._submit(requests, cluster=False)
+
+    async def _submit(self, requests: Sequence[Request], cluster: bool) -> list[str]:
         pipe = self.redis.pipeline(transaction=False)
-        for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s):
-            pipe.eval(SUBMIT, len(script_keys), *script_keys, *args)
-        return submit_outcome(requests, await pipe.execute(raise_on_error=False))
+        for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s, cluster):
+            pipe.execute_command("EVAL", SUBMIT, len(script_keys), *script_keys, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        if cluster:  # the queued states, after the entries (see Keys.submitted)
+            pipe = self.redis.pipeline(transaction=False)
+            for key, state in queued_writes(self.keys, requests, replies):
+                pipe.set(key, state, nx=True, ex=self.result_ttl_s)
+            await pipe.execute()
+        return submit_outcome(requests, replies)
 
     async def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request: it ends ``cancelled`` (a running one is stopped
@@ -126,6 +153,9 @@ class AsyncClient:
         like any other (it may have been enqueued without one); ``timeout`` bounds the wait."""
         ids = list(request_ids)
         waiter = Waiter(self.keys, ids, timeout)
+        if is_cluster(self.redis):
+            await self._poll_results(waiter, timeout)
+            return [waiter.results[i] for i in ids]
         raws = await self.redis.mget([self.keys.result(i) for i in ids]) if ids else []
         # A missing key is waited for too: a request enqueued with a plain XADD (redis-cli,
         # another language) has no state until a worker writes one.
@@ -137,6 +167,25 @@ class AsyncClient:
             streams, block_ms = read
             waiter.take_events(await self.redis.xread(streams, block=block_ms))  # type: ignore[arg-type]
         return [waiter.results[i] for i in ids]
+
+    async def _poll_results(self, waiter: Waiter, timeout: float | None) -> None:
+        """Redis Cluster: poll the states of the pending requests (a pipeline per round, with
+        a growing pause; see ``Waiter.next_poll``), riding out a failover."""
+        while waiter.pending:
+            poll = waiter.next_poll()
+            if poll is None:
+                raise ResultTimeout(f"{len(waiter.pending)} request(s) not final after {timeout} s")
+            batch, pause_s = poll
+            pipe = self.redis.pipeline(transaction=False)
+            for request_id in batch:
+                pipe.get(self.keys.result(request_id))
+            try:
+                waiter.take_stored(batch, await pipe.execute())
+            except TRANSIENT_ERRORS:
+                await refresh_cluster_view_async(
+                    self.redis
+                )  # a node failed over: read again next round
+            await asyncio.sleep(pause_s)
 
     async def generate(
         self, prompt: str | None = None, timeout: float | None = None, **options: Any

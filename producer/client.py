@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
-from genq.common.connection import connect
+from genq.common.connection import (
+    CLUSTER_RETRIES,
+    TRANSIENT_ERRORS,
+    connect,
+    is_cluster,
+    refresh_cluster_view,
+)
 from genq.common.errors import RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import Request, Result
@@ -19,6 +26,7 @@ from genq.producer.requests import (
     cancel_call,
     cancel_outcome,
     parse_stored,
+    queued_writes,
     submit_calls,
     submit_outcome,
 )
@@ -84,10 +92,29 @@ class Client:
         not yet expired) is not enqueued again: it stays one request."""
         if not requests:
             return []
+        if is_cluster(self.redis):
+            for attempt in range(CLUSTER_RETRIES):
+                try:
+                    return self._submit(requests, cluster=True)
+                except TRANSIENT_ERRORS:
+                    # Safe to repeat: an id already marked submitted is not enqueued again.
+                    if attempt == CLUSTER_RETRIES - 1:
+                        raise
+                    refresh_cluster_view(self.redis)
+                    time.sleep(0.5)
+        return self._submit(requests, cluster=False)
+
+    def _submit(self, requests: Sequence[Request], cluster: bool) -> list[str]:
         pipe = self.redis.pipeline(transaction=False)
-        for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s):
-            pipe.eval(SUBMIT, len(script_keys), *script_keys, *args)
-        return submit_outcome(requests, pipe.execute(raise_on_error=False))
+        for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s, cluster):
+            pipe.execute_command("EVAL", SUBMIT, len(script_keys), *script_keys, *args)  # type: ignore[no-untyped-call]
+        replies = pipe.execute(raise_on_error=False)
+        if cluster:  # the queued states, after the entries (see Keys.submitted)
+            pipe = self.redis.pipeline(transaction=False)
+            for key, state in queued_writes(self.keys, requests, replies):
+                pipe.set(key, state, nx=True, ex=self.result_ttl_s)
+            pipe.execute()
+        return submit_outcome(requests, replies)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request: it ends ``cancelled`` (a running one is stopped
@@ -122,6 +149,9 @@ class Client:
         like any other (it may have been enqueued without one); ``timeout`` bounds the wait."""
         ids = list(request_ids)
         waiter = Waiter(self.keys, ids, timeout)
+        if is_cluster(self.redis):
+            self._poll_results(waiter, timeout)
+            return [waiter.results[i] for i in ids]
         raws = self.redis.mget([self.keys.result(i) for i in ids]) if ids else []
         # A missing key is waited for too: a request enqueued with a plain XADD (redis-cli,
         # another language) has no state until a worker writes one.
@@ -133,6 +163,23 @@ class Client:
             streams, block_ms = read
             waiter.take_events(self.redis.xread(streams, block=block_ms))  # type: ignore[arg-type]
         return [waiter.results[i] for i in ids]
+
+    def _poll_results(self, waiter: Waiter, timeout: float | None) -> None:
+        """Redis Cluster: poll the states of the pending requests (a pipeline per round, with
+        a growing pause; see ``Waiter.next_poll``), riding out a failover."""
+        while waiter.pending:
+            poll = waiter.next_poll()
+            if poll is None:
+                raise ResultTimeout(f"{len(waiter.pending)} request(s) not final after {timeout} s")
+            batch, pause_s = poll
+            pipe = self.redis.pipeline(transaction=False)
+            for request_id in batch:
+                pipe.get(self.keys.result(request_id))
+            try:
+                waiter.take_stored(batch, pipe.execute())
+            except TRANSIENT_ERRORS:
+                refresh_cluster_view(self.redis)  # a node failed over: read again next round
+            time.sleep(pause_s)
 
     def generate(
         self, prompt: str | None = None, timeout: float | None = None, **options: Any

@@ -104,13 +104,16 @@ SUBMIT_CHUNK = 500
 
 
 def submit_calls(
-    keys: Keys, requests: Sequence[Request], ttl_s: int
+    keys: Keys, requests: Sequence[Request], ttl_s: int, cluster: bool = False
 ) -> list[tuple[list[str], list[str | int]]]:
-    """The (KEYS, ARGV) of the SUBMIT script calls that enqueue ``requests``, in chunks."""
+    """The (KEYS, ARGV) of the SUBMIT script calls that enqueue ``requests``, in chunks. On a
+    Redis Cluster the per-id keys are the queue-slot markers (see ``Keys.submitted``) and the
+    queued states are written after (``queued_writes``)."""
     calls: list[tuple[list[str], list[str | int]]] = []
+    per_id = keys.submitted if cluster else keys.result
     for start in range(0, len(requests), SUBMIT_CHUNK):
         chunk = requests[start : start + SUBMIT_CHUNK]
-        script_keys = [keys.config, *keys.streams()] + [keys.result(r.id) for r in chunk]
+        script_keys = [keys.config, *keys.streams()] + [per_id(r.id) for r in chunk]
         args: list[str | int] = [ttl_s, len(chunk)]
         for r in chunk:
             fields = encode_request(r)
@@ -122,6 +125,24 @@ def submit_calls(
             ]
         calls.append((script_keys, args))
     return calls
+
+
+def queued_writes(
+    keys: Keys, requests: Sequence[Request], replies: Sequence[Any]
+) -> list[tuple[str, str]]:
+    """Redis Cluster only: (result key, queued state JSON) of each request the SUBMIT calls
+    enqueued, for the client to SET NX (a worker may have written a newer state already)."""
+    out: list[tuple[str, str]] = []
+    for i, reply in enumerate(replies):
+        if isinstance(reply, Exception):
+            continue
+        chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
+        out += [
+            (keys.result(r.id), queued_result(r))
+            for r, new in zip(chunk, reply, strict=True)
+            if new == 1
+        ]
+    return out
 
 
 def cancel_call(
@@ -197,6 +218,11 @@ def is_final(result: Result | None) -> bool:
     return result is not None and result.status in FINAL_STATUSES
 
 
+POLL_START_S = 0.002
+POLL_MAX_S = 0.05
+"""Bounds of the pause between polling rounds for results on a Redis Cluster."""
+
+
 class Waiter:
     """The bookkeeping of waiting for many results: which event streams to read, from where,
     and for how long. Both clients drive it with their own Redis calls."""
@@ -207,13 +233,30 @@ class Waiter:
         self.pending: dict[str, str] = {keys.events(i): i for i in ids}  # event key -> id
         self.last_ids: dict[str, str] = dict.fromkeys(self.pending, "0-0")
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._poll_s = POLL_START_S
 
     def take_stored(self, ids: Sequence[str], raws: Sequence[bytes | str | None]) -> None:
         """Record the results already final at their keys."""
+        before = len(self.pending)
         for request_id, raw in zip(ids, raws, strict=True):
             res = parse_stored(raw)
             if res is not None and res.is_final:
                 self._done(request_id, res)
+        self._poll_s = POLL_START_S if len(self.pending) < before else self._poll_s
+
+    def next_poll(self) -> tuple[list[str], float] | None:
+        """Redis Cluster: the ids whose states to read in the next round, and the pause before
+        it (growing from 2 ms to 50 ms while nothing ends); None when the time is up. The event
+        streams of many requests live on different nodes there, so one blocking XREAD cannot
+        wait for them all: the client polls their states instead, one pipeline per round."""
+        pause_s = self._poll_s
+        self._poll_s = min(POLL_MAX_S, self._poll_s * 2)
+        if self._deadline is not None:
+            left_s = self._deadline - time.monotonic()
+            if left_s <= 0:
+                return None
+            pause_s = min(pause_s, left_s)
+        return list(self.pending.values())[:MAX_STREAMS_PER_READ], pause_s
 
     def _done(self, request_id: str, result: Result) -> None:
         self.results[request_id] = result

@@ -221,11 +221,11 @@ def run_through_queue(
     queue: str = "bench",
 ) -> ModeResult:
     """Mode 4: submit everything through Redis to a ``genq worker`` subprocess and wait."""
-    import redis
+    from genq.common.connection import connect
     from genq.common.keys import Keys
     from genq.producer import Client
 
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url)
     consumer = f"bench-{int(time.time() * 1000)}"
     args = [
         sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url,

@@ -213,10 +213,10 @@ def _submit_file(
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def stats(redis_url: str, queue: str, as_json: bool) -> None:
     """Queue depth, pending work and lag per priority; workers and their counters."""
-    import redis
+    from genq.common.connection import connect
     from genq.worker.stats import collect
 
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url)
     try:
         snapshot = collect(r, queue)
     finally:

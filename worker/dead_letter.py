@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from genq.common.connection import is_cluster
 from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, Keys
 from genq.common.models import Result, now_ms
 
@@ -102,7 +103,9 @@ def retry_dead(
             continue
         if d.stream not in keys.streams():
             continue  # not a work stream of this queue: leave it for a person to look at
-        pipe = r.pipeline(transaction=True)
+        # One transaction on one Redis; on a cluster the state and the stream are in
+        # different slots, so the commands go in order without one.
+        pipe = r.pipeline(transaction=not is_cluster(r))
         if d.request_id:
             queued = Result(id=d.request_id, status="queued", priority=keys.priority_of(d.stream))
             pipe.set(keys.result(d.request_id), queued.model_dump_json(), ex=result_ttl_s)

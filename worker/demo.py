@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import redis
+from genq.common.connection import connect
 from genq.common.errors import GenqError, ResultTimeout
 from genq.common.models import Result
 from genq.producer import Client
@@ -111,7 +111,7 @@ def run_demo(
             with _worker_process(worker_args, log_path) as proc:
                 results = _wait_with_progress(client, ids, proc, log_path, console)
                 elapsed_s = time.perf_counter() - t0
-                with redis.Redis.from_url(url) as r:
+                with connect(url) as r:
                     snapshot = collect(r, queue)
         _print_results(results, console)
         me: dict[str, Any] = next((w for w in snapshot["workers"] if w["consumer"] == consumer), {})

@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 import redis
-from genq.common.connection import connect
+from genq.common.connection import TRANSIENT_ERRORS, connect, refresh_cluster_view
 from genq.common.errors import GenerationError, GenqError, PoisonRequest
 from genq.common.keys import GROUP, Keys
 from genq.common.models import (
@@ -47,7 +47,7 @@ from genq.common.models import (
     Timings,
     now_ms,
 )
-from genq.common.scripts import APPLY, MAX_QUEUE_DEPTH_FIELD, apply_args
+from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, apply
 from genq.common.settings import WorkerSettings
 from genq.common.wire import (
     UndecodableEntry,
@@ -286,8 +286,9 @@ class Worker:
             try:
                 step()
                 return
-            except (redis.ConnectionError, redis.TimeoutError) as err:
+            except TRANSIENT_ERRORS as err:
                 log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay)
+                refresh_cluster_view(self.redis)
             except redis.ResponseError as err:
                 if "NOGROUP" not in str(err):
                     raise
@@ -493,11 +494,9 @@ class Worker:
             return
         batch = list(self.unwritten)
         items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in batch]
-        script_keys, args = apply_args(self.keys, self.settings.result_ttl_s, "final", items)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.eval(APPLY, len(script_keys), *script_keys, *args)
-        self._add_stats(pipe)
-        written = pipe.execute()[0]
+        written = apply(
+            self.redis, self.keys, self.settings.result_ttl_s, "final", items, also=self._add_stats
+        )
         del self.unwritten[: len(batch)]
         ended = [o for o, w in zip(batch, written, strict=True) if w == 1]
         self.metrics.ended(ended)
@@ -719,11 +718,10 @@ class Worker:
             items.append((h.request.id, h.stream, h.entry_id, orjson.dumps(running).decode()))
         written: Any = []
         if items:
-            script_keys, args = apply_args(
-                self.keys, self.settings.result_ttl_s, "running", items,
+            written = apply(
+                self.redis, self.keys, self.settings.result_ttl_s, "running", items,
                 self.settings.max_attempts,
             )  # fmt: skip
-            written = self.redis.eval(APPLY, len(script_keys), *script_keys, *args)
         live = [h for h, w in zip(todo, written, strict=True) if w == 1]
         poison = [h for h, w in zip(todo, written, strict=True) if w == -2]
         self.counters.already_final += sum(1 for w in written if w == 0)

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-import redis
+from genq.common.connection import connect
 from genq.common.keys import Keys
 from genq.producer import Client
 
@@ -43,7 +43,7 @@ def run_priority_scenario(
 ) -> dict[str, Any]:
     """Run the scenario against a fresh ``genq worker``; per priority: count, wait p50/p99
     (ms). Also the median batch (or request) generation time, for scale."""
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url)
     consumer = f"prio-{int(time.time() * 1000)}"
     args = [
         sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url,

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
+from genq.common.connection import TRANSIENT_ERRORS, refresh_cluster_view
 from genq.common.keys import GROUP, Keys
 
 log = logging.getLogger("genq.worker")
@@ -87,6 +88,10 @@ def autoclaim(
     return next_cursor, entries
 
 
+RENEW_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *TRANSIENT_ERRORS)
+"""What the claim keeper rides out (and tries again) rather than dying of."""
+
+
 class ClaimKeeper(threading.Thread):
     """Renews a live worker's claims and heartbeat key from a thread of its own."""
 
@@ -112,8 +117,9 @@ class ClaimKeeper(threading.Thread):
         while not self._stop_event.wait(self.every_s):
             try:
                 self.renew()
-            except redis.RedisError as err:  # Redis away: the main loop reconnects; retry
+            except RENEW_ERRORS as err:  # Redis away, or a failover
                 log.warning("could not renew claims: %s", err)
+                refresh_cluster_view(self.redis)
 
     def renew(self) -> int:
         """Reset the idle time of every entry this worker holds; return how many. Only entries
