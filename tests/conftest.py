@@ -59,12 +59,17 @@ class WorkerProcess:
     """A ``genq worker`` subprocess with its log captured to a file."""
 
     def __init__(
-        self, args: list[str], log_path: Path, command: tuple[str, ...] = ("genq.worker", "worker")
+        self,
+        args: list[str],
+        log_path: Path,
+        command: tuple[str, ...] = ("genq.worker", "worker"),
+        wrapper: tuple[str, ...] = (),
     ) -> None:
+        """``wrapper``: a command that runs the worker, e.g. ``ip netns exec NAME``."""
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", *command, *args],
+            [*wrapper, sys.executable, "-m", *command, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
