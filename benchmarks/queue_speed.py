@@ -51,28 +51,63 @@ def _wait(pred: Callable[[], object], timeout_s: float = 60) -> None:
         time.sleep(0.05)
 
 
-def run_genq(server: RedisServer, n: int, run: int) -> Result:
+def _redis_counters(r: redis.Redis) -> tuple[int, float]:
+    """(commands run so far, CPU seconds used so far) of the redis-server."""
+    stats: dict[str, dict[str, float]] = r.info("commandstats")  # type: ignore[assignment]
+    cpu: dict[str, float] = r.info("cpu")  # type: ignore[assignment]
+    calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def run_genq(server: RedisServer, n: int, run: int, workers: int = 1) -> Result:
     from genq.common.keys import Keys
     from genq.producer import Client
 
-    queue = f"speed{run}"
+    queue = f"speed{run}w{workers}"
     r = redis.Redis(port=server.port)
-    proc = _spawn([sys.executable, "-m", "genq.worker", "worker", "--redis-url", server.url,
-                   "--queue", queue, "--engine", "echo", "--consumer", "w",
-                   "--max-batch-size", "256", "--max-lookahead", "512",
-                   "--max-queue-depth", "0"], server.port)  # fmt: skip
+    procs = [
+        _spawn(
+            [
+                sys.executable,
+                "-m",
+                "genq.worker",
+                "worker",
+                "--redis-url",
+                server.url,
+                "--queue",
+                queue,
+                "--engine",
+                "echo",
+                "--consumer",
+                f"w{i}",
+                "--max-batch-size",
+                "256",
+                "--max-lookahead",
+                "512",
+                "--max-queue-depth",
+                "0",
+            ],
+            server.port,
+        )
+        for i in range(workers)
+    ]
     try:
-        _wait(lambda: r.exists(Keys(queue).worker("w")))
+        _wait(lambda: all(r.exists(Keys(queue).worker(f"w{i}")) for i in range(workers)))
         client = Client(r, queue)
+        calls0, cpu0 = _redis_counters(r)
         t0 = time.perf_counter()
         ids = client.submit_many([f"job {i}" for i in range(n)], max_new_tokens=16)
         t1 = time.perf_counter()
         results = client.results(ids, timeout=600)
         t2 = time.perf_counter()
+        calls1, cpu1 = _redis_counters(r)
         assert all(x.status == "succeeded" for x in results)
     finally:
-        _stop(proc)
-    return {"enqueue_s": t1 - t0, "rest_s": t2 - t1, "total_s": t2 - t0}
+        for proc in procs:
+            _stop(proc)
+    return {"enqueue_s": t1 - t0, "rest_s": t2 - t1, "total_s": t2 - t0,
+            "redis_commands_per_job": (calls1 - calls0) / n,
+            "redis_cpu_s": cpu1 - cpu0}  # fmt: skip
 
 
 def run_rq(server: RedisServer, n: int, run: int) -> Result:
@@ -141,14 +176,46 @@ def run_arq(server: RedisServer, n: int, run: int) -> Result:
 SYSTEMS = {"genq": run_genq, "rq": run_rq, "arq": run_arq}
 
 
+def scaling(n: int, repeats: int, counts: list[int]) -> None:
+    """genq's echo throughput with 1, 2, 4... worker processes on one redis-server, with the
+    Redis commands per job and the redis-server's CPU seconds (what limits the curve)."""
+    lines = [
+        f"Command: `python benchmarks/queue_speed.py --jobs {n} --repeats {repeats} "
+        f"--genq-workers {','.join(map(str, counts))}`  ",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "  ",
+        "",
+        "| workers | jobs/s end to end (median) | runs | vs 1 worker | Redis commands per job "
+        "| redis-server CPU s per 10k jobs |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = 0.0
+    with RedisServer() as server:
+        for k in counts:
+            runs = [run_genq(server, n, i, workers=k) for i in range(repeats)]
+            redis.Redis(port=server.port).flushdb()
+            rate = n / statistics.median(r["total_s"] for r in runs)
+            base = base or rate
+            cmds = statistics.median(r["redis_commands_per_job"] for r in runs)
+            cpu = statistics.median(r["redis_cpu_s"] for r in runs) / n * 10_000
+            per_run = [round(n / r["total_s"]) for r in runs]
+            lines.append(f"| {k} | {rate:,.0f} | {per_run} | {rate / base:.2f}x | {cmds:.2f} "
+                         f"| {cpu:.2f} |")  # fmt: skip
+            print(lines[-1], file=sys.stderr)
+    print("\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--jobs", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", default="genq,rq,arq")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--genq-workers", default="", help="e.g. 1,2,4: genq alone, scaling workers")
     a = p.parse_args()
     medians: dict[str, Result] = {}
+    if a.genq_workers:
+        scaling(a.jobs, a.repeats, [int(x) for x in a.genq_workers.split(",")])
+        return
     with RedisServer() as server:
         for name in a.systems.split(","):
             runs = [SYSTEMS[name](server, a.jobs, i) for i in range(a.repeats)]
