@@ -4,6 +4,7 @@ failover under load."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from genq.common.errors import RequestNotFound
 from genq.common.keys import Keys
 from genq.common.models import Result
-from genq.producer import Client
+from genq.producer import AsyncClient, Client
 
 from tests.cluster import LocalCluster
 from tests.conftest import ROOT, WorkerProcess, wait_until
@@ -143,3 +144,19 @@ def _states(client: Client, ids: list[str]) -> list[Result]:
         except RequestNotFound:
             continue
     return out
+
+
+def test_the_asyncio_client_on_a_redis_cluster(
+    cluster: LocalCluster, queue: str, cluster_worker: Callable[..., WorkerProcess]
+) -> None:
+    cluster_worker("--engine", "echo")
+
+    async def go() -> tuple[list[Result], bool]:
+        async with AsyncClient.from_url(cluster.url, queue) as c:
+            ids = await c.submit_many([f"async {i}" for i in range(100)], max_new_tokens=3)
+            results = await c.results(ids, timeout=60)
+            return results, await c.cancel(ids[0])
+
+    results, cancelled = asyncio.run(go())
+    assert [x.status for x in results] == ["succeeded"] * 100
+    assert cancelled is False  # already final
