@@ -108,3 +108,6 @@ async def refresh_cluster_view_async(r: Any) -> None:
 CLUSTER_RETRIES = 20
 """Tries of an idempotent client call across a cluster failover (0.5 s apart: ~10 s, several
 times a typical cluster-node-timeout plus election)."""
+
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *TRANSIENT_ERRORS)
+"""Any error from Redis, cluster routing errors included (some are not RedisErrors)."""

@@ -20,8 +20,9 @@ key                    type    written by                  read by             T
                                (running, final): JSON
 ``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
                                streaming, final event)     BLOCK)
-``genq:att:{ID}``      string  worker (INCR at each start, worker (poison      result_ttl_s;
-                               DEL at the final result)    check)              deleted at end
+``genq:att:{ID}``      hash    worker (starts +1 at each  worker (poison      result_ttl_s;
+                               start, once per token;      check)              deleted at end
+                               DEL at the final result)
 ``genq:batch:{B}``     hash    ``genq batch submit``       ``genq batch``      result_ttl_s
 ``genq:batch:{B}:items`` list  ``genq batch submit``       ``genq batch``      result_ttl_s
 =====================  ======  ==========================  ==================  ===============

@@ -83,30 +83,38 @@ APPLY = (
 -- KEYS: S work streams (high, normal, low; S = ARGV[5] is 3, or 0 when the caller acknowledges
 --       entries itself, as on a Redis Cluster), then per request: state key, event key,
 --       attempts key
--- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, then per
---       request: work stream index (1-S; 0: no entry to acknowledge here), entry id, state JSON
+-- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, start token
+--       (running: unique per start), then per request: work stream index (1-S; 0: no entry
+--       to acknowledge here), entry id, state JSON
 -- Per request, returns 1 if the state was written, 0 if the request was already final (its
 -- entry is then acknowledged and deleted: nothing more to do), -1 if 'cancel' found no state,
 -- -2 if 'running' found it started max attempts times already (poison: nothing written).
 local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local ns = tonumber(ARGV[5])
+local ns, token = tonumber(ARGV[5]), ARGV[6]
 local out = {{}}
 for i = 1, (#KEYS - ns) / 3 do
   local k = ns + 3 * (i - 1)
   local res, ev, att = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local a = 3 + 3 * i
+  local a = 4 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
   local current = redis.call('GET', res)
   local ack = false
+  -- A start is counted once even if this call is sent again (a client library that resends a
+  -- pipeline after a lost reply, or a cluster failover): the start's token is remembered.
+  local replay = mode == 'running' and redis.call('HGET', att, 'token') == token
   if is_final(current) then
     out[i] = 0
     ack = true
   elseif mode == 'cancel' and not current then
     out[i] = -1
-  elseif mode == 'running' and tonumber(redis.call('GET', att) or '0') >= max_attempts then
+  elseif mode == 'running' and not replay
+      and tonumber(redis.call('HGET', att, 'starts') or '0') >= max_attempts then
     out[i] = -2
   elseif mode == 'running' then
-    redis.call('INCR', att)
+    if not replay then
+      redis.call('HINCRBY', att, 'starts', 1)
+      redis.call('HSET', att, 'token', token)
+    end
     redis.call('EXPIRE', att, ttl)
     if current then
       redis.call('SET', res, state, 'KEEPTTL')
@@ -138,13 +146,18 @@ ApplyItem = tuple[str, str | None, str, str]
 
 
 def apply_args(
-    keys: Keys, ttl_s: int, mode: str, items: Sequence[ApplyItem], max_attempts: int = 0
+    keys: Keys,
+    ttl_s: int,
+    mode: str,
+    items: Sequence[ApplyItem],
+    max_attempts: int = 0,
+    token: str = "",
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of one APPLY call. The work streams are among its keys only if an item
     has an entry to acknowledge (so a cancel touches only the request's own slot)."""
     streams = keys.streams() if any(stream for _, stream, _, _ in items) else []
     script_keys: list[str] = list(streams)
-    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(streams)]
+    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(streams), token]
     for request_id, stream, entry_id, state in items:
         script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
         args += [streams.index(stream) + 1 if stream else 0, entry_id, state]
@@ -159,6 +172,7 @@ def apply(
     items: Sequence[ApplyItem],
     max_attempts: int = 0,
     also: Callable[[Any], None] | None = None,
+    token: str = "",
 ) -> list[int]:
     """Run APPLY over ``items`` and return its answer per item; ``also(pipe)`` adds commands to
     the same round trip. On one Redis this is one atomic script call. On a Redis Cluster a
@@ -169,10 +183,10 @@ def apply(
     pipe = r.pipeline(transaction=False)
     cluster = is_cluster(r)
     if cluster:
-        calls = [apply_args(keys, ttl_s, mode, [(i, None, e, st)], max_attempts)
+        calls = [apply_args(keys, ttl_s, mode, [(i, None, e, st)], max_attempts, token)
                  for i, _, e, st in items]  # fmt: skip
     else:
-        calls = [apply_args(keys, ttl_s, mode, items, max_attempts)]
+        calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token)]
     for script_keys, args in calls:
         pipe.execute_command("EVAL", APPLY, len(script_keys), *script_keys, *args)
     if also is not None:

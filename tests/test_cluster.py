@@ -128,7 +128,8 @@ def test_a_primary_failover_under_load_loses_nothing_here(
         primary.process.wait()
     wait_until(lambda: cluster.primary_for(Keys(queue).stream("normal")) is not primary, 30)
     results = client.results(ids, timeout=120)
-    assert [x.status for x in results] == ["succeeded"] * 200
+    failed = [(x.id, x.error) for x in results if x.status != "succeeded"]
+    assert not failed, failed[:3]
     after = client.submit_many([f"after {i}" for i in range(20)], max_new_tokens=2)
     assert {x.status for x in client.results(after, timeout=60)} == {"succeeded"}
     if how == "sigkill":  # bring the node back (as a replica) for the next tests

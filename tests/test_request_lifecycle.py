@@ -196,3 +196,20 @@ def test_no_key_is_left_without_a_ttl_but_the_queues_own(
     assert mine
     no_ttl = [k for k in mine if r.ttl(k) == -1 and k not in queue_own]
     assert no_ttl == []
+
+
+def test_a_start_sent_twice_is_counted_once(r: redis.Redis, queue: str) -> None:
+    """A client library may resend a pipeline whose reply was lost (redis-py's cluster pipeline
+    resends the whole stack after a failover): the same start must not count twice, or a
+    healthy request would be failed as poison."""
+    from genq.common.scripts import apply
+
+    keys = Keys(queue)
+    state = '{"id": "x", "status": "running"}'
+    item = [(f"{queue}-x", None, "", state)]
+    for _ in range(5):  # the same start, resent
+        assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:1") == [1]
+    assert r.hget(keys.attempts(f"{queue}-x"), "starts") == b"1"
+    assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:2") == [1]
+    assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:3") == [1]
+    assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:4") == [-2]  # poison

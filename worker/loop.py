@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 import redis
-from genq.common.connection import TRANSIENT_ERRORS, connect, refresh_cluster_view
+from genq.common.connection import REDIS_ERRORS, TRANSIENT_ERRORS, connect, refresh_cluster_view
 from genq.common.errors import GenerationError, GenqError, PoisonRequest
 from genq.common.keys import GROUP, Keys
 from genq.common.models import (
@@ -634,7 +634,7 @@ class Worker:
             started = now_ms()
             try:
                 live, outcomes = self.mark_running(batch, started)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 self.held.update((h.key, h) for h in batch)  # not started: keep them
                 raise
             return outcomes + self._generate(live, started)
@@ -720,7 +720,7 @@ class Worker:
         if items:
             written = apply(
                 self.redis, self.keys, self.settings.result_ttl_s, "running", items,
-                self.settings.max_attempts,
+                self.settings.max_attempts, token=f"{self.consumer}:{started}",
             )  # fmt: skip
         live = [h for h, w in zip(todo, written, strict=True) if w == 1]
         poison = [h for h, w in zip(todo, written, strict=True) if w == -2]

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from genq.common.connection import TRANSIENT_ERRORS, refresh_cluster_view
+from genq.common.connection import REDIS_ERRORS, refresh_cluster_view
 from genq.common.keys import GROUP, Keys
 
 log = logging.getLogger("genq.worker")
@@ -88,10 +88,6 @@ def autoclaim(
     return next_cursor, entries
 
 
-RENEW_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *TRANSIENT_ERRORS)
-"""What the claim keeper rides out (and tries again) rather than dying of."""
-
-
 class ClaimKeeper(threading.Thread):
     """Renews a live worker's claims and heartbeat key from a thread of its own."""
 
@@ -117,7 +113,7 @@ class ClaimKeeper(threading.Thread):
         while not self._stop_event.wait(self.every_s):
             try:
                 self.renew()
-            except RENEW_ERRORS as err:  # Redis away, or a failover
+            except REDIS_ERRORS as err:  # Redis away, or a failover
                 log.warning("could not renew claims: %s", err)
                 refresh_cluster_view(self.redis)
 
