@@ -192,16 +192,23 @@ def apply(
     if also is not None:
         also(pipe)
     replies = pipe.execute()
-    written = [int(x[0]) for x in replies[: len(calls)]] if cluster else list(replies[0])
-    if cluster:
-        done: dict[str, list[str]] = {}
-        for (_, stream, entry_id, _), w in zip(items, written, strict=True):
-            if stream and (w == 0 or (w == 1 and mode == "final")):
-                done.setdefault(stream, []).append(entry_id)
-        if done:
-            pipe = r.pipeline(transaction=False)
-            for stream, entry_ids in done.items():
-                pipe.xack(stream, GROUP, *entry_ids)
-                pipe.xdel(stream, *entry_ids)
-            pipe.execute()
+    if not cluster:
+        return list(replies[0])
+    written = [int(x[0]) for x in replies[: len(calls)]]
+    _acknowledge(r, items, written, mode)
     return written
+
+
+def _acknowledge(r: Any, items: Sequence[ApplyItem], written: Sequence[int], mode: str) -> None:
+    """Redis Cluster: XACK and XDEL the entries APPLY would have (already final, or just
+    written final), a stream's at a time, in one round trip."""
+    done: dict[str, list[str]] = {}
+    for (_, stream, entry_id, _), w in zip(items, written, strict=True):
+        if stream and (w == 0 or (w == 1 and mode == "final")):
+            done.setdefault(stream, []).append(entry_id)
+    if done:
+        pipe = r.pipeline(transaction=False)
+        for stream, entry_ids in done.items():
+            pipe.xack(stream, GROUP, *entry_ids)
+            pipe.xdel(stream, *entry_ids)
+        pipe.execute()

@@ -150,7 +150,7 @@ class Client:
         ids = list(request_ids)
         waiter = Waiter(self.keys, ids, timeout)
         if is_cluster(self.redis):
-            self._poll_results(waiter, timeout)
+            self._poll_results(waiter)
             return [waiter.results[i] for i in ids]
         raws = self.redis.mget([self.keys.result(i) for i in ids]) if ids else []
         # A missing key is waited for too: a request enqueued with a plain XADD (redis-cli,
@@ -159,18 +159,18 @@ class Client:
         while waiter.pending:
             read = waiter.next_read()
             if read is None:
-                raise ResultTimeout(f"{len(waiter.pending)} request(s) not final after {timeout} s")
+                raise waiter.timed_out()
             streams, block_ms = read
             waiter.take_events(self.redis.xread(streams, block=block_ms))  # type: ignore[arg-type]
         return [waiter.results[i] for i in ids]
 
-    def _poll_results(self, waiter: Waiter, timeout: float | None) -> None:
+    def _poll_results(self, waiter: Waiter) -> None:
         """Redis Cluster: poll the states of the pending requests (a pipeline per round, with
         a growing pause; see ``Waiter.next_poll``), riding out a failover."""
         while waiter.pending:
             poll = waiter.next_poll()
             if poll is None:
-                raise ResultTimeout(f"{len(waiter.pending)} request(s) not final after {timeout} s")
+                raise waiter.timed_out()
             batch, pause_s = poll
             pipe = self.redis.pipeline(transaction=False)
             for request_id in batch:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound
+from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import (
     FINAL_STATUSES,
@@ -232,6 +232,7 @@ class Waiter:
         self.results: dict[str, Result] = {}
         self.pending: dict[str, str] = {keys.events(i): i for i in ids}  # event key -> id
         self.last_ids: dict[str, str] = dict.fromkeys(self.pending, "0-0")
+        self._timeout_s = timeout_s
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._poll_s = POLL_START_S
 
@@ -243,6 +244,10 @@ class Waiter:
             if res is not None and res.is_final:
                 self._done(request_id, res)
         self._poll_s = POLL_START_S if len(self.pending) < before else self._poll_s
+
+    def timed_out(self) -> ResultTimeout:
+        """The error to raise when the time is up."""
+        return ResultTimeout(f"{len(self.pending)} request(s) not final after {self._timeout_s} s")
 
     def next_poll(self) -> tuple[list[str], float] | None:
         """Redis Cluster: the ids whose states to read in the next round, and the pause before

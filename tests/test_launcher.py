@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 from genq.common.keys import Keys
 from genq.producer import Client
@@ -97,3 +98,15 @@ def test_gpus_all_without_a_gpu_says_so_clearly(redis_url: str, queue: str) -> N
             done.stderr
         )
         assert "without --gpus" in done.stderr
+
+
+def test_bad_gpu_lists_get_a_clear_error() -> None:
+    from genq.common.errors import ConfigError
+    from genq.worker.launcher import parse_gpus, visible_gpus
+
+    assert parse_gpus("0, 1,3", needs_cuda=False) == [0, 1, 3]
+    for spec in ("a,b", "0,0", "-1", ",", ""):
+        with pytest.raises(ConfigError, match="give 'all' or"):
+            parse_gpus(spec, needs_cuda=False)
+    with pytest.raises(ConfigError, match="visible CUDA GPU"):
+        parse_gpus(str(visible_gpus()), needs_cuda=True)  # one index past the last GPU
