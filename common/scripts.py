@@ -41,6 +41,10 @@ _IS_FINAL = f"""
 local FINAL = {_FINAL_TABLE}
 local function is_final(raw)
   if not raw then return false end
+  -- Every state genq writes starts with its id (which holds no quote) and then its status:
+  -- read that without decoding the whole document, which costs several times more.
+  local status = string.match(raw, '^{{"id":"[^"]*","status":"(%a+)"')
+  if status then return FINAL[status] == true end
   local ok, doc = pcall(cjson.decode, raw)
   return ok and type(doc) == 'table' and FINAL[doc['status']] == true
 end
@@ -92,6 +96,7 @@ APPLY = (
 local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local ns, token = tonumber(ARGV[5]), ARGV[6]
 local out = {{}}
+local done = {{}}  -- per work stream, the entries to acknowledge and delete
 for i = 1, (#KEYS - ns) / 3 do
   local k = ns + 3 * (i - 1)
   local res, ev, att = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
@@ -99,21 +104,23 @@ for i = 1, (#KEYS - ns) / 3 do
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
   local current = redis.call('GET', res)
   local ack = false
-  -- A start is counted once even if this call is sent again (a client library that resends a
-  -- pipeline after a lost reply, or a cluster failover): the start's token is remembered.
-  local replay = mode == 'running' and redis.call('HGET', att, 'token') == token
+  local starts, replay = 0, false
+  if mode == 'running' then
+    -- A start is counted once even if this call is sent again (a client library that resends
+    -- a pipeline after a lost reply, or a cluster failover): the start's token is remembered.
+    local seen = redis.call('HMGET', att, 'starts', 'token')
+    starts, replay = tonumber(seen[1] or '0') or 0, seen[2] == token
+  end
   if is_final(current) then
     out[i] = 0
     ack = true
   elseif mode == 'cancel' and not current then
     out[i] = -1
-  elseif mode == 'running' and not replay
-      and tonumber(redis.call('HGET', att, 'starts') or '0') >= max_attempts then
+  elseif mode == 'running' and not replay and starts >= max_attempts then
     out[i] = -2
   elseif mode == 'running' then
     if not replay then
-      redis.call('HINCRBY', att, 'starts', 1)
-      redis.call('HSET', att, 'token', token)
+      redis.call('HSET', att, 'starts', starts + 1, 'token', token)
     end
     redis.call('EXPIRE', att, ttl)
     if current then
@@ -132,8 +139,15 @@ for i = 1, (#KEYS - ns) / 3 do
     ack = true
   end
   if ack and s > 0 then
-    redis.call('XACK', KEYS[s], group, eid)
-    redis.call('XDEL', KEYS[s], eid)
+    done[s] = done[s] or {{}}
+    table.insert(done[s], eid)
+  end
+end
+for s, eids in pairs(done) do  -- one XACK and one XDEL per stream (in slices: unpack's limit)
+  for j = 1, #eids, 1000 do
+    local slice = {{unpack(eids, j, math.min(j + 999, #eids))}}
+    redis.call('XACK', KEYS[s], group, unpack(slice))
+    redis.call('XDEL', KEYS[s], unpack(slice))
   end
 end
 return out

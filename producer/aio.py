@@ -20,12 +20,15 @@ from genq.common.models import Request, Result
 from genq.common.scripts import APPLY, SUBMIT
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_RESULT_TTL_S
 from genq.producer.requests import (
+    Prepared,
     StreamReader,
     Waiter,
     build_request,
     cancel_call,
     cancel_outcome,
     parse_stored,
+    prepare,
+    prepare_many,
     queued_writes,
     submit_calls,
     submit_outcome,
@@ -80,18 +83,16 @@ class AsyncClient:
         """Enqueue many requests in one round trip; each item is a prompt or a dict of
         ``build_request`` arguments (``prompt`` included) that override ``defaults``. All are
         validated first: if any is invalid, none is sent."""
-        requests = []
-        for item in prompts:
-            if isinstance(item, str):
-                requests.append(build_request(item, **defaults))
-            else:
-                requests.append(build_request(**{**defaults, **item}))
-        return await self.submit_requests(requests)
+        return await self.submit_prepared(prepare_many(prompts, defaults))
 
     async def submit_requests(self, requests: Sequence[Request]) -> list[str]:
         """Enqueue already-built requests in one round trip. Each chunk of 500 is atomic: all
         of it or none (QueueFull). An id that already has a live state (submitted before and
         not yet expired) is not enqueued again: it stays one request."""
+        return await self.submit_prepared([prepare(r) for r in requests])
+
+    async def submit_prepared(self, requests: Sequence[Prepared]) -> list[str]:
+        """``submit_requests`` for requests already in SUBMIT's form (``prepare``)."""
         if not requests:
             return []
         if is_cluster(self.redis):
@@ -106,7 +107,7 @@ class AsyncClient:
                     await asyncio.sleep(0.5)
         return await self._submit(requests, cluster=False)
 
-    async def _submit(self, requests: Sequence[Request], cluster: bool) -> list[str]:
+    async def _submit(self, requests: Sequence[Prepared], cluster: bool) -> list[str]:
         pipe = self.redis.pipeline(transaction=False)
         for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s, cluster):
             pipe.execute_command("EVAL", SUBMIT, len(script_keys), *script_keys, *args)
@@ -164,8 +165,13 @@ class AsyncClient:
             read = waiter.next_read()
             if read is None:
                 raise waiter.timed_out()
-            streams, block_ms = read
-            waiter.take_events(await self.redis.xread(streams, block=block_ms))  # type: ignore[arg-type]
+            head, rest, block_ms = read
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xread(head, block=block_ms)  # type: ignore[arg-type]
+            if rest:
+                pipe.xread(rest)  # type: ignore[arg-type]
+            for response in await pipe.execute():
+                waiter.take_events(response)
         return [waiter.results[i] for i in ids]
 
     async def _poll_results(self, waiter: Waiter) -> None:

@@ -10,9 +10,10 @@ import fakeredis
 import pytest
 from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
-from genq.common.models import Result
+from genq.common.models import MAX_PROMPT_CHARS, Result
 from genq.common.wire import encode_final_event
 from genq.producer import AsyncClient, Client
+from genq.producer.requests import build_request, prepare, prepare_many
 
 
 @pytest.fixture()
@@ -78,6 +79,56 @@ def test_submit_many_uses_per_item_overrides(client: Client, fake: fakeredis.Fak
     assert len(ids) == 2
     assert fake.xlen(Keys("q").stream("normal")) == 1
     assert fake.xlen(Keys("q").stream("low")) == 1
+
+
+SHARED_OPTIONS: list[dict[str, object]] = [
+    {},
+    {"max_new_tokens": 7, "priority": "high", "stop": ["\n", "END"], "seed": 3},
+    {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "metadata": {"user": "u1", "n": 2}},
+    {"stream": True, "deadline_in_s": 60},
+]
+
+
+@pytest.mark.parametrize("options", SHARED_OPTIONS)
+def test_submit_many_fast_path_writes_what_build_request_would(options: dict[str, object]) -> None:
+    prompts = ["plain", "ünïcode ✓", 'quotes " and \\ backslashes', "x" * MAX_PROMPT_CHARS]
+    fast = prepare_many(prompts, options)
+    for prepared, prompt in zip(fast, prompts, strict=True):
+        slow = prepare(build_request(prompt, request_id=prepared.id, **options))  # type: ignore[arg-type]
+        if "deadline_in_s" in options:  # computed at build time: equal within a second
+            assert abs(_deadline(prepared.body) - _deadline(slow.body)) < 1000
+            prepared = prepared._replace(body=slow.body)
+        assert prepared == slow
+    ids = [p.id for p in prepare_many(["a"] * 1000, {})]
+    assert len(set(ids)) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def _deadline(body: str) -> int:
+    value: int = json.loads(body)["deadline_unix_ms"]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("prompts", "options", "message"),
+    [
+        (["ok", ""], {}, "prompt"),
+        (["ok", "x" * (MAX_PROMPT_CHARS + 1)], {}, "prompt"),
+        (["ok", "lone \ud800 surrogate"], {}, "prompt"),
+        (["ok"], {"max_new_tokens": 0}, "max_new_tokens"),
+        (["ok"], {"priority": "urgent"}, "priority"),
+        (["ok"], {"nonsense": 1}, "nonsense"),
+    ],
+)
+def test_submit_many_fast_path_refuses_what_build_request_refuses(
+    client: Client,
+    fake: fakeredis.FakeRedis,
+    prompts: list[str],
+    options: dict[str, object],
+    message: str,
+) -> None:
+    with pytest.raises((InvalidRequest, TypeError), match=message):
+        client.submit_many(prompts, **options)
+    assert fake.keys("*") == []
 
 
 def test_status_of_unknown_id_raises_not_found(client: Client) -> None:
