@@ -69,6 +69,7 @@ from genq.worker.engines.base import (
 )
 from genq.worker.metrics import Metrics
 from genq.worker.stats import derived
+from genq.worker.writer import ResultWriter
 
 log = logging.getLogger("genq.worker")
 
@@ -129,6 +130,8 @@ POLL_S = 0.02
 """How long the continuous loop waits for a finished request before checking Redis again."""
 CANCEL_CHECK_S = 0.25
 """How often the continuous loop looks for cancelled running requests."""
+SETTLE_S = 1.0
+"""How long a turn waits for the writer before a suspect runs (see ``Worker._ready_for``)."""
 
 
 @dataclass
@@ -218,13 +221,18 @@ class Worker:
             max_batch_tokens=settings.max_batch_tokens,
         )
         # Every entry this worker holds is in exactly one of: held (waiting), in_batch (in a
-        # static batch), running (in an iteration-level engine), unwritten (its result waits
-        # for Redis). The ClaimKeeper renews only these, so an entry dropped by mistake would
-        # go idle and be taken over, never stuck.
+        # static batch), running (in an iteration-level engine), the writer (its result waits
+        # to be written). The ClaimKeeper renews only these, so an entry dropped by mistake
+        # would go idle and be taken over, never stuck.
         self.held: dict[str, Held] = {}  # by held_key(stream, entry id)
         self.in_batch: dict[str, Held] = {}
         self.running: dict[str, Running] = {}  # in an iteration-level engine, by held key
-        self.unwritten: list[Outcome] = []
+        self.writer: ResultWriter[Outcome] = ResultWriter(
+            self._write_now,
+            max_backlog=2 * settings.max_batch_size,
+            on_away=lambda: refresh_cluster_view(self.redis),
+        )
+        self._stats_fields: dict[str, Any] = {}  # the latest, for the writer to publish
         self.counters = Counters()
         self._stopping = threading.Event()
         self._signals = 0
@@ -234,6 +242,7 @@ class Worker:
         self._claim_cursors = dict.fromkeys(self.keys.streams(), "0-0")
         self._full_budget = settings.max_batch_tokens
         self._budget_restore_at: float | None = None
+        self._after_suspect = False
         self.started_ms = now_ms()
         self.metrics = Metrics(self.keys.queue, settings.metrics_port)
         self.keeper = recovery.ClaimKeeper(
@@ -262,12 +271,16 @@ class Worker:
         step = self.step_continuous if continuous else self.step
         while not self._stopping.is_set():
             self._retrying(step, once=True)
-        self.drain()
+        try:
+            self.drain()
+        finally:
+            self.writer.stop()
+        self.account_written()
         self.keeper.stop()
         self.metrics.close()
         with contextlib.suppress(redis.RedisError):  # else the key expires on its own
             self.redis.delete(self.keys.worker(self.consumer))
-        left = len(self.held) + len(self.running) + len(self.unwritten)
+        left = len(self.held) + len(self.running) + len(self.writer)
         tail = f" left_pending={left}" if left else ""
         log.info("worker %s stopped: %s%s", self.consumer, self.counters.summary(), tail)
 
@@ -305,7 +318,7 @@ class Worker:
         out = [(h.stream, h.entry_id) for h in self.held.copy().values()]
         out += [(h.stream, h.entry_id) for h in self.in_batch.copy().values()]
         out += [(r.held.stream, r.held.entry_id) for r in self.running.copy().values()]
-        out += [(o.stream, o.entry_id) for o in list(self.unwritten)]
+        out += self.writer.entries()
         return out
 
     def stop(self) -> None:
@@ -330,10 +343,11 @@ class Worker:
     def step(self) -> None:
         """One turn of the loop: reclaim, read, plan, and run a batch or wait for more."""
         self.heartbeat()
-        self.write([])  # results kept while Redis was away go first
         self.reclaim()
         self.admit(self.read(block_ms=None))
         suspect = self.next_suspect()
+        if not self._ready_for(suspect):
+            return
         if suspect is not None:
             self.write(self.run_batch([self.held.pop(suspect.key)]))
             return
@@ -359,6 +373,8 @@ class Worker:
 
             def one_batch() -> None:
                 suspect = self.next_suspect()
+                if not self._ready_for(suspect):
+                    return
                 if suspect is not None:
                     self.write(self.run_batch([self.held.pop(suspect.key)]))
                     return
@@ -367,16 +383,28 @@ class Worker:
 
             while self.held and time.monotonic() < deadline:
                 self._retrying(one_batch, once=True)
-        while self.unwritten and time.monotonic() < deadline:
-            self._retrying(lambda: self.write([]), once=True)
-        if self.held or self.running or self.unwritten:
+        self.writer.flush(max(0.0, deadline - time.monotonic()))
+        if self.held or self.running or len(self.writer):
             log.warning(
                 "grace period over: %d held, %d running, %d unwritten requests stay pending "
                 "for other workers",
                 len(self.held),
                 len(self.running),
-                len(self.unwritten),
+                len(self.writer),
             )
+
+    def _ready_for(self, suspect: Held | None) -> bool:
+        """Whether the next batch may start. A request delivered before (a suspect: maybe
+        the one that kills workers) starts only once every result handed to the writer is
+        written, and so does the batch after it: a crash must not take finished results with
+        it, or their requests would be started again and counted towards poison. Waits up to
+        ``SETTLE_S`` for the writer (False: Redis is away, try again next turn)."""
+        if suspect is None and not self._after_suspect:
+            return True
+        if not self.writer.flush(SETTLE_S):
+            return False
+        self._after_suspect = suspect is not None
+        return True
 
     def next_suspect(self) -> Held | None:
         """The oldest held request that was delivered before (it runs alone), if any."""
@@ -484,67 +512,81 @@ class Worker:
         return max(0, self.settings.max_lookahead - held)
 
     def write(self, outcomes: Sequence[Outcome]) -> None:
-        """Write final results with their events, acknowledge and delete their entries (one
-        atomic script: no entry is acknowledged without its result), and update the stats:
-        one round trip. A request that is already final (cancelled, or finished by a worker
-        that took it over) keeps its result; its entry is just acknowledged. If Redis is away,
-        the outcomes are kept and written first next time (the script is idempotent)."""
-        self.unwritten.extend(outcomes)
-        if not self.unwritten:
+        """Hand final results to the writer (``worker/writer.py``), which writes them with their
+        events, acknowledges and deletes their entries (one atomic script: no entry is
+        acknowledged without its result) and publishes the stats, while the loop goes on. A
+        request that is already final (cancelled, or finished by a worker that took it over)
+        keeps its result; its entry is just acknowledged. Blocks while the writer is behind
+        by more than two batches."""
+        self.account_written()
+        if not outcomes:
             return
-        batch = list(self.unwritten)
-        items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in batch]
-        written = apply(
-            self.redis, self.keys, self.settings.result_ttl_s, "final", items, also=self._add_stats
-        )
-        del self.unwritten[: len(batch)]
-        ended = [o for o, w in zip(batch, written, strict=True) if w == 1]
-        self.metrics.ended(ended)
         waits = self.counters.recent_waits_ms
-        waits += [o.queue_wait_ms for o in ended if o.queue_wait_ms is not None]
+        waits += [o.queue_wait_ms for o in outcomes if o.queue_wait_ms is not None]
         del waits[:-1000]
-        self.counters.already_final += sum(1 for w in written if w == 0)
+        self._stats_fields = self._stats()
+        self.writer.put(list(outcomes))
+
+    def _write_now(self, batch: list[Outcome]) -> list[int]:
+        """The writer thread's call: one APPLY over ``batch`` plus the latest stats; then the
+        Prometheus metrics (thread-safe) of the requests it ended."""
+        items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in batch]
+        fields = self._stats_fields
+        written = apply(
+            self.redis, self.keys, self.settings.result_ttl_s, "final", items,
+            also=lambda pipe: self._add_stats(pipe, fields),
+        )  # fmt: skip
+        self.metrics.ended([o for o, w in zip(batch, written, strict=True) if w == 1])
+        return written
+
+    def account_written(self) -> None:
+        """Count what the writer found already final since the last call (the counters are
+        the loop's own: the writer thread never touches them)."""
+        for _batch, written in self.writer.take_written():
+            self.counters.already_final += sum(1 for w in written if w == 0)
 
     def heartbeat(self, force: bool = False) -> None:
         """Refresh this worker's stats key (at most once a second unless forced)."""
+        self.account_written()
         now = time.monotonic()
         if not force and now - self._last_heartbeat < 1.0:
             return
         pipe = self.redis.pipeline(transaction=False)
-        self._add_stats(pipe)
+        self._add_stats(pipe, self._stats())
         pipe.execute()
         c = self.counters
         held = len(self.held) + len(self.running) + len(self.in_batch)
         self.metrics.state(held, c.prompt_tokens, c.padded_prompt_tokens)
 
-    def _add_stats(self, pipe: Any) -> None:
+    def _add_stats(self, pipe: Any, fields: dict[str, Any]) -> None:
         self._last_heartbeat = time.monotonic()
         key = self.keys.worker(self.consumer)
+        pipe.hset(key, mapping=fields)
+        pipe.expire(key, self.settings.heartbeat_ttl_s)
+
+    def _stats(self) -> dict[str, Any]:
+        """The fields of this worker's stats hash, now."""
         recent = self.counters.batch_sizes[-100:]
         waits = sorted(self.counters.recent_waits_ms)
         in_flight = [*self.in_batch.values(), *(r.held for r in self.running.values())]
-        pipe.hset(
-            key,
-            mapping={
-                **self.counters.as_hash(),
-                "consumer": self.consumer,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "engine": self.engine.name,
-                "model": self.settings.model if self.engine.name != "echo" else "-",
-                "started_unix_ms": self.started_ms,
-                "last_seen_unix_ms": now_ms(),
-                "held": len(self.held),
-                "in_flight": len(in_flight),
-                "in_flight_tokens": sum(
-                    len(h.prompt_ids) + h.request.max_new_tokens for h in in_flight
-                ),
-                "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
-                "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,
-                "recent_batch_sizes": json.dumps(recent),
-            },
-        )
-        pipe.expire(key, self.settings.heartbeat_ttl_s)
+        return {
+            **self.counters.as_hash(),
+            "consumer": self.consumer,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "engine": self.engine.name,
+            "model": self.settings.model if self.engine.name != "echo" else "-",
+            "started_unix_ms": self.started_ms,
+            "last_seen_unix_ms": now_ms(),
+            "held": len(self.held),
+            "in_flight": len(in_flight),
+            "in_flight_tokens": sum(
+                len(h.prompt_ids) + h.request.max_new_tokens for h in in_flight
+            ),
+            "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
+            "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,
+            "recent_batch_sizes": json.dumps(recent),
+        }
 
     def dead_letter(
         self,
@@ -577,12 +619,13 @@ class Worker:
         decoded: list[tuple[str, str, Request]] = []
         outcomes: list[Outcome] = []
         now = now_ms()
+        writing = {held_key(*e) for e in self.writer.entries()} if response else set()
         for raw_stream, entries in response:
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
             priority = self.keys.priority_of(stream)
             for raw_id, fields in entries:
                 entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-                if self._holding(held_key(stream, entry_id)):
+                if self._holding(held_key(stream, entry_id), writing):
                     continue
                 req = decode_request(priority, fields or {})
                 if isinstance(req, UndecodableEntry):
@@ -615,16 +658,8 @@ class Worker:
 
     # -- running ---------------------------------------------------------------------------
 
-    def _holding(self, key: str) -> bool:
-        return (
-            key in self.held
-            or key in self.in_batch
-            or key in self.running
-            or (
-                bool(self.unwritten)
-                and any(held_key(o.stream, o.entry_id) == key for o in self.unwritten)
-            )
-        )
+    def _holding(self, key: str, writing: set[str]) -> bool:
+        return key in self.held or key in self.in_batch or key in self.running or key in writing
 
     def run_batch(self, batch: Sequence[Held]) -> list[Outcome]:
         """Start ``batch`` (requests already final are dropped, late ones expire) and run it in
@@ -784,7 +819,6 @@ class Worker:
         if not isinstance(engine, IterationEngine):
             raise TypeError(f"engine {engine.name!r} does not batch per iteration")
         self.heartbeat()
-        self.write([])  # results kept while Redis was away go first
         self.reclaim()
         self.admit(self.read(block_ms=None))
         self.write(self.start_requests(engine))
@@ -800,9 +834,11 @@ class Worker:
         if any(r.held.suspect for r in self.running.values()):
             return []
         suspect = self.next_suspect()
+        if suspect is not None and self.running:
+            return []
+        if not self._ready_for(suspect):
+            return []
         if suspect is not None:
-            if self.running:
-                return []
             batch = [self.held.pop(suspect.key)]
         else:
             policy = self.current_policy()
