@@ -20,9 +20,9 @@ key                    type    written by                  read by             T
                                (running, final): JSON
 ``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
                                streaming, final event)     BLOCK)
-``genq:att:{ID}``      hash    worker (starts +1 at each  worker (poison      result_ttl_s;
-                               start, once per token;      check)              deleted at end
-                               DEL at the final result)
+``genq:att:{ID}``      string  worker (``STARTS TOKEN``:  worker (poison      result_ttl_s;
+                               +1 at each start, once per  check)              deleted at end
+                               token; DEL at the end)
 ``genq:batch:{B}``     hash    ``genq batch submit``       ``genq batch``      result_ttl_s
 ``genq:batch:{B}:items`` list  ``genq batch submit``       ``genq batch``      result_ttl_s
 =====================  ======  ==========================  ==================  ===============

@@ -97,46 +97,56 @@ local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[
 local ns, token = tonumber(ARGV[5]), ARGV[6]
 local out = {{}}
 local done = {{}}  -- per work stream, the entries to acknowledge and delete
+-- The common paths cost few commands: the new state is written with SET ... GET, which
+-- answers the old one, and the old one is put back in the rare cases that must not change it
+-- (already final: kept, with its TTL renewed; poison: left as it was).
 for i = 1, (#KEYS - ns) / 3 do
   local k = ns + 3 * (i - 1)
   local res, ev, att = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local a = 4 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
-  local current = redis.call('GET', res)
   local ack = false
-  local starts, replay = 0, false
   if mode == 'running' then
-    -- A start is counted once even if this call is sent again (a client library that resends
-    -- a pipeline after a lost reply, or a cluster failover): the start's token is remembered.
-    local seen = redis.call('HMGET', att, 'starts', 'token')
-    starts, replay = tonumber(seen[1] or '0') or 0, seen[2] == token
-  end
-  if is_final(current) then
-    out[i] = 0
-    ack = true
-  elseif mode == 'cancel' and not current then
-    out[i] = -1
-  elseif mode == 'running' and not replay and starts >= max_attempts then
-    out[i] = -2
-  elseif mode == 'running' then
-    if not replay then
-      redis.call('HSET', att, 'starts', starts + 1, 'token', token)
-    end
-    redis.call('EXPIRE', att, ttl)
-    if current then
-      redis.call('SET', res, state, 'KEEPTTL')
+    local current = redis.call('SET', res, state, 'KEEPTTL', 'GET')
+    -- The attempts key holds "STARTS TOKEN". A start is counted once even if this call is
+    -- sent again (a client library that resends a pipeline after a lost reply, or a cluster
+    -- failover): the start's token is remembered.
+    local starts, last = string.match(redis.call('GET', att) or '0 -', '^(%d+) (.*)$')
+    starts = tonumber(starts) or 0
+    if is_final(current) then
+      redis.call('SET', res, current, 'KEEPTTL')
+      out[i] = 0
+      ack = true
+    elseif last ~= token and starts >= max_attempts then
+      if current then redis.call('SET', res, current, 'KEEPTTL') else redis.call('DEL', res) end
+      out[i] = -2
     else
-      redis.call('SET', res, state, 'EX', ttl)
+      if last ~= token then starts = starts + 1 end
+      redis.call('SET', att, starts .. ' ' .. token, 'EX', ttl)
+      if not current then redis.call('EXPIRE', res, ttl) end
+      out[i] = 1
     end
-    out[i] = 1
   else
-    redis.call('SET', res, state, 'EX', ttl)
-    redis.call('XADD', ev, '*',
-      '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
-    redis.call('EXPIRE', ev, ttl)
-    redis.call('DEL', att)
-    out[i] = 1
-    ack = true
+    local current
+    if mode == 'cancel' then
+      current = redis.call('GET', res)
+    else
+      current = redis.call('SET', res, state, 'EX', ttl, 'GET')
+    end
+    if is_final(current) then
+      if mode ~= 'cancel' then redis.call('SET', res, current, 'EX', ttl) end
+      out[i] = 0
+    elseif mode == 'cancel' and not current then
+      out[i] = -1
+    else
+      if mode == 'cancel' then redis.call('SET', res, state, 'EX', ttl) end
+      redis.call('XADD', ev, '*',
+        '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
+      redis.call('EXPIRE', ev, ttl)
+      redis.call('DEL', att)
+      out[i] = 1
+    end
+    ack = out[i] >= 0
   end
   if ack and s > 0 then
     done[s] = done[s] or {{}}

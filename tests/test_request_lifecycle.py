@@ -14,7 +14,7 @@ import redis
 from genq.common.errors import QueueFull, RequestNotFound
 from genq.common.keys import Keys
 from genq.common.models import Result
-from genq.common.scripts import APPLY, apply_args
+from genq.common.scripts import APPLY, apply, apply_args
 from genq.common.settings import WorkerSettings
 from genq.producer import Client
 from genq.worker.engines.base import Engine
@@ -88,6 +88,13 @@ def test_a_final_result_is_written_once(r: redis.Redis, queue: str) -> None:
     client = Client(r, queue)
     assert client.status("once-1").text == "first worker"
     assert r.xlen(keys.events("once-1")) == 1  # one final event
+    running = [("once-1", None, "", '{"id":"once-1","status":"running"}')]
+    assert apply(r, keys, 60, "running", running, max_attempts=3, token="late") == [0]
+    assert client.status("once-1").text == "first worker"
+    # A final state in another layout (keys in another order, spaces) is read in full.
+    r.set(keys.result("once-2"), '{ "status": "cancelled", "id": "once-2" }')
+    assert _apply_final(r, keys, "once-2", "too late") == 0
+    assert r.get(keys.result("once-2")) == b'{ "status": "cancelled", "id": "once-2" }'
 
 
 def test_a_client_given_id_submitted_twice_is_one_request(
@@ -202,14 +209,15 @@ def test_a_start_sent_twice_is_counted_once(r: redis.Redis, queue: str) -> None:
     """A client library may resend a pipeline whose reply was lost (redis-py's cluster pipeline
     resends the whole stack after a failover): the same start must not count twice, or a
     healthy request would be failed as poison."""
-    from genq.common.scripts import apply
-
     keys = Keys(queue)
     state = '{"id": "x", "status": "running"}'
     item = [(f"{queue}-x", None, "", state)]
     for _ in range(5):  # the same start, resent
         assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:1") == [1]
-    assert r.hget(keys.attempts(f"{queue}-x"), "starts") == b"1"
+    assert r.get(keys.attempts(f"{queue}-x")) == b"1 w:1"
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:2") == [1]
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:3") == [1]
+    before = (r.get(keys.result(f"{queue}-x")), r.ttl(keys.result(f"{queue}-x")))
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:4") == [-2]  # poison
+    assert (r.get(keys.result(f"{queue}-x")), r.ttl(keys.result(f"{queue}-x"))) == before
+    assert r.get(keys.attempts(f"{queue}-x")) == b"3 w:3"

@@ -18,7 +18,7 @@ from tests.conftest import WorkerProcess
 # The ACL line the README documents (tests/test_readme.py checks they are the same).
 GENQ_ACL = (
     "on >genq-secret ~genq:* resetchannels -@all +@connection "
-    "+get +set +mget +del +exists +expire +hset +hget +hmget +hgetall +eval "
+    "+get +set +mget +del +exists +expire +hset +hget +hgetall +eval "
     "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim +xautoclaim "
     "+xgroup|create +xinfo|groups +xinfo|consumers"
 )

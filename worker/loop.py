@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -90,10 +89,14 @@ class Held:
     runs alone, so that if it is what kills workers, it takes no batch-mates with it (their
     delivery counts would grow too, and they would fail as poison with it)."""
 
-    @functools.cached_property
-    def candidate(self) -> Candidate:
-        """The request as the batching policy sees it (built once: the policy runs each turn)."""
-        return Candidate(
+    key: str = field(init=False)
+    """Unique among held entries: entry ids are unique only within one stream."""
+    candidate: Candidate = field(init=False)
+    """The request as the batching policy sees it (built once: the policy runs each turn)."""
+
+    def __post_init__(self) -> None:
+        self.key = held_key(self.stream, self.entry_id)
+        self.candidate = Candidate(
             key=self.key,
             prompt_tokens=len(self.prompt_ids),
             max_new_tokens=self.request.max_new_tokens,
@@ -105,11 +108,6 @@ class Held:
     def suspect(self) -> bool:
         """Delivered before: run alone."""
         return self.deliveries > 1
-
-    @property
-    def key(self) -> str:
-        """Unique among held entries: entry ids are unique only within one stream."""
-        return held_key(self.stream, self.entry_id)
 
 
 def held_key(stream: str, entry_id: str) -> str:
