@@ -7,7 +7,7 @@ import json
 from genq.common.errors import MalformedEntry
 from genq.common.keys import Keys
 from genq.common.models import Request, Result
-from genq.common.wire import UndecodableEntry, decode_request, encode_request
+from genq.common.wire import UndecodableEntry, _decode_slowly, decode_request, encode_request
 from genq.producer.requests import build_request
 from hypothesis import given
 from hypothesis import strategies as st
@@ -80,6 +80,36 @@ def test_decoder_accepts_exactly_what_the_model_accepts(body: dict[str, object])
     out = decode_request("normal", {"id": str(rid), "body": json.dumps(body)})
     if isinstance(out, Request):
         assert out.id == rid and out.prompt == body["prompt"]
+
+
+@given(
+    st.one_of(st.from_regex(r"[A-Za-z0-9_.:\-]{1,40}", fullmatch=True), st.text(max_size=10)),
+    st.one_of(
+        st.fixed_dictionaries(
+            {"prompt": st.text(max_size=20)},
+            optional={
+                "max_new_tokens": st.integers(-2, 20_000),
+                "id": st.text(max_size=3),
+                "stop": st.lists(st.text(max_size=3), max_size=3),
+            },
+        ).map(json.dumps),
+        st.text(max_size=30),
+    ),
+    st.booleans(),
+)
+def test_the_fast_decoding_path_agrees_with_the_full_one(rid: str, body: str, extra: bool) -> None:
+    fields = {
+        b"id": rid.encode("utf-8", "surrogatepass"),
+        b"body": body.encode("utf-8", "surrogatepass"),
+    }
+    if extra:
+        fields[b"x"] = b"y"
+    fast, full = decode_request("high", fields), _decode_slowly("high", fields)
+    assert type(fast) is type(full)
+    if isinstance(fast, UndecodableEntry) and isinstance(full, UndecodableEntry):
+        assert (fast.request_id, str(fast.error)) == (full.request_id, str(full.error))
+    else:
+        assert fast == full
 
 
 def test_keys_of_a_queue_share_one_hash_tag() -> None:
