@@ -192,3 +192,19 @@ def test_stream_times_out_when_nothing_comes(client: Client) -> None:
     rid = client.submit("x", stream=True)
     with pytest.raises(ResultTimeout):
         list(client.stream(rid, timeout=0.05))
+
+
+def test_the_command_packer_packs_what_redis_py_packs() -> None:
+    from genq.common.connection import CommandPacker
+    from redis.connection import HiredisRespSerializer
+    from redis.exceptions import DataError
+
+    ours, theirs = CommandPacker(), HiredisRespSerializer()
+    for args in [
+        ("EVAL", "return 1", 2, "k1", "k2", b"bytes", 3.5, "ünï"),
+        ("CONFIG GET", "maxmemory"),  # two words in the first argument
+        (b"SET", bytearray(b"k"), memoryview(b"v")),  # what hiredis refuses: redis-py converts
+    ]:
+        assert b"".join(ours.pack(*args)) == b"".join(theirs.pack(*args))
+    with pytest.raises(DataError):
+        ours.pack("SET", "k", {"not": "a value"})
