@@ -93,7 +93,7 @@ def run_genq(server: RedisServer, n: int, run: int, workers: int = 1) -> Result:
     ]
     try:
         _wait(lambda: all(r.exists(Keys(queue).worker(f"w{i}")) for i in range(workers)))
-        client = Client(r, queue)
+        client = Client.from_url(server.url, queue)
         calls0, cpu0 = _redis_counters(r)
         t0 = time.perf_counter()
         ids = client.submit_many([f"job {i}" for i in range(n)], max_new_tokens=16)

@@ -17,7 +17,11 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.connection import HiredisRespSerializer
+
+try:  # redis-py 5 and later
+    from redis.connection import HiredisRespSerializer
+except ImportError:  # pragma: no cover - older redis-py packs its own way
+    HiredisRespSerializer = None  # type: ignore[assignment,misc]
 from redis.retry import Retry
 
 RETRIES = 8
@@ -87,7 +91,8 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
         kwargs.setdefault("retry", retry)
         cluster: Any = RedisCluster.from_url(plain, **kwargs)
         return cluster  # type: ignore[no-any-return]
-    kwargs.setdefault("command_packer", CommandPacker())
+    if HiredisRespSerializer is not None:
+        kwargs.setdefault("command_packer", CommandPacker())
     return redis.Redis.from_url(url, **_retry_options(kwargs, retry))
 
 

@@ -372,8 +372,13 @@ class Waiter:
 
 def _field(fields: dict[Any, Any], name: str) -> Any:
     """An event field as text, whether the client decodes responses or not."""
-    value = fields.get(name.encode(), fields.get(name))
+    value = fields.get(_ENCODED.get(name) or name.encode())
+    if value is None:
+        value = fields.get(name)
     return value.decode() if isinstance(value, bytes) else value
+
+
+_ENCODED = {name: name.encode() for name in (EVENT_TYPE_FIELD, EVENT_DATA_FIELD)}
 
 
 def parse_event(fields: dict[Any, Any]) -> str | Result | None:
