@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from genq.common.errors import MalformedEntry
@@ -66,26 +67,44 @@ _MISPLACED = frozenset({"id", "priority"})
 
 
 def decode_request(
-    priority: Priority, fields: dict[bytes, bytes] | dict[str, str]
+    priority: Priority, fields: dict[bytes, bytes] | dict[str, str] | list[bytes]
 ) -> Request | UndecodableEntry:
-    """Decode a work entry. Never raises: what cannot be decoded comes back as UndecodableEntry."""
+    """Decode a work entry's fields (a dict, or the flat ``[field, value, ...]`` list Redis
+    sends). Never raises: what cannot be decoded comes back as UndecodableEntry."""
     # The common case, checked without building anything: exactly the two fields, a valid id,
-    # a body that is a JSON object. Everything else takes the path below, which says what
-    # is wrong.
-    raw_id, raw_body = fields.get(_ID_KEY), fields.get(_BODY_KEY)  # type: ignore[call-overload]
-    if len(fields) == 2 and isinstance(raw_id, bytes) and isinstance(raw_body, bytes):
-        try:
-            request_id, body = raw_id.decode(), orjson.loads(raw_body)
-        except (UnicodeDecodeError, orjson.JSONDecodeError):
-            pass
-        else:
-            if (
-                _REQUEST_ID.fullmatch(request_id)
-                and isinstance(body, dict)
-                and not _MISPLACED.intersection(body)
-            ):
-                return _validated(body, request_id, priority)
+    # a body that is a JSON object. Everything else takes the full path, which says what is
+    # wrong.
+    if isinstance(fields, list):
+        if len(fields) == 4 and fields[0] == _ID_KEY and fields[2] == _BODY_KEY:
+            fast = _decode_quickly(priority, fields[1], fields[3])
+            if fast is not None:
+                return fast
+        return _decode_slowly(priority, dict(zip(fields[::2], fields[1::2], strict=False)))
+    if len(fields) == 2:
+        got: dict[Any, Any] = fields
+        fast = _decode_quickly(priority, got.get(_ID_KEY), got.get(_BODY_KEY))
+        if fast is not None:
+            return fast
     return _decode_slowly(priority, fields)
+
+
+def _decode_quickly(
+    priority: Priority, raw_id: object, raw_body: object
+) -> Request | UndecodableEntry | None:
+    """The common case, or None when anything about the entry needs the full path."""
+    if not isinstance(raw_id, bytes) or not isinstance(raw_body, bytes):
+        return None
+    try:
+        request_id, body = raw_id.decode(), orjson.loads(raw_body)
+    except (UnicodeDecodeError, orjson.JSONDecodeError):
+        return None
+    if (
+        _REQUEST_ID.fullmatch(request_id)
+        and isinstance(body, dict)
+        and not _MISPLACED.intersection(body)
+    ):
+        return _validated(body, request_id, priority)
+    return None
 
 
 def _validated(
