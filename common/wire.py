@@ -111,7 +111,10 @@ def _validated(
     body: dict[str, object], request_id: str, priority: Priority
 ) -> Request | UndecodableEntry:
     try:  # one validation: the body's fields, plus id and priority from the entry
-        return Request.model_validate({**body, "id": request_id, "priority": priority})
+        request: Request = _REQUEST_VALIDATOR.validate_python(
+            {**body, "id": request_id, "priority": priority}
+        )
+        return request
     except ValidationError as err:
         return UndecodableEntry(
             request_id, MalformedEntry(f"invalid request body: {describe_validation_error(err)}")
@@ -196,3 +199,4 @@ def decode_result(data: bytes | str) -> Result:
 
 
 _RESULT_VALIDATOR = Result.__pydantic_validator__
+_REQUEST_VALIDATOR = Request.__pydantic_validator__

@@ -193,3 +193,32 @@ def test_any_decision_is_within_limits_and_never_empty_when_waited(
     assert 1 <= len(d.batch) <= size
     assert len(set(d.batch)) == len(d.batch)
     assert d.tokens <= budget or len(d.batch) == 1
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5000), st.sampled_from(["high", "normal", "low"]),
+                  st.integers(1, 50), st.integers(1, 50)),
+        min_size=1, max_size=30,
+    ),
+    st.integers(0, 20_000),
+)  # fmt: skip
+def test_the_batch_follows_effective_rank_then_length_distance(
+    specs: list[tuple[int, str, int, int]], now: int
+) -> None:
+    reqs = [make_request(enqueued_ms=t, priority=p, prompt_tokens=n, max_new_tokens=m)
+            for t, p, n, m in specs]  # fmt: skip
+    policy = BatchPolicy(max_batch_tokens=10**6, max_batch_size=len(reqs), max_wait_ms=0,
+                         priority_aging_ms=1000)  # fmt: skip
+    batch = next_batch(reqs, now, policy).batch
+    rank = {c.key: effective_rank(c, now, 1000) for c in reqs}
+    anchor = min(reqs, key=lambda c: (rank[c.key], c.enqueued_ms, c.key))
+    assert batch[0] is anchor and len(batch) == len(reqs)
+
+    def distance(c: Candidate) -> int:
+        return abs(c.prompt_tokens - anchor.prompt_tokens) + abs(
+            c.max_new_tokens - anchor.max_new_tokens
+        )
+
+    order = [(rank[c.key], distance(c), c.enqueued_ms) for c in batch[1:]]
+    assert order == sorted(order)

@@ -90,19 +90,25 @@ def effective_rank(c: Candidate, now_ms: int, priority_aging_ms: int) -> int:
     return max(0, c.priority_rank - waited_ms // priority_aging_ms)
 
 
-def _length_distance(a: Candidate, b: Candidate) -> int:
-    return abs(a.prompt_tokens - b.prompt_tokens) + abs(a.max_new_tokens - b.max_new_tokens)
-
-
 def next_batch(candidates: Sequence[Candidate], now_ms: int, policy: BatchPolicy) -> Decision:
     """Decide the next batch among ``candidates`` (see the module docstring for the rule)."""
     if not candidates:
         return Decision(reason="empty")
-    ranks = {c.key: effective_rank(c, now_ms, policy.priority_aging_ms) for c in candidates}
+    # effective_rank and the length distance, inlined: this runs over the whole look-ahead
+    # each turn.
+    aging = policy.priority_aging_ms
+    ranks = {c.key: max(0, c.priority_rank - max(0, now_ms - c.enqueued_ms) // aging)
+             for c in candidates}  # fmt: skip
     anchor = min(candidates, key=lambda c: (ranks[c.key], c.enqueued_ms, c.key))
+    prompt, new = anchor.prompt_tokens, anchor.max_new_tokens
     others = sorted(
         (c for c in candidates if c is not anchor and c.compat == anchor.compat),
-        key=lambda c: (ranks[c.key], _length_distance(c, anchor), c.enqueued_ms, c.key),
+        key=lambda c: (
+            ranks[c.key],
+            abs(c.prompt_tokens - prompt) + abs(c.max_new_tokens - new),
+            c.enqueued_ms,
+            c.key,
+        ),
     )
     batch = [anchor]
     tokens = anchor.cost_tokens
