@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -49,6 +50,26 @@ def _wait(pred: Callable[[], object], timeout_s: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("worker did not start")
         time.sleep(0.05)
+
+
+def versions() -> str:
+    """The versions of what the numbers depend on: the Redis client stack and the peers."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("redis", "hiredis", "pydantic", "orjson", "rq", "arq"):
+        with contextlib.suppress(PackageNotFoundError):
+            out.append(f"{name} {version(name)}")
+    server = redis_server_version()
+    return ", ".join(([f"redis-server {server}"] if server else []) + out)
+
+
+def redis_server_version() -> str:
+    try:
+        out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return next((w.split("=")[1] for w in out.stdout.split() if w.startswith("v=")), "")
 
 
 def _redis_counters(r: redis.Redis) -> tuple[int, float]:
@@ -183,6 +204,7 @@ def scaling(n: int, repeats: int, counts: list[int]) -> None:
         f"Command: `python benchmarks/queue_speed.py --jobs {n} --repeats {repeats} "
         f"--genq-workers {','.join(map(str, counts))}`  ",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "  ",
+        "Versions: " + versions() + "  ",
         "",
         "| workers | jobs/s end to end (median) | runs | vs 1 worker | Redis commands per job "
         "| redis-server CPU s per 10k jobs |",
@@ -227,6 +249,7 @@ def main() -> None:
     lines = [
         f"Command: `python benchmarks/queue_speed.py --jobs {a.jobs} --repeats {a.repeats}`  ",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "  ",
+        "Versions: " + versions() + "  ",
         "",
         "| system | jobs/s end to end (median) | runs | enqueue s | enqueue to last result s |",
         "|---|---|---|---|---|",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from genq.worker.bench import make_workload, plan_budgeted
@@ -76,3 +77,15 @@ def test_priority_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_
     assert p["high"]["wait_p99_ms"] < 400
     assert p["low"]["wait_p50_ms"] > 3 * p["high"]["wait_p50_ms"]
     assert "| high | 6 | 6 |" in priority_markdown(res)
+
+
+def test_the_queue_speed_script_runs_genq_alone_and_scaled() -> None:
+    """benchmarks/queue_speed.py with genq only (the peers need a venv of their own)."""
+    root = Path(__file__).resolve().parent.parent
+    script = [str(root / "benchmarks" / "queue_speed.py"), "--jobs", "300", "--repeats", "1"]
+    out = subprocess.run([sys.executable, *script, "--systems", "genq"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert "| genq |" in out and "Versions: redis-server" in out
+    out = subprocess.run([sys.executable, *script, "--genq-workers", "1,2"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert "| 1 |" in out and "| 2 |" in out
