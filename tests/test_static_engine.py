@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -113,7 +114,7 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(engine: StaticEngine
     other = GenerationInput(prompt_ids=ids[1], max_new_tokens=20)
     a = engine.generate([sampled]).outputs[0].text
     b = engine.generate([other, sampled]).outputs[1].text
-    c = engine.generate([sampled.__class__(**{**sampled.__dict__, "seed": 43})]).outputs[0].text
+    c = engine.generate([dataclasses.replace(sampled, seed=43)]).outputs[0].text
     greedy = alone(engine, GenerationInput(prompt_ids=ids[0], max_new_tokens=20))[0]
     assert a == b
     assert a != c or a != greedy

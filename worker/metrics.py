@@ -23,6 +23,7 @@ Without ``--metrics-port`` nothing is imported or served.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -91,12 +92,18 @@ class Metrics:
         """Count requests that reached a final state (and their waits and tokens)."""
         if not self.enabled:
             return
-        for o in outcomes:
-            self.requests.labels(self.queue, o.status, o.priority).inc()
-            if o.queue_wait_ms is not None:
-                self.wait.labels(self.queue, o.priority).observe(o.queue_wait_ms / 1000)
-            if o.completion_tokens:
-                self.tokens.labels(self.queue).inc(o.completion_tokens)
+        # One label lookup per label set, not per request: a batch is hundreds of requests.
+        counts = Counter((o.status, o.priority) for o in outcomes)
+        for (status, priority), n in counts.items():
+            self.requests.labels(self.queue, status, priority).inc(n)
+        for priority in {o.priority for o in outcomes}:
+            wait = self.wait.labels(self.queue, priority)
+            for o in outcomes:
+                if o.priority == priority and o.queue_wait_ms is not None:
+                    wait.observe(o.queue_wait_ms / 1000)
+        tokens = sum(o.completion_tokens for o in outcomes)
+        if tokens:
+            self.tokens.labels(self.queue).inc(tokens)
 
     def batch(self, size: int, tokens: int, seconds: float | None) -> None:
         """Record one batch (static) or one started set (continuous)."""
