@@ -63,7 +63,9 @@ _REQUEST_ID = re.compile(REQUEST_ID_CHARS)
 
 
 _ID_KEY, _BODY_KEY = ID_FIELD.encode(), BODY_FIELD.encode()
-_MISPLACED = frozenset({"id", "priority"})
+_MISPLACED = frozenset({"id", "priority"})  # the entry's and the stream's, not the body's
+_REQUEST_VALIDATOR = Request.__pydantic_validator__
+_RESULT_VALIDATOR = Result.__pydantic_validator__
 
 
 def decode_request(
@@ -161,7 +163,7 @@ def _decode_slowly(
                 f"invalid request body: expected a JSON object, got {type(body).__name__}"
             ),
         )
-    misplaced = sorted({"id", "priority"} & set(body))
+    misplaced = sorted(_MISPLACED & set(body))
     if misplaced:  # they are the entry's and the stream's, not the body's
         return UndecodableEntry(
             request_id, MalformedEntry(f"invalid request body: unexpected fields {misplaced}")
@@ -196,7 +198,3 @@ def decode_result(data: bytes | str) -> Result:
     # client waiting for many results decodes each.
     result: Result = _RESULT_VALIDATOR.validate_json(data)
     return result
-
-
-_RESULT_VALIDATOR = Result.__pydantic_validator__
-_REQUEST_VALIDATOR = Request.__pydantic_validator__

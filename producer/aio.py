@@ -162,14 +162,9 @@ class AsyncClient:
         # another language) has no state until a worker writes one.
         waiter.take_stored(ids, raws)
         while waiter.pending:
-            read = waiter.next_read()
-            if read is None:
-                raise waiter.timed_out()
-            head, rest, block_ms = read
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xread(head, block=block_ms)  # type: ignore[arg-type]
-            if rest:
-                pipe.xread(rest)  # type: ignore[arg-type]
+            if not waiter.queue_read(pipe):
+                raise waiter.timed_out()
             for response in await pipe.execute():
                 waiter.take_events(response)
         return [waiter.results[i] for i in ids]
@@ -178,19 +173,15 @@ class AsyncClient:
         """Redis Cluster: poll the states of the pending requests (a pipeline per round, with
         a growing pause; see ``Waiter.next_poll``), riding out a failover."""
         while waiter.pending:
-            poll = waiter.next_poll()
+            pipe = self.redis.pipeline(transaction=False)
+            poll = waiter.queue_poll(pipe)
             if poll is None:
                 raise waiter.timed_out()
             batch, pause_s = poll
-            pipe = self.redis.pipeline(transaction=False)
-            for request_id in batch:
-                pipe.get(self.keys.result(request_id))
             try:
                 waiter.take_stored(batch, await pipe.execute())
-            except TRANSIENT_ERRORS:
-                await refresh_cluster_view_async(
-                    self.redis
-                )  # a node failed over: read again next round
+            except TRANSIENT_ERRORS:  # a node failed over: read again next round
+                await refresh_cluster_view_async(self.redis)
             await asyncio.sleep(pause_s)
 
     async def generate(

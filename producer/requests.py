@@ -94,12 +94,8 @@ def build_request(
         raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
 
 
-def queued_result(request: Request) -> str:
+def queued_json(request_id: str, priority: str, metadata: Mapping[str, Any]) -> str:
     """The JSON written to the result key at submission."""
-    return _queued_json(request.id, request.priority, request.metadata)
-
-
-def _queued_json(request_id: str, priority: str, metadata: Mapping[str, Any]) -> str:
     # A Result's JSON written directly (the submit hot path); clients parse it as a Result.
     state = {"id": request_id, "status": "queued", "priority": priority, "metadata": metadata}
     return orjson.dumps(state).decode()
@@ -118,7 +114,10 @@ class Prepared(NamedTuple):
 def prepare(request: Request) -> Prepared:
     """The SUBMIT form of a built request."""
     return Prepared(
-        request.id, request.priority, encode_request(request)[BODY_FIELD], queued_result(request)
+        request.id,
+        request.priority,
+        encode_request(request)[BODY_FIELD],
+        queued_json(request.id, request.priority, request.metadata),
     )
 
 
@@ -150,7 +149,7 @@ def prepare_many(
             shared = orjson.loads(encode_request(template)[BODY_FIELD])
             del shared["prompt"]
             priority = template.priority
-            queued_tail = _queued_json("", priority, template.metadata)[len('{"id":""') :]
+            queued_tail = queued_json("", priority, template.metadata)[len('{"id":""') :]
         request_id = next(ids)
         if shared is not None and 0 < len(item) <= MAX_PROMPT_CHARS:
             try:
@@ -287,11 +286,6 @@ def stored_status(raw: bytes | str) -> object:
     return doc.get("status") if isinstance(doc, dict) else None
 
 
-def is_final(result: Result | None) -> bool:
-    """True if ``result`` exists and is in a final state."""
-    return result is not None and result.status in FINAL_STATUSES
-
-
 POLL_START_S = 0.002
 POLL_MAX_S = 0.05
 """Bounds of the pause between polling rounds for results on a Redis Cluster."""
@@ -360,6 +354,26 @@ class Waiter:
         streams = iter(self.last_ids.items())
         head = dict(islice(streams, 1))
         return head, dict(islice(streams, MAX_STREAMS_PER_READ - 1)), block_ms
+
+    def queue_read(self, pipe: Any) -> bool:
+        """Queue the next round's reads (``next_read``) on ``pipe``; False when the time is up."""
+        read = self.next_read()
+        if read is None:
+            return False
+        head, rest, block_ms = read
+        pipe.xread(head, block=block_ms)
+        if rest:
+            pipe.xread(rest)
+        return True
+
+    def queue_poll(self, pipe: Any) -> tuple[list[str], float] | None:
+        """Redis Cluster: queue the next round's state reads (``next_poll``) on ``pipe``;
+        return the ids read, in order, and the pause after; None when the time is up."""
+        poll = self.next_poll()
+        if poll is not None:
+            for request_id in poll[0]:
+                pipe.get(self._keys.result(request_id))
+        return poll
 
     def take_events(self, response: list[Any] | None) -> None:
         """Record what one XREAD returned."""

@@ -252,6 +252,7 @@ class Worker:
         self._budget_restore_at: float | None = None
         self._after_suspect = False
         self.started_ms = now_ms()
+        self._host, self._pid = socket.gethostname(), os.getpid()  # for the stats, each batch
         self.metrics = Metrics(self.keys.queue, settings.metrics_port)
         self.keeper = recovery.ClaimKeeper(
             connect(settings.redis_url) if redis_client is None else redis_client,
@@ -580,8 +581,8 @@ class Worker:
         return {
             **self.counters.as_hash(),
             "consumer": self.consumer,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
+            "host": self._host,
+            "pid": self._pid,
             "engine": self.engine.name,
             "model": self.settings.model if self.engine.name != "echo" else "-",
             "started_unix_ms": self.started_ms,
