@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from genq.worker.bench import machine_info
-from genq.worker.redis_server import RedisServer
+from genq.worker.devtools.bench_modes import machine_info
+from genq.worker.devtools.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 Result = dict[str, float]

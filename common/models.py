@@ -23,6 +23,11 @@ MAX_METADATA_VALUE_CHARS = 1_024
 Priority = Literal["high", "normal", "low"]
 #: Highest first; the order the worker reads and serves them in (before aging).
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+#: A priority's rank: 0 is served first. The one other form a priority takes is its stream.
+PRIORITY_RANK: dict[str, int] = {p: i for i, p in enumerate(PRIORITIES)}
+DEFAULT_PRIORITY: Priority = "normal"
+DEFAULT_MAX_NEW_TOKENS = 64
+"""A request's ``max_new_tokens`` when it gives none (client, wire and CLI alike)."""
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
@@ -84,7 +89,7 @@ class RequestBody(_Strict):
     )
     """A chat to continue: the worker renders it with the model's chat template (or, for a
     model without one, as ``role: content`` lines ending with ``assistant:``)."""
-    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = 64
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = DEFAULT_MAX_NEW_TOKENS
     """Generate at most this many tokens; generation also ends at eos or a stop string."""
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
     """0 means greedy decoding (the default); above 0 samples from the softened distribution."""
@@ -122,7 +127,7 @@ class Request(RequestBody):
 
     id: RequestId
     """Client-given or generated; the key of the result."""
-    priority: Priority = "normal"
+    priority: Priority = DEFAULT_PRIORITY
     """Which stream the request is in: ``high``, ``normal`` or ``low``."""
 
     def body(self) -> RequestBody:

@@ -23,6 +23,7 @@ Keys are passed as KEYS (never built in Lua), so every key still comes from ``ke
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from enum import IntEnum
 from typing import Any
 
 from genq.common.connection import is_cluster
@@ -34,6 +35,21 @@ QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
 """Start of the error SUBMIT returns when the queue is full (the client raises QueueFull)."""
 MAX_QUEUE_DEPTH_FIELD = "max_queue_depth"
 """The field of the queue's config hash holding its maximum depth (0 or absent: no limit)."""
+
+
+class Applied(IntEnum):
+    """APPLY's answer for one request. (Ints on the wire: the script returns them, and callers
+    compare them with these members without converting each.)"""
+
+    WRITTEN = 1
+    """The state was written (a final one with its event; the entry acknowledged)."""
+    ALREADY_FINAL = 0
+    """The request was already final: nothing written; its entry was acknowledged."""
+    NOT_FOUND = -1
+    """``cancel`` found no state (never submitted, or expired)."""
+    POISON = -2
+    """``running`` found the request started ``max_attempts`` times already: not started."""
+
 
 _FINAL_TABLE = "{" + ", ".join(f"[{s!r}]=true" for s in sorted(FINAL_STATUSES)) + "}"
 
@@ -90,9 +106,9 @@ APPLY = (
 -- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, start token
 --       (running: unique per start), then per request: work stream index (1-S; 0: no entry
 --       to acknowledge here), entry id, state JSON
--- Per request, returns 1 if the state was written, 0 if the request was already final (its
--- entry is then acknowledged and deleted: nothing more to do), -1 if 'cancel' found no state,
--- -2 if 'running' found it started max attempts times already (poison: nothing written).
+-- Per request, returns an Applied answer: WRITTEN, ALREADY_FINAL (its entry is then
+-- acknowledged and deleted: nothing more to do), NOT_FOUND ('cancel' found no state) or POISON
+-- ('running' found it started max attempts times already: nothing written).
 local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local ns, token = tonumber(ARGV[5]), ARGV[6]
 local out = {{}}
@@ -115,16 +131,16 @@ for i = 1, (#KEYS - ns) / 3 do
     starts = tonumber(starts) or 0
     if is_final(current) then
       redis.call('SET', res, current, 'KEEPTTL')
-      out[i] = 0
+      out[i] = {Applied.ALREADY_FINAL:d}
       ack = true
     elseif last ~= token and starts >= max_attempts then
       if current then redis.call('SET', res, current, 'KEEPTTL') else redis.call('DEL', res) end
-      out[i] = -2
+      out[i] = {Applied.POISON:d}
     else
       if last ~= token then starts = starts + 1 end
       redis.call('SET', att, starts .. ' ' .. token, 'EX', ttl)
       if not current then redis.call('EXPIRE', res, ttl) end
-      out[i] = 1
+      out[i] = {Applied.WRITTEN:d}
     end
   else
     local current
@@ -135,18 +151,18 @@ for i = 1, (#KEYS - ns) / 3 do
     end
     if is_final(current) then
       if mode ~= 'cancel' then redis.call('SET', res, current, 'EX', ttl) end
-      out[i] = 0
+      out[i] = {Applied.ALREADY_FINAL:d}
     elseif mode == 'cancel' and not current then
-      out[i] = -1
+      out[i] = {Applied.NOT_FOUND:d}
     else
       if mode == 'cancel' then redis.call('SET', res, state, 'EX', ttl) end
       redis.call('XADD', ev, '*',
         '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
       redis.call('EXPIRE', ev, ttl)
       redis.call('DEL', att)
-      out[i] = 1
+      out[i] = {Applied.WRITTEN:d}
     end
-    ack = out[i] >= 0
+    ack = out[i] >= {Applied.ALREADY_FINAL:d}
   end
   if ack and s > 0 then
     done[s] = done[s] or {{}}
@@ -207,8 +223,10 @@ def apply(
     pipe = r.pipeline(transaction=False)
     cluster = is_cluster(r)
     if cluster:
-        calls = [apply_args(keys, ttl_s, mode, [(i, None, e, st)], max_attempts, token)
-                 for i, _, e, st in items]  # fmt: skip
+        calls = [
+            apply_args(keys, ttl_s, mode, [(i, None, e, st)], max_attempts, token)
+            for i, _, e, st in items
+        ]
     else:
         calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token)]
     for script_keys, args in calls:
@@ -228,7 +246,7 @@ def _acknowledge(r: Any, items: Sequence[ApplyItem], written: Sequence[int], mod
     written final), a stream's at a time, in one round trip."""
     done: dict[str, list[str]] = {}
     for (_, stream, entry_id, _), w in zip(items, written, strict=True):
-        if stream and (w == 0 or (w == 1 and mode == "final")):
+        if stream and (w == Applied.ALREADY_FINAL or (w == Applied.WRITTEN and mode == "final")):
             done.setdefault(stream, []).append(entry_id)
     if done:
         pipe = r.pipeline(transaction=False)

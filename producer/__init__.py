@@ -16,8 +16,8 @@ from genq.common.errors import (
 )
 from genq.common.models import Request, Result
 from genq.producer.aio import AsyncClient
+from genq.producer.building import build_request
 from genq.producer.client import Client
-from genq.producer.requests import build_request
 
 __all__ = [
     "AsyncClient",

@@ -19,20 +19,15 @@ from genq.common.keys import Keys
 from genq.common.models import Request, Result
 from genq.common.scripts import APPLY, SUBMIT
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_RESULT_TTL_S
-from genq.producer.requests import (
-    Prepared,
-    StreamReader,
-    Waiter,
-    build_request,
+from genq.producer.building import Prepared, build_request, prepare, prepare_many
+from genq.producer.submitting import (
     cancel_call,
     cancel_outcome,
-    parse_stored,
-    prepare,
-    prepare_many,
     queued_writes,
     submit_calls,
     submit_outcome,
 )
+from genq.producer.waiting import StreamReader, Waiter, parse_stored
 
 
 class AsyncClient:
@@ -86,9 +81,9 @@ class AsyncClient:
         return await self.submit_prepared(prepare_many(prompts, defaults))
 
     async def submit_requests(self, requests: Sequence[Request]) -> list[str]:
-        """Enqueue already-built requests in one round trip. Each chunk of 500 is atomic: all
-        of it or none (QueueFull). An id that already has a live state (submitted before and
-        not yet expired) is not enqueued again: it stays one request."""
+        """Enqueue already-built requests in one round trip. Each chunk of ``SUBMIT_CHUNK``
+        (500) is atomic: all of it or none (QueueFull). An id that already has a live state
+        (submitted before and not yet expired) is not enqueued again: it stays one request."""
         return await self.submit_prepared([prepare(r) for r in requests])
 
     async def submit_prepared(self, requests: Sequence[Prepared]) -> list[str]:

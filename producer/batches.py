@@ -22,13 +22,15 @@ from typing import Any
 
 from genq.common.errors import InvalidRequest, RequestNotFound
 from genq.common.models import FINAL_STATUSES, Request, Result
+from genq.producer.building import build_request
 from genq.producer.client import Client
 from genq.producer.files import LineError
-from genq.producer.requests import build_request, parse_stored
+from genq.producer.submitting import SUBMIT_CHUNK
+from genq.producer.waiting import parse_stored
 
 ENDPOINTS = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion"}
 _IGNORED = {"model", "user"}
-CHUNK = 500
+CHUNK = SUBMIT_CHUNK
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,11 @@ def parse_line(n: int, text: str, batch_id: str, priority: str = "normal") -> Ba
     if body:
         raise InvalidRequest(f"unsupported body fields {sorted(body)}")
     request = build_request(
-        **args, priority=priority, request_id=f"{batch_id}-{n}",
+        **args,
+        priority=priority,
+        request_id=f"{batch_id}-{n}",
         metadata={"custom_id": custom_id, "batch": batch_id},
-    )  # fmt: skip
+    )
     return BatchLine(n, custom_id, url, request)
 
 
@@ -137,10 +141,16 @@ def record_batch(client: Client, batch_id: str, items: list[BatchLine], source: 
     for start in range(0, len(items), CHUNK):
         ids = [f"{i.request.id} {i.url}" for i in items[start : start + CHUNK]]
         pipe.rpush(keys.batch_items(batch_id), *ids)
-    pipe.hset(keys.batch(batch_id), mapping={
-        "queue": keys.queue, "created_at": int(time.time()), "total": len(items),
-        "input": source, "cancelled": 0,
-    })  # fmt: skip
+    pipe.hset(
+        keys.batch(batch_id),
+        mapping={
+            "queue": keys.queue,
+            "created_at": int(time.time()),
+            "total": len(items),
+            "input": source,
+            "cancelled": 0,
+        },
+    )
     pipe.expire(keys.batch(batch_id), client.result_ttl_s)
     pipe.expire(keys.batch_items(batch_id), client.result_ttl_s)
     pipe.execute()
@@ -182,10 +192,14 @@ def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
         else ("cancelling" if cancelled else "in_progress")
     )
     return {
-        "id": batch_id, "object": "batch", "status": status, "queue": meta.get("queue"),
-        "input_file": meta.get("input"), "created_at": int(meta.get("created_at", 0)),
+        "id": batch_id,
+        "object": "batch",
+        "status": status,
+        "queue": meta.get("queue"),
+        "input_file": meta.get("input"),
+        "created_at": int(meta.get("created_at", 0)),
         "request_counts": {"total": len(items), "completed": completed, "failed": failed},
-    }  # fmt: skip
+    }
 
 
 def cancel_batch(client: Client, batch_id: str) -> int:
@@ -218,20 +232,30 @@ def _output(rid: str, url: str, res: Result) -> dict[str, Any]:
     if res.status != "succeeded":
         err = res.error
         line["response"] = None
-        line["error"] = {"code": err.code if err else res.status,
-                         "message": err.message if err else res.status}  # fmt: skip
+        line["error"] = {
+            "code": err.code if err else res.status,
+            "message": err.message if err else res.status,
+        }
         return line
-    usage = {"prompt_tokens": res.usage.prompt_tokens,
-             "completion_tokens": res.usage.completion_tokens,
-             "total_tokens": res.usage.prompt_tokens + res.usage.completion_tokens}  # fmt: skip
+    usage = {
+        "prompt_tokens": res.usage.prompt_tokens,
+        "completion_tokens": res.usage.completion_tokens,
+        "total_tokens": res.usage.prompt_tokens + res.usage.completion_tokens,
+    }
     created = (res.timings.finished_unix_ms or 0) // 1000
     choice: dict[str, Any] = {"index": 0, "finish_reason": res.finish_reason}
     if ENDPOINTS[url] == "chat.completion":
         choice["message"] = {"role": "assistant", "content": res.text}
     else:
         choice["text"] = res.text
-    body = {"id": rid, "object": ENDPOINTS[url], "created": created, "model": res.worker,
-            "choices": [choice], "usage": usage}  # fmt: skip
+    body = {
+        "id": rid,
+        "object": ENDPOINTS[url],
+        "created": created,
+        "model": res.worker,
+        "choices": [choice],
+        "usage": usage,
+    }
     line["response"] = {"status_code": 200, "request_id": rid, "body": body}
     line["error"] = None
     return line

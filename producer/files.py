@@ -12,7 +12,7 @@ from typing import Any
 
 from genq.common.errors import InvalidRequest
 from genq.common.models import Request
-from genq.producer.requests import build_request
+from genq.producer.building import build_request
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 from genq.common.keys import GROUP, Keys
 from genq.producer import Client
-from genq.worker.redis_server import RedisServer
+from genq.worker.devtools.redis_server import RedisServer
 
 QUEUE = "soak"
 

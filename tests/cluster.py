@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import redis
-from genq.worker.redis_server import RedisServer
+from genq.worker.devtools.redis_server import RedisServer
 
 NODE_TIMEOUT_MS = 1000
 """cluster-node-timeout: a replica takes over about this long after its primary stops answering."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from genq.worker.redis_server import RedisServer
+from genq.worker.devtools.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 _queue_names = itertools.count()

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> None:
     import logging
 
     from genq.common.settings import WorkerSettings
-    from genq.worker.loop import Worker
+    from genq.worker.runtime.worker import Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     kind, rest = argv[0], argv[1:]

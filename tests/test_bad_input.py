@@ -15,7 +15,7 @@ from genq.common.keys import Keys
 from genq.common.models import Request
 from genq.common.wire import UndecodableEntry, decode_request
 from genq.producer import Client
-from genq.producer.requests import build_request
+from genq.producer.building import build_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from genq.worker.batching import BatchPolicy, Candidate, effective_rank, next_batch
+from genq.worker.policy.batching import BatchPolicy, Candidate, effective_rank, next_batch
 from hypothesis import given
 from hypothesis import strategies as st
 

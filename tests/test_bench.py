@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from genq.worker.bench import make_workload, plan_budgeted
+from genq.worker.devtools.bench_modes import make_workload, plan_budgeted
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.echo import EchoEngine
 
@@ -64,7 +64,7 @@ def test_bench_sweep_covers_both_modes_at_each_size() -> None:
 
 
 def test_priority_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_url: str) -> None:
-    from genq.worker.priority_bench import priority_markdown, run_priority_scenario
+    from genq.worker.devtools.bench_priority import priority_markdown, run_priority_scenario
 
     res = run_priority_scenario(
         redis_url, engine="static", backlog=120, arrivals=6, every_s=0.15, max_new_tokens=10,

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 from genq.common.errors import InvalidRequest
 from genq.producer import Client
-from genq.producer.requests import build_request
-from genq.worker.chat import prompt_text
+from genq.producer.building import build_request
+from genq.worker.engines.chat import prompt_text
 from genq.worker.engines.static import StaticEngine
 
 from tests.conftest import WorkerProcess

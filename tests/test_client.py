@@ -13,7 +13,7 @@ from genq.common.keys import Keys
 from genq.common.models import MAX_PROMPT_CHARS, Result
 from genq.common.wire import encode_final_event
 from genq.producer import AsyncClient, Client
-from genq.producer.requests import build_request, prepare, prepare_many
+from genq.producer.building import build_request, prepare, prepare_many
 
 
 @pytest.fixture()

@@ -102,7 +102,7 @@ def test_gpus_all_without_a_gpu_says_so_clearly(redis_url: str, queue: str) -> N
 
 def test_bad_gpu_lists_get_a_clear_error() -> None:
     from genq.common.errors import ConfigError
-    from genq.worker.launcher import parse_gpus, visible_gpus
+    from genq.worker.runtime.launcher import parse_gpus, visible_gpus
 
     assert parse_gpus("0, 1,3", needs_cuda=False) == [0, 1, 3]
     for spec in ("a,b", "0,0", "-1", ",", ""):

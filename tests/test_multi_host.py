@@ -17,7 +17,7 @@ import pytest
 import redis
 from genq.common.keys import Keys
 from genq.producer import Client
-from genq.worker.redis_server import RedisServer
+from genq.worker.devtools.redis_server import RedisServer
 
 from tests.conftest import WorkerProcess, wait_until
 

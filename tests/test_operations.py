@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from genq.producer import Client
-from genq.worker.redis_server import free_port
+from genq.worker.devtools.redis_server import free_port
 
 from tests.conftest import WorkerProcess, wait_until
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from genq.common.settings import WorkerSettings
-from genq.worker.redis_server import RedisServer
+from genq.worker.devtools.redis_server import RedisServer
 
 from tests.conftest import WorkerProcess
 

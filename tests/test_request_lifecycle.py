@@ -18,7 +18,7 @@ from genq.common.scripts import APPLY, apply, apply_args
 from genq.common.settings import WorkerSettings
 from genq.producer import Client
 from genq.worker.engines.base import Engine
-from genq.worker.loop import Worker
+from genq.worker.runtime.worker import Worker
 
 from tests.conftest import WorkerProcess, wait_until
 from tests.faults import OOM_BATCH_TOKENS, OomEngine, RaiseEngine

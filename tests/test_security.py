@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 from genq.producer import Client
-from genq.worker.redis_server import RedisServer
+from genq.worker.devtools.redis_server import RedisServer
 
 from tests.conftest import WorkerProcess
 
@@ -83,7 +83,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pa
 
 
 def test_tls_rediss_url(tmp_path: Path, tls_files: dict[str, Path]) -> None:
-    from genq.worker.redis_server import free_port
+    from genq.worker.devtools.redis_server import free_port
 
     tls_port = free_port()
     args = [

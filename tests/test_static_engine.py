@@ -137,7 +137,7 @@ def test_batch_report_counts_padding(engine: StaticEngine) -> None:
 
 def test_the_gpu_bench_model_has_a_few_hundred_million_parameters() -> None:
     import torch
-    from genq.worker.tiny_model import BUILTIN_CONFIGS
+    from genq.worker.engines.builtin_models import BUILTIN_CONFIGS
     from transformers import LlamaConfig, LlamaForCausalLM
 
     with torch.device("meta"):  # shapes only: nothing is allocated or initialised

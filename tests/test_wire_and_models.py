@@ -8,7 +8,7 @@ from genq.common.errors import MalformedEntry
 from genq.common.keys import Keys
 from genq.common.models import Request, Result
 from genq.common.wire import UndecodableEntry, _decode_slowly, decode_request, encode_request
-from genq.producer.requests import build_request
+from genq.producer.building import build_request
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -14,8 +14,8 @@ from genq.common.keys import GROUP, Keys
 from genq.common.models import Result
 from genq.producer import Client
 from genq.worker.engines.base import GenerationInput
+from genq.worker.engines.builtin_models import tiny_model_dir
 from genq.worker.engines.static import StaticEngine
-from genq.worker.tiny_model import tiny_model_dir
 
 from tests.conftest import WorkerProcess, wait_until
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import redis
-from genq.worker.writer import ResultWriter
+from genq.worker.runtime.writer import ResultWriter
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """``python -m genq.worker`` is the ``genq`` command."""
 
-from genq.worker.cli import main
+from genq.worker.commands import main
 
 main()

@@ -23,9 +23,12 @@ def make_engine(settings: WorkerSettings) -> Engine:
         from genq.worker.engines.continuous import ContinuousEngine
 
         return ContinuousEngine.load(
-            settings.model, settings.device, settings.dtype,
-            max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size,
-        )  # fmt: skip
+            settings.model,
+            settings.device,
+            settings.dtype,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_size=settings.max_batch_size,
+        )
     from genq.worker.engines.static import StaticEngine
 
     return StaticEngine.load(settings.model, settings.device, settings.dtype)

@@ -209,7 +209,7 @@ class _RowSampler:
 def load_model(model_name: str, device: str = "cpu", dtype: str = "auto") -> tuple[Any, Any]:
     """(model, tokenizer) for ``tiny``, a local directory or a hub id, on ``device``."""
     torch = _torch()
-    from genq.worker.tiny_model import BUILTIN_CONFIGS, builtin_model_dir
+    from genq.worker.engines.builtin_models import BUILTIN_CONFIGS, builtin_model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -99,8 +99,9 @@ def next_batch(candidates: Sequence[Candidate], now_ms: int, policy: BatchPolicy
     # effective_rank and the length distance, inlined: this runs over the whole look-ahead
     # each turn.
     aging = policy.priority_aging_ms
-    ranks = {c.key: max(0, c.priority_rank - max(0, now_ms - c.enqueued_ms) // aging)
-             for c in candidates}  # fmt: skip
+    ranks = {
+        c.key: max(0, c.priority_rank - max(0, now_ms - c.enqueued_ms) // aging) for c in candidates
+    }
     anchor = min(candidates, key=lambda c: (ranks[c.key], c.enqueued_ms, c.key))
     prompt, new = anchor.prompt_tokens, anchor.max_new_tokens
     others = sorted(

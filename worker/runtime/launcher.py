@@ -104,8 +104,17 @@ class Launcher:
 
     def _start(self, c: Child) -> None:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(c.gpu)}
-        args = [sys.executable, "-m", "genq.worker", "worker", *self.worker_args,
-                "--consumer", c.consumer, "--device", self.device]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "worker",
+            *self.worker_args,
+            "--consumer",
+            c.consumer,
+            "--device",
+            self.device,
+        ]
         # A session of its own: a Ctrl-C at the terminal reaches only the launcher, which
         # forwards one SIGTERM (a child that got both would take it as the second signal).
         c.proc = subprocess.Popen(args, env=env, start_new_session=True)
@@ -117,8 +126,12 @@ class Launcher:
             if c.proc is not None and c.proc.poll() is not None:
                 if now - c.started > HEALTHY_AFTER_S:
                     c.backoff_s = BACKOFF_START_S
-                log.warning("worker %s exited with %s; restarting in %.0f s",
-                            c.consumer, c.proc.returncode, c.backoff_s)  # fmt: skip
+                log.warning(
+                    "worker %s exited with %s; restarting in %.0f s",
+                    c.consumer,
+                    c.proc.returncode,
+                    c.backoff_s,
+                )
                 c.proc, c.restart_at = None, now + c.backoff_s
                 c.backoff_s = min(BACKOFF_MAX_S, c.backoff_s * 2)
             if c.proc is None and now >= c.restart_at and not self._signals:
@@ -143,6 +156,10 @@ class Launcher:
             if c.proc is not None:
                 codes.append(c.proc.wait())
         restarts = sum(c.restarts for c in self.children)
-        log.info("launcher stopped: workers=%d restarts=%d exit_codes=%s",
-                 len(self.children), restarts, codes)  # fmt: skip
+        log.info(
+            "launcher stopped: workers=%d restarts=%d exit_codes=%s",
+            len(self.children),
+            restarts,
+            codes,
+        )
         return 0 if all(code == 0 for code in codes) else 1

@@ -48,9 +48,13 @@ def delivery_counts(
         return {}
     ordered = sorted(entry_ids, key=lambda e: tuple(int(x) for x in e.split("-")))
     rows: Any = r.xpending_range(
-        stream, GROUP, min=ordered[0], max=ordered[-1], count=len(ordered) + PENDING_PAGE,
+        stream,
+        GROUP,
+        min=ordered[0],
+        max=ordered[-1],
+        count=len(ordered) + PENDING_PAGE,
         consumername=consumer,
-    )  # fmt: skip
+    )
     wanted = set(entry_ids)
     counts = {}
     for row in rows:
@@ -78,7 +82,7 @@ def own_pending(r: redis.Redis, stream: str, consumer: str) -> list[str]:
 
 
 def autoclaim(
-    r: redis.Redis, stream: str, consumer: str, min_idle_ms: int, count: int, cursor: str
+    r: redis.Redis, stream: str, consumer: str, *, min_idle_ms: int, count: int, cursor: str
 ) -> tuple[str, list[Any]]:
     """Take up to ``count`` entries idle for ``min_idle_ms`` on ``stream``; (next cursor,
     entries). Entries deleted from the stream are dropped from the pending list by Redis."""
@@ -93,6 +97,7 @@ class ClaimKeeper(threading.Thread):
 
     def __init__(
         self,
+        *,
         r: redis.Redis,
         keys: Keys,
         consumer: str,

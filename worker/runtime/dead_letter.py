@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from genq.common import states
 from genq.common.connection import is_cluster
 from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, Keys
-from genq.common.models import Result, now_ms
+from genq.common.models import now_ms
 
 MAX_FIELD_CHARS = 100_000
 
@@ -30,6 +31,7 @@ def _text(value: Any) -> str:
 
 
 def dead_letter_fields(
+    *,
     stream: str,
     entry_id: str,
     fields: dict[Any, Any],
@@ -107,8 +109,10 @@ def retry_dead(
         # different slots, so the commands go in order without one.
         pipe = r.pipeline(transaction=not is_cluster(r))
         if d.request_id:
-            queued = Result(id=d.request_id, status="queued", priority=keys.priority_of(d.stream))
-            pipe.set(keys.result(d.request_id), queued.model_dump_json(), ex=result_ttl_s)
+            queued = states.queued(
+                request_id=d.request_id, priority=keys.priority_of(d.stream), metadata={}
+            )
+            pipe.set(keys.result(d.request_id), queued, ex=result_ttl_s)
             pipe.delete(keys.events(d.request_id))  # its old final event is no longer final
         pipe.xadd(d.stream, dict[Any, Any](d.fields))
         pipe.xdel(keys.dead_letter, d.dlq_id)

@@ -17,13 +17,12 @@ import platform
 import random
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from genq.worker.batching import BatchPolicy, Candidate, next_batch
+from genq.worker.devtools.worker_process import start_worker, wait_until_serving
 from genq.worker.engines.base import (
     BatchReport,
     Engine,
@@ -31,6 +30,7 @@ from genq.worker.engines.base import (
     GenerationOutput,
     IterationEngine,
 )
+from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
 
 WORDS = (
     "the a queue batch token model worker stream redis prompt result padding length budget "
@@ -195,19 +195,21 @@ def run_in_process(
 ) -> list[ModeResult]:
     """Modes 1-3 on ``engine``, and the continuous mode on ``continuous`` if given."""
     ids = engine.tokenize([w.prompt for w in workload])
-    rows = [GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
-            for p, w in zip(ids, workload, strict=True)]  # fmt: skip
+    rows = [
+        GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
+        for p, w in zip(ids, workload, strict=True)
+    ]
     engine.generate(rows[:2])  # warm-up, untimed
     n = len(rows)
     step = fifo_batch_size
     fifo = [list(range(i, min(n, i + step))) for i in range(0, n, step)]
     return [
         _run_batches(engine, "one_at_a_time", rows, [[i] for i in range(n)]),
-        _run_batches(engine, "fifo_static", rows,
-                     fifo),
-        _run_batches(engine, "budgeted_static", rows,
-                     plan_budgeted(rows, max_batch_tokens, max_batch_size)),
-    ] + ([_run_continuous(continuous, rows)] if continuous is not None else [])  # fmt: skip
+        _run_batches(engine, "fifo_static", rows, fifo),
+        _run_batches(
+            engine, "budgeted_static", rows, plan_budgeted(rows, max_batch_tokens, max_batch_size)
+        ),
+    ] + ([_run_continuous(continuous, rows)] if continuous is not None else [])
 
 
 def run_through_queue(
@@ -227,19 +229,23 @@ def run_through_queue(
 
     r = connect(redis_url)
     consumer = f"bench-{int(time.time() * 1000)}"
-    args = [
-        sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url,
-        "--queue", queue, "--model", model, "--engine", engine, "--consumer", consumer,
-        "--max-batch-tokens", str(max_batch_tokens), "--max-batch-size", str(max_batch_size),
-        "--max-wait-ms", "0",
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = start_worker(
+        log=subprocess.PIPE,
+        redis_url=redis_url,
+        queue=queue,
+        model=model,
+        engine=engine,
+        consumer=consumer,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=max_batch_size,
+        max_wait_ms=0,
+    )
     try:
-        _wait_for(lambda: r.exists(Keys(queue).worker(consumer)) or proc.poll() is not None)
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"bench worker exited: {proc.stderr.read().decode() if proc.stderr else ''}"
-            )
+        try:
+            wait_until_serving(r, queue, consumer, proc)
+        except RuntimeError as err:
+            stderr = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"bench worker: {err}: {stderr}") from None
         client = Client(r, queue)
         client.generate("warm up", max_new_tokens=2, timeout=120)
         before = _counters(r, Keys(queue).worker(consumer))
@@ -359,8 +365,10 @@ def run_sweep(
     from genq.worker.engines.continuous import ContinuousEngine
 
     ids = engine.tokenize([w.prompt for w in workload])
-    rows = [GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
-            for p, w in zip(ids, workload, strict=True)]  # fmt: skip
+    rows = [
+        GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
+        for p, w in zip(ids, workload, strict=True)
+    ]
     out = []
     for size in sizes:
         static = _run_batches(
@@ -373,9 +381,15 @@ def run_sweep(
         cont = _run_continuous(cont_engine, rows)
         cont_engine.close()
         for r in (static, cont):
-            out.append({"max_batch_size": size, "mode": r.mode,
-                        "tokens_per_s": r.tokens_per_s, "latency_p50_ms": r.latency_p50_ms,
-                        "latency_p99_ms": r.latency_p99_ms})  # fmt: skip
+            out.append(
+                {
+                    "max_batch_size": size,
+                    "mode": r.mode,
+                    "tokens_per_s": r.tokens_per_s,
+                    "latency_p50_ms": r.latency_p50_ms,
+                    "latency_p99_ms": r.latency_p99_ms,
+                }
+            )
     return out
 
 

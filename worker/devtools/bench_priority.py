@@ -9,14 +9,13 @@ the low backlog is, and low-priority work still moves (aging bounds its wait).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from typing import Any
 
 from genq.common.connection import connect
-from genq.common.keys import Keys
+from genq.common.models import PRIORITIES
 from genq.producer import Client
+from genq.worker.devtools.worker_process import start_worker, wait_until_serving
 
 PROMPT = "a request of moderate length for the priority scenario"
 
@@ -45,36 +44,47 @@ def run_priority_scenario(
     (ms). Also the median batch (or request) generation time, for scale."""
     r = connect(redis_url)
     consumer = f"prio-{int(time.time() * 1000)}"
-    args = [
-        sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url,
-        "--queue", queue, "--model", model, "--engine", engine, "--consumer", consumer,
-        "--max-batch-size", str(max_batch_size), "--max-wait-ms", "0", *extra_worker_args,
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_worker(
+        redis_url=redis_url,
+        queue=queue,
+        model=model,
+        engine=engine,
+        consumer=consumer,
+        max_batch_size=max_batch_size,
+        max_wait_ms=0,
+        extra_args=extra_worker_args,
+    )
     try:
-        deadline = time.monotonic() + 120
-        while not r.exists(Keys(queue).worker(consumer)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the scenario's worker did not start")
-            time.sleep(0.05)
+        wait_until_serving(r, queue, consumer, proc, timeout_s=120)
         client = Client(r, queue)
         client.generate("warm up", max_new_tokens=2, timeout=120)
-        ids = {"low": client.submit_many([PROMPT] * backlog, max_new_tokens=max_new_tokens,
-                                         priority="low")}  # fmt: skip
+        ids = {
+            "low": client.submit_many(
+                [PROMPT] * backlog, max_new_tokens=max_new_tokens, priority="low"
+            )
+        }
         ids["high"], ids["normal"] = [], []
         for _ in range(arrivals):
             time.sleep(every_s)
-            ids["high"] += client.submit_many([PROMPT], max_new_tokens=max_new_tokens,
-                                              priority="high")  # fmt: skip
-            ids["normal"] += client.submit_many([PROMPT], max_new_tokens=max_new_tokens,
-                                                priority="normal")  # fmt: skip
+            ids["high"] += client.submit_many(
+                [PROMPT], max_new_tokens=max_new_tokens, priority="high"
+            )
+            ids["normal"] += client.submit_many(
+                [PROMPT], max_new_tokens=max_new_tokens, priority="normal"
+            )
         results = {p: client.results(v, timeout=1200) for p, v in ids.items()}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    out: dict[str, Any] = {"engine": engine, "model": model, "backlog_low": backlog,
-                           "arrivals_per_priority": arrivals, "every_s": every_s,
-                           "max_batch_size": max_batch_size, "priorities": {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "engine": engine,
+        "model": model,
+        "backlog_low": backlog,
+        "arrivals_per_priority": arrivals,
+        "every_s": every_s,
+        "max_batch_size": max_batch_size,
+        "priorities": {},
+    }
     gen_ms = []
     for priority, res in results.items():
         waits = [float(x.timings.queue_wait_ms or 0) for x in res]
@@ -101,8 +111,10 @@ def priority_markdown(res: dict[str, Any]) -> str:
         "| priority | requests | succeeded | wait p50 ms | wait p99 ms |",
         "|---|---|---|---|---|",
     ]
-    for p in ("high", "normal", "low"):
+    for p in PRIORITIES:
         d = res["priorities"][p]
-        lines.append(f"| {p} | {d['requests']} | {d['succeeded']} | {d['wait_p50_ms']:.0f} | "
-                     f"{d['wait_p99_ms']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {p} | {d['requests']} | {d['succeeded']} | {d['wait_p50_ms']:.0f} | "
+            f"{d['wait_p99_ms']:.0f} |"
+        )
     return "\n".join(lines)

@@ -53,9 +53,22 @@ class RedisServer:
         if self.dir is None:
             self.dir = Path(tempfile.mkdtemp(prefix="genq-redis-"))
         args = [
-            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-            "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
-        ]  # fmt: skip
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ]
         self.process = subprocess.Popen(
             [*args, *self.extra_args],
             stdout=subprocess.DEVNULL,

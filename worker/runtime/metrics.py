@@ -55,36 +55,54 @@ class Metrics:
         self.registry = pc.CollectorRegistry()
         q = ["queue"]
         self.requests = pc.Counter(
-            "genq_requests_total", "Requests ended, by final status", [*q, "status", "priority"],
+            "genq_requests_total",
+            "Requests ended, by final status",
+            [*q, "status", "priority"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.wait = pc.Histogram(
-            "genq_queue_wait_seconds", "Time from enqueue to start", [*q, "priority"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
-        self.generation = pc.Histogram(
-            "genq_generation_seconds", "Engine time per batch (static) or request (continuous)",
-            q, buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
-        self.batch_size = pc.Histogram(
-            "genq_batch_size", "Requests per batch", q, buckets=_SIZE_BUCKETS,
+            "genq_queue_wait_seconds",
+            "Time from enqueue to start",
+            [*q, "priority"],
+            buckets=_LATENCY_BUCKETS,
             registry=self.registry,
-        )  # fmt: skip
+        )
+        self.generation = pc.Histogram(
+            "genq_generation_seconds",
+            "Engine time per batch (static) or request (continuous)",
+            q,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = pc.Histogram(
+            "genq_batch_size",
+            "Requests per batch",
+            q,
+            buckets=_SIZE_BUCKETS,
+            registry=self.registry,
+        )
         self.batch_tokens = pc.Histogram(
-            "genq_batch_tokens", "Prompt + completion tokens per batch", q,
-            buckets=_TOKEN_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            "genq_batch_tokens",
+            "Prompt + completion tokens per batch",
+            q,
+            buckets=_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
         self.tokens = pc.Counter(
             "genq_generated_tokens", "Completion tokens returned", q, registry=self.registry
         )
         self.in_flight = pc.Gauge(
-            "genq_in_flight_requests", "Requests held (waiting + running)", q,
+            "genq_in_flight_requests",
+            "Requests held (waiting + running)",
+            q,
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.padding = pc.Gauge(
-            "genq_padding_ratio", "Padded prompt positions / all, since start", q,
+            "genq_padding_ratio",
+            "Padded prompt positions / all, since start",
+            q,
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.server: Any
         self.server, _ = pc.start_http_server(port, addr=host, registry=self.registry)
 

@@ -1,12 +1,17 @@
-"""Admission: turning stream entries into runnable requests, or into final results at once.
+"""Admission: the verdict on each delivered entry, before it costs any generation.
 
-Everything here is decided before a request costs any generation: malformed entries, prompts
-over the model's context, limits, passed deadlines. Pure functions of their inputs.
+An entry is run, failed at once (malformed with a usable id, over a limit), expired (its
+deadline passed) or dead-lettered (no usable id: there is nobody to report to). Two steps,
+because the second needs the prompt's length in the engine's tokenizer: ``judge_entry`` on the
+decoded entry, then ``judge_prompt`` on its token count.
+
+Pure functions of their inputs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from genq.common.errors import (
     GenqError,
@@ -15,9 +20,33 @@ from genq.common.errors import (
     RequestTooLarge,
 )
 from genq.common.models import Request
+from genq.common.wire import UndecodableEntry
 
 
-@dataclass(frozen=True)
+class Action(Enum):
+    """What becomes of a delivered entry."""
+
+    RUN = "run"
+    FAIL = "fail"
+    EXPIRE = "expire"
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """The verdict on one entry, and why (for FAIL and DEAD_LETTER)."""
+
+    action: Action
+    error: GenqError | None = None
+    request_id: str | None = None
+    """The id to report a FAIL under, when the entry could not be decoded into a request."""
+
+
+RUN = Verdict(action=Action.RUN)
+EXPIRE = Verdict(action=Action.EXPIRE)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Limits:
     """What one worker accepts."""
 
@@ -58,6 +87,22 @@ def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqEr
             "(--max-batch-tokens)"
         )
     return None
+
+
+def judge_entry(decoded: Request | UndecodableEntry, now_ms: int) -> Verdict:
+    """The verdict on a decoded entry: run it (pending its prompt's length), fail it under the
+    id it carried, expire it, or dead-letter it (no usable id)."""
+    if isinstance(decoded, UndecodableEntry):
+        if decoded.request_id is None:
+            return Verdict(action=Action.DEAD_LETTER, error=decoded.error)
+        return Verdict(action=Action.FAIL, error=decoded.error, request_id=decoded.request_id)
+    return EXPIRE if deadline_passed(decoded, now_ms) else RUN
+
+
+def judge_prompt(request: Request, prompt_tokens: int, limits: Limits) -> Verdict:
+    """The verdict once the prompt's length is known: run it, or fail it over a limit."""
+    problem = check_limits(request, prompt_tokens, limits)
+    return RUN if problem is None else Verdict(action=Action.FAIL, error=problem)
 
 
 def deadline_passed(request: Request, now_ms: int) -> bool:

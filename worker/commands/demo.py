@@ -13,12 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 from genq.common.connection import connect
 from genq.common.errors import GenqError, ResultTimeout
-from genq.common.models import Result
+from genq.common.models import PRIORITIES, Result
 from genq.producer import Client
-from genq.worker.redis_server import RedisServer
-from genq.worker.stats import collect, derived
+from genq.worker.commands.options import ENGINE_CHOICE, REDIS_URL_ENV
+from genq.worker.commands.stats import collect
+from genq.worker.devtools.redis_server import RedisServer
+from genq.worker.runtime.heartbeat import derived
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -44,7 +47,7 @@ def demo_prompts(n: int, seed: int) -> list[dict[str, object]]:
             {
                 "prompt": text[start : start + length],
                 "max_new_tokens": rng.randint(8, 64),
-                "priority": rng.choices(["high", "normal", "low"], weights=[2, 5, 3])[0],
+                "priority": rng.choices(PRIORITIES, weights=[2, 5, 3])[0],
                 "request_id": f"demo-{seed}-{i:03d}",
             }
         )
@@ -100,10 +103,23 @@ def run_demo(
         log_path = Path(tmp) / "worker.log"
         consumer = f"demo-worker-{seed}"
         worker_args = [
-            "--redis-url", url, "--queue", queue, "--model", model, "--engine", engine,
-            "--consumer", consumer, "--max-batch-tokens", str(max_batch_tokens),
-            "--max-batch-size", str(max_batch_size), "--max-wait-ms", "50",
-        ]  # fmt: skip
+            "--redis-url",
+            url,
+            "--queue",
+            queue,
+            "--model",
+            model,
+            "--engine",
+            engine,
+            "--consumer",
+            consumer,
+            "--max-batch-tokens",
+            str(max_batch_tokens),
+            "--max-batch-size",
+            str(max_batch_size),
+            "--max-wait-ms",
+            "50",
+        ]
         with Client.from_url(url, queue) as client:
             ids = client.submit_many(specs)
             console.print(f"submitted {len(ids)} requests to queue {queue!r}")
@@ -140,8 +156,11 @@ def _wait_with_progress(
     results: list[Result] = []
     deadline = time.monotonic() + DEMO_TIMEOUT_S
     columns = (
-        TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-    )  # fmt: skip
+        TextColumn("generating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("generating", total=len(ids))
         for request_id in ids:
@@ -167,8 +186,62 @@ def _print_results(results: list[Result], console: Console) -> None:
     for r in results[:20]:
         shown = r.text if r.status == "succeeded" else f"{r.status}: {r.error}"
         table.add_row(
-            r.id.rsplit("-", 1)[-1], r.priority or "", str(r.usage.prompt_tokens),
-            str(r.usage.completion_tokens), str(r.timings.queue_wait_ms), str(r.batch_size),
+            r.id.rsplit("-", 1)[-1],
+            r.priority or "",
+            str(r.usage.prompt_tokens),
+            str(r.usage.completion_tokens),
+            str(r.timings.queue_wait_ms),
+            str(r.batch_size),
             repr(shown or "")[:28],
-        )  # fmt: skip
+        )
     console.print(table)
+
+
+@click.command()
+@click.option(
+    "--redis-url",
+    envvar=REDIS_URL_ENV,
+    default=None,
+    help="use this Redis instead of starting a private redis-server",
+)
+@click.option("--queue", default="demo", show_default=True)
+@click.option("--requests", "n_requests", type=int, default=48, show_default=True)
+@click.option("--model", default="tiny", show_default=True)
+@click.option(
+    "--engine",
+    type=ENGINE_CHOICE,
+    default="static",
+    show_default=True,
+    help="static shows the batches it forms",
+)
+@click.option("--max-batch-tokens", type=int, default=4096, show_default=True)
+@click.option("--max-batch-size", type=int, default=16, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def demo(
+    redis_url: str | None,
+    queue: str,
+    n_requests: int,
+    model: str,
+    engine: str,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    seed: int,
+) -> None:
+    """Run genq end to end: a private redis-server, a worker on the tiny model, a few dozen
+    prompts of mixed length and priority; print the results and the batching stats."""
+    from genq.worker.commands.demo import run_demo
+
+    try:
+        run_demo(
+            redis_url=redis_url,
+            queue=queue,
+            n_requests=n_requests,
+            model=model,
+            engine=engine,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size,
+            seed=seed,
+            console=Console(),
+        )
+    except GenqError as err:
+        raise click.ClickException(str(err)) from None

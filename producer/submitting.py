@@ -1,0 +1,96 @@
+"""Submitting and cancelling: the calls of the submit and APPLY scripts a client makes, and
+what their answers mean. Shared by the sync and async clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from genq.common import states
+from genq.common.errors import QueueFull, RequestNotFound
+from genq.common.keys import Keys
+from genq.common.models import PRIORITY_RANK, now_ms
+from genq.common.scripts import QUEUE_FULL_PREFIX, Applied, apply_args
+from genq.producer.building import Prepared
+from genq.producer.waiting import parse_stored
+
+#: Requests per SUBMIT script call: each call is atomic, and short enough not to stall Redis.
+SUBMIT_CHUNK = 500
+
+
+def submit_calls(
+    keys: Keys, requests: Sequence[Prepared], ttl_s: int, cluster: bool = False
+) -> list[tuple[list[str], list[str | int]]]:
+    """The (KEYS, ARGV) of the SUBMIT script calls that enqueue ``requests``, in chunks. On a
+    Redis Cluster the per-id keys are the queue-slot markers (see ``Keys.submitted``) and the
+    queued states are written after (``queued_writes``)."""
+    calls: list[tuple[list[str], list[str | int]]] = []
+    per_id = keys.submitted if cluster else keys.result
+    for start in range(0, len(requests), SUBMIT_CHUNK):
+        chunk = requests[start : start + SUBMIT_CHUNK]
+        script_keys = [keys.config, *keys.streams()] + [per_id(r.id) for r in chunk]
+        args: list[str | int] = [ttl_s, len(chunk)]
+        for r in chunk:
+            args += [PRIORITY_RANK[r.priority] + 1, r.id, r.body, r.queued]
+        calls.append((script_keys, args))
+    return calls
+
+
+def queued_writes(
+    keys: Keys, requests: Sequence[Prepared], replies: Sequence[Any]
+) -> list[tuple[str, str]]:
+    """Redis Cluster only: (result key, queued state JSON) of each request the SUBMIT calls
+    enqueued, for the client to SET NX (a worker may have written a newer state already)."""
+    out: list[tuple[str, str]] = []
+    for i, reply in enumerate(replies):
+        if isinstance(reply, Exception):
+            continue
+        chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
+        out += [
+            (keys.result(r.id), r.queued)
+            for r, new in zip(chunk, reply, strict=True)
+            if new == 1  # SUBMIT: 1 = enqueued
+        ]
+    return out
+
+
+def cancel_call(
+    keys: Keys, request_id: str, raw: bytes | str | None, ttl_s: int
+) -> tuple[list[str], list[str | int]] | None:
+    """KEYS and ARGV of the APPLY call that cancels a request whose state is ``raw``; None if
+    it is already final. Raises RequestNotFound if it has no state."""
+    current = parse_stored(raw)
+    if current is None:
+        raise RequestNotFound(f"no request {request_id!r} in Redis (never submitted, or expired)")
+    if current.is_final:
+        return None
+    state = states.cancelled(current, finished_ms=now_ms())
+    return apply_args(keys, ttl_s, "cancel", [(request_id, None, "", state)])
+
+
+def cancel_outcome(request_id: str, reply: Any) -> bool:
+    """Whether the APPLY call of ``cancel_call`` cancelled the request."""
+    if reply[0] == Applied.NOT_FOUND:
+        raise RequestNotFound(f"no request {request_id!r} in Redis (expired meanwhile)")
+    return bool(reply[0] == Applied.WRITTEN)
+
+
+def submit_outcome(requests: Sequence[Prepared], replies: Sequence[Any]) -> list[str]:
+    """The ids of ``requests`` after the SUBMIT calls answered ``replies`` (one per chunk);
+    raise QueueFull (with the ids that did go in) if a chunk was refused."""
+    done: list[str] = []
+    for i, reply in enumerate(replies):
+        chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
+        if isinstance(reply, Exception):
+            if QUEUE_FULL_PREFIX in str(reply):
+                _, depth, limit = str(reply).split()[-3:]
+                raise QueueFull(
+                    f"queue is full: {depth} requests waiting or running, its limit is {limit} "
+                    f"(max_queue_depth); {len(done)} of {len(requests)} were enqueued. "
+                    "Retry later, or raise the limit with genq worker --max-queue-depth",
+                    submitted=done,
+                )
+            raise reply
+        done += [r.id for r in chunk]
+    return done

@@ -1,0 +1,269 @@
+"""The worker's pure decision units, tested as plain data: no Redis, no torch, no clock.
+
+The look-ahead (what a worker holds, and its room per stream), planning within a running batch's
+room, the adaptive budget, the suspect gate, and admission's verdicts. The batching rule itself
+has its own file (test_batching_policy.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from genq.common.errors import MaxNewTokensTooLarge, PromptTooLong, RequestTooLarge
+from genq.common.models import Request
+from genq.common.wire import decode_request
+from genq.worker.policy.admission import Action, Limits, judge_entry, judge_prompt
+from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
+from genq.worker.policy.budget import AdaptiveBudget
+from genq.worker.policy.lookahead import Held, Lookahead
+from genq.worker.policy.planning import plan_start
+from genq.worker.policy.suspects import Gate, SuspectGate
+
+STREAMS = ["genq:{q}:high", "genq:{q}:normal", "genq:{q}:low"]
+_ids = itertools.count(1)
+
+
+def make_held(
+    *,
+    stream: str = "genq:{q}:normal",
+    prompt_tokens: int = 10,
+    max_new_tokens: int = 10,
+    enqueued_ms: int = 1_000,
+    deliveries: int = 1,
+    priority: str = "normal",
+) -> Held:
+    n = next(_ids)
+    request = Request(
+        id=f"r{n}",
+        prompt="x",
+        max_new_tokens=max_new_tokens,
+        priority=priority,  # type: ignore[arg-type]
+    )
+    return Held(
+        stream=stream,
+        entry_id=f"{enqueued_ms}-{n}",
+        request=request,
+        prompt_ids=[0] * prompt_tokens,
+        enqueued_ms=enqueued_ms,
+        deliveries=deliveries,
+    )
+
+
+def make_policy(
+    *, max_batch_tokens: int = 1_000, max_batch_size: int = 8, max_wait_ms: int = 0
+) -> BatchPolicy:
+    return BatchPolicy(
+        max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms
+    )
+
+
+# -- the look-ahead ------------------------------------------------------------------------
+
+
+def test_lookahead_room_is_per_stream_and_freed_when_requests_start() -> None:
+    la = Lookahead(streams=STREAMS, max_per_stream=3)
+    held = [make_held(stream=STREAMS[1]) for _ in range(3)]
+    for h in held:
+        la.add(h)
+    assert la.room() == {STREAMS[0]: 3, STREAMS[1]: 0, STREAMS[2]: 3}
+    la.take([held[0].key])
+    assert la.room()[STREAMS[1]] == 1
+    assert la.holds(held[0].key) and held[0].key in la.starting
+
+
+def test_lookahead_put_back_makes_a_batch_wait_again_with_its_room_taken() -> None:
+    la = Lookahead(streams=STREAMS, max_per_stream=2)
+    a, b = make_held(), make_held()
+    la.add(a)
+    la.add(b)
+    batch = la.take([a.key, b.key])
+    assert la.room()[a.stream] == 2 and not la.waiting
+    la.put_back(batch)
+    assert set(la.waiting) == {a.key, b.key} and not la.starting
+    assert la.room()[a.stream] == 0
+
+
+def test_lookahead_entries_cover_waiting_and_starting_until_handed_on() -> None:
+    la = Lookahead(streams=STREAMS, max_per_stream=4)
+    a, b = make_held(), make_held()
+    la.add(a)
+    la.add(b)
+    la.take([a.key])
+    assert sorted(la.entries()) == sorted([(a.stream, a.entry_id), (b.stream, b.entry_id)])
+    la.started([a])
+    assert la.entries() == [(b.stream, b.entry_id)]
+    assert len(la) == 1
+
+
+def test_the_next_suspect_is_the_oldest_request_delivered_before() -> None:
+    la = Lookahead(streams=STREAMS, max_per_stream=8)
+    la.add(make_held(enqueued_ms=1))
+    late = make_held(enqueued_ms=30, deliveries=2)
+    early = make_held(enqueued_ms=20, deliveries=3)
+    la.add(late)
+    la.add(early)
+    assert la.next_suspect() is early
+    assert Lookahead(streams=STREAMS, max_per_stream=1).next_suspect() is None
+
+
+def test_a_held_request_is_costed_and_ranked_once_for_the_policy() -> None:
+    h = make_held(prompt_tokens=12, max_new_tokens=30, priority="high")
+    assert h.cost_tokens == 42
+    assert h.candidate.priority_rank == 0 and h.candidate.key == h.key
+
+
+# -- planning within the runner's room -----------------------------------------------------
+
+
+def test_with_nothing_running_the_plan_is_the_batching_policy() -> None:
+    cands = [make_held(prompt_tokens=10 * i).candidate for i in range(1, 6)]
+    policy = make_policy(max_batch_tokens=100)
+    planned = plan_start(
+        cands, now_ms=5_000, policy=policy, running=0, running_tokens=0, wait_to_fill=True
+    )
+    assert planned == next_batch(cands, 5_000, policy)
+
+
+def test_requests_join_a_running_batch_only_within_what_is_left_of_the_budget() -> None:
+    cands = [make_held(prompt_tokens=40, max_new_tokens=10).candidate for _ in range(4)]
+    planned = plan_start(
+        cands,
+        now_ms=5_000,
+        policy=make_policy(max_batch_tokens=300),
+        running=2,
+        running_tokens=150,
+        wait_to_fill=False,
+    )
+    assert len(planned.batch) == 3 and planned.tokens <= 150
+
+
+def test_nothing_starts_while_the_most_urgent_request_does_not_fit_beside_the_running() -> None:
+    big = make_held(prompt_tokens=200, enqueued_ms=1).candidate
+    small = make_held(prompt_tokens=5, enqueued_ms=2).candidate
+    planned = plan_start(
+        [big, small],
+        now_ms=5_000,
+        policy=make_policy(max_batch_tokens=300),
+        running=1,
+        running_tokens=150,
+        wait_to_fill=False,
+    )
+    assert planned.batch == [] and planned.reason == "no room"
+
+
+def test_no_free_slot_means_no_start() -> None:
+    planned = plan_start(
+        [make_held().candidate],
+        now_ms=5_000,
+        policy=make_policy(max_batch_size=2),
+        running=2,
+        running_tokens=40,
+        wait_to_fill=False,
+    )
+    assert planned.batch == []
+
+
+def test_only_a_runner_that_waits_to_fill_waits_for_more_arrivals() -> None:
+    cands = [make_held(enqueued_ms=4_995).candidate]
+    policy = make_policy(max_wait_ms=50)
+    waiting = plan_start(
+        cands, now_ms=5_000, policy=policy, running=0, running_tokens=0, wait_to_fill=True
+    )
+    assert waiting.batch == [] and waiting.wait_ms == 45
+    at_once = plan_start(
+        cands, now_ms=5_000, policy=policy, running=0, running_tokens=0, wait_to_fill=False
+    )
+    assert [c.key for c in at_once.batch] == [cands[0].key]
+
+
+# -- the adaptive budget -------------------------------------------------------------------
+
+
+def test_out_of_memory_halves_the_budget_to_at_most_half_the_failed_batch() -> None:
+    budget = AdaptiveBudget(full_tokens=16_000, backoff_s=60)
+    assert budget.lower(failed_tokens=3_000, now_s=100.0) == 1_500
+    assert budget.lower(failed_tokens=10_000, now_s=101.0) == 750  # half of what is in force
+    assert budget.lower(failed_tokens=1, now_s=102.0) == 1  # never below one token
+
+
+def test_the_full_budget_comes_back_after_the_backoff_and_only_then() -> None:
+    budget = AdaptiveBudget(full_tokens=1_000, backoff_s=60)
+    budget.lower(failed_tokens=1_000, now_s=100.0)
+    assert not budget.restore_due(159.9) and budget.tokens == 500
+    assert budget.restore_due(160.0) and budget.tokens == 1_000
+    assert not budget.restore_due(200.0)  # once
+
+
+# -- the suspect gate ----------------------------------------------------------------------
+
+
+def test_a_suspect_starts_alone_after_a_flush_and_so_does_the_start_after_it() -> None:
+    gate = SuspectGate()
+    assert gate.check(suspect_waiting=False, running=0, suspect_running=False) is Gate.OPEN
+    assert gate.check(suspect_waiting=True, running=0, suspect_running=False) is Gate.FLUSH_FIRST
+    gate.passed(suspect=True)
+    assert gate.check(suspect_waiting=False, running=0, suspect_running=False) is Gate.FLUSH_FIRST
+    gate.passed(suspect=False)
+    assert gate.check(suspect_waiting=False, running=0, suspect_running=False) is Gate.OPEN
+
+
+def test_nothing_starts_beside_a_suspect_and_a_suspect_waits_for_the_running() -> None:
+    gate = SuspectGate()
+    assert gate.check(suspect_waiting=False, running=1, suspect_running=True) is Gate.CLOSED
+    assert gate.check(suspect_waiting=True, running=3, suspect_running=False) is Gate.CLOSED
+
+
+def test_a_gate_that_could_not_flush_stays_shut_for_the_suspect() -> None:
+    gate = SuspectGate()
+    first = gate.check(suspect_waiting=True, running=0, suspect_running=False)
+    assert first is Gate.FLUSH_FIRST  # the caller could not flush: it does not call passed()
+    assert gate.check(suspect_waiting=True, running=0, suspect_running=False) is Gate.FLUSH_FIRST
+
+
+# -- admission verdicts --------------------------------------------------------------------
+
+LIMITS = Limits(
+    max_new_tokens=100, max_prompt_tokens=50, max_context_tokens=120, max_batch_tokens=140
+)
+
+
+def test_an_entry_without_a_usable_id_is_dead_lettered_with_the_reason() -> None:
+    verdict = judge_entry(decode_request("normal", {b"body": b"{}"}), now_ms=0)
+    assert verdict.action is Action.DEAD_LETTER
+    assert verdict.error is not None and "'id'" in str(verdict.error)
+
+
+def test_an_entry_with_an_id_and_a_bad_body_fails_under_that_id() -> None:
+    verdict = judge_entry(decode_request("normal", {b"id": b"r1", b"body": b"[]"}), now_ms=0)
+    assert verdict.action is Action.FAIL and verdict.request_id == "r1"
+    assert verdict.error is not None and verdict.error.code == "malformed_entry"
+
+
+def test_an_entry_past_its_deadline_expires_and_a_good_one_runs() -> None:
+    body = b'{"prompt": "hi", "deadline_unix_ms": 1000}'
+    decoded = decode_request("high", {b"id": b"r2", b"body": body})
+    assert judge_entry(decoded, now_ms=1_000).action is Action.EXPIRE
+    assert judge_entry(decoded, now_ms=999).action is Action.RUN
+
+
+def test_prompt_verdicts_name_the_limit_that_was_crossed() -> None:
+    ok = Request(id="a", prompt="x", max_new_tokens=20)
+    assert judge_prompt(ok, 30, LIMITS).action is Action.RUN
+    cases = [
+        (Request(id="b", prompt="x", max_new_tokens=101), 10, MaxNewTokensTooLarge),
+        (ok, 51, PromptTooLong),
+        (Request(id="c", prompt="x", max_new_tokens=90), 40, PromptTooLong),  # context
+    ]
+    for request, tokens, error in cases:
+        verdict = judge_prompt(request, tokens, LIMITS)
+        assert verdict.action is Action.FAIL and isinstance(verdict.error, error)
+    wide = Limits(
+        max_new_tokens=100, max_prompt_tokens=None, max_context_tokens=None, max_batch_tokens=40
+    )
+    verdict = judge_prompt(ok, 30, wide)
+    assert isinstance(verdict.error, RequestTooLarge)
+
+
+def test_candidates_are_plain_data_the_batching_policy_reads() -> None:
+    cands = [make_held().candidate for _ in range(3)]
+    assert all(isinstance(c, Candidate) for c in cands)

@@ -1,0 +1,47 @@
+"""The ``genq`` command: one module per command group.
+
+=================  =========================================================================
+module             commands
+=================  =========================================================================
+``worker``         ``genq worker`` (and ``--gpus``: one supervised worker per GPU)
+``submit``         ``genq submit``
+``stats``          ``genq stats``, ``genq top``
+``dlq``            ``genq dlq list | retry | purge``
+``batch``          ``genq batch submit | status | results | cancel``
+``demo``           ``genq demo``
+``bench``          ``genq bench``
+=================  =========================================================================
+
+A new command is a module here with a click command, added to ``main`` below.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+from genq.worker.commands.batch import batch
+from genq.worker.commands.bench import bench
+from genq.worker.commands.demo import demo
+from genq.worker.commands.dlq import dlq
+from genq.worker.commands.stats import stats, top
+from genq.worker.commands.submit import submit
+from genq.worker.commands.worker import worker
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="log debug detail")
+def main(verbose: bool) -> None:
+    """genq: a Redis Streams queue for batched LLM generation."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+for _command in (worker, submit, stats, top, dlq, batch, demo, bench):
+    main.add_command(_command)
+
+if __name__ == "__main__":
+    sys.exit(main())

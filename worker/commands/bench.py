@@ -1,0 +1,270 @@
+"""``genq bench``: one seeded workload served several ways, measured in one run (the
+scenarios live in ``genq.worker.devtools``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from genq.common.settings import WorkerSettings
+from rich.console import Console
+from rich.table import Table
+
+_DEFAULTS = WorkerSettings.model_fields
+
+
+@click.command()
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--requests", "n_requests", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--repeats",
+    type=int,
+    default=3,
+    show_default=True,
+    help="run each mode this many times and report the median run",
+)
+@click.option("--fifo-batch-size", type=int, default=32, show_default=True)
+@click.option(
+    "--max-batch-tokens", type=int, default=_DEFAULTS["max_batch_tokens"].default, show_default=True
+)
+@click.option(
+    "--max-batch-size", type=int, default=_DEFAULTS["max_batch_size"].default, show_default=True
+)
+@click.option(
+    "--queue-engine",
+    type=click.Choice(["static", "continuous", "none"]),
+    default="continuous",
+    show_default=True,
+    help="engine measured through Redis and a genq worker ('none' to skip)",
+)
+@click.option("--redis-url", default=None, help="default: a private redis-server")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--markdown", is_flag=True, help="print a BENCHMARKS.md section")
+@click.option(
+    "--sweep", is_flag=True, help="instead: throughput and latency against the batch size limit"
+)
+@click.option(
+    "--scenario",
+    type=click.Choice(["modes", "priority"]),
+    default="modes",
+    show_default=True,
+    help="priority: waits per priority under a low-priority backlog",
+)
+def bench(
+    model: str,
+    device: str,
+    dtype: str,
+    n_requests: int,
+    seed: int,
+    repeats: int,
+    fifo_batch_size: int,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    queue_engine: str,
+    redis_url: str | None,
+    as_json: bool,
+    markdown: bool,
+    sweep: bool,
+    scenario: str,
+) -> None:
+    """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
+
+    if scenario == "priority":
+        _priority_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
+        return
+
+    from genq.worker.devtools import bench_modes as b
+    from genq.worker.engines.static import StaticEngine
+
+    engine = StaticEngine.load(model, device, dtype)
+    workload = b.make_workload(engine, n_requests, seed)
+    if sweep:
+        points = b.run_sweep(engine, workload, [1, 4, 8, 16, 32, 64], max_batch_tokens)
+        if as_json:
+            click.echo(json.dumps({"machine": b.machine_info(), "sweep": points}, indent=2))
+        else:
+            click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+            click.echo(b.sweep_markdown(points, max_batch_tokens))
+        return
+    runs = _run_modes(
+        engine,
+        workload,
+        model=model,
+        repeats=repeats,
+        fifo_batch_size=fifo_batch_size,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=max_batch_size,
+        queue_engine=queue_engine,
+        redis_url=redis_url,
+    )
+    _report(
+        runs,
+        as_json=as_json,
+        markdown=markdown,
+        model=model,
+        n_requests=n_requests,
+        seed=seed,
+        repeats=repeats,
+        max_batch_tokens=max_batch_tokens,
+    )
+
+
+def _run_modes(
+    engine: Any,
+    workload: list[Any],
+    *,
+    model: str,
+    repeats: int,
+    fifo_batch_size: int,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    queue_engine: str,
+    redis_url: str | None,
+) -> dict[str, list[Any]]:
+    """Every mode ``repeats`` times, in-process then through the queue: the runs by mode."""
+    from genq.worker.devtools import bench_modes as b
+    from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.engines.continuous import ContinuousEngine
+
+    continuous = ContinuousEngine(
+        engine.model, engine.tokenizer, engine.device, max_batch_tokens, max_batch_size
+    )
+    runs: dict[str, list[b.ModeResult]] = {}
+    for _ in range(repeats):
+        for res in b.run_in_process(
+            engine,
+            workload,
+            fifo_batch_size=fifo_batch_size,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size,
+            continuous=continuous,
+        ):
+            runs.setdefault(res.mode, []).append(res)
+    continuous.close()
+    if queue_engine == "none":
+        return runs
+    server = None if redis_url else RedisServer().start()
+    url = server.url if server else str(redis_url)
+    try:
+        for i in range(repeats):
+            res = b.run_through_queue(
+                workload,
+                redis_url=url,
+                model=model,
+                engine=queue_engine,
+                max_batch_tokens=max_batch_tokens,
+                max_batch_size=max_batch_size,
+                queue=f"bench{i}",
+            )
+            runs.setdefault(res.mode, []).append(res)
+    finally:
+        if server is not None:
+            server.stop()
+    return runs
+
+
+def _report(
+    runs: dict[str, list[Any]],
+    *,
+    as_json: bool,
+    markdown: bool,
+    model: str,
+    n_requests: int,
+    seed: int,
+    repeats: int,
+    max_batch_tokens: int,
+) -> None:
+    """Print each mode's median run: as JSON, a BENCHMARKS.md section, or a table."""
+    import statistics
+
+    from genq.worker.devtools import bench_modes as b
+
+    medians = []
+    for mode_runs in runs.values():
+        speed = statistics.median_low([r.tokens_per_s for r in mode_runs])
+        medians.append(next(r for r in mode_runs if r.tokens_per_s == speed))
+    rows = b.results_table(medians)
+    info = b.machine_info()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "machine": info,
+                    "model": model,
+                    "requests": n_requests,
+                    "seed": seed,
+                    "repeats": repeats,
+                    "max_batch_tokens": max_batch_tokens,
+                    "modes": rows,
+                    "all_runs": {m: [r.tokens_per_s for r in rs] for m, rs in runs.items()},
+                },
+                indent=2,
+            )
+        )
+        return
+    if markdown:
+        click.echo(b.markdown_section(rows, info, sys.argv[1:], n_requests, repeats))
+        return
+    console = Console(width=max(Console().width, 130))
+    t = Table(
+        title=f"genq bench: {n_requests} requests, model {model}, seed {seed}, "
+        f"median of {repeats}, budget {max_batch_tokens} tokens"
+    )
+    cols = (
+        "mode",
+        "batches",
+        "mean batch",
+        "tokens/s",
+        "x one",
+        "padding",
+        "wasted decode",
+        "wait p50 ms",
+        "latency p50 ms",
+        "latency p99 ms",
+    )
+    for c in cols:
+        t.add_column(c, justify="right")
+    for row in rows:
+        t.add_row(
+            row["mode"],
+            str(row["batches"]),
+            f"{row['mean_batch_size']:.1f}",
+            f"{row['tokens_per_s']:.0f}",
+            f"{row['speedup_vs_one_at_a_time']:.2f}",
+            f"{row['padding_fraction']:.1%}",
+            f"{row['wasted_decode_fraction']:.1%}",
+            f"{row['queue_wait_p50_ms']:.0f}",
+            f"{row['latency_p50_ms']:.0f}",
+            f"{row['latency_p99_ms']:.0f}",
+        )
+    console.print(t)
+    console.print(" ".join(f"{k}={v}" for k, v in info.items()))
+
+
+def _priority_scenario(
+    redis_url: str | None, model: str, engine: str, max_batch_size: int, as_json: bool
+) -> None:
+    from genq.worker.devtools.bench_priority import priority_markdown, run_priority_scenario
+    from genq.worker.devtools.redis_server import RedisServer
+
+    server = None if redis_url else RedisServer().start()
+    try:
+        res = run_priority_scenario(
+            server.url if server else str(redis_url),
+            model=model,
+            engine="continuous" if engine == "none" else engine,
+            max_batch_size=max_batch_size,
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+    else:
+        click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+        click.echo(priority_markdown(res))

@@ -1,0 +1,59 @@
+"""Options shared by the commands: the worker's settings as flags, and the Redis and queue
+options of every command that talks to a queue."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import click
+from genq.common.models import PRIORITIES
+from genq.common.settings import DEFAULT_QUEUE, DEFAULT_REDIS_URL, EngineName, WorkerSettings
+
+F = Callable[..., Any]
+WIDE = 160
+"""Columns the stats tables get at least, terminal or not, so that no header is cut."""
+PRIORITY_CHOICE = click.Choice(list(PRIORITIES))
+ENGINE_CHOICE = click.Choice(list(typing.get_args(EngineName)))
+QUEUE_ENV = WorkerSettings.env_var("queue")
+REDIS_URL_ENV = WorkerSettings.env_var("redis_url")
+
+
+def settings_options(func: F) -> F:
+    """One --flag per WorkerSettings field. Flags default to None so that the environment
+    twin, then the field's own default, apply: each default is written once, in the model."""
+    for name, info in reversed(list(WorkerSettings.model_fields.items())):
+        annotation = info.annotation
+        args = typing.get_args(annotation)
+        click_type: Any = str
+        if typing.get_origin(annotation) is typing.Literal:
+            click_type = click.Choice([str(a) for a in args])
+        elif annotation is int or int in args:
+            click_type = int
+        elif annotation is float or float in args:
+            click_type = float
+        default = info.default
+        help_text = f"{info.description} [env: {WorkerSettings.env_var(name)}; default: {default}]"
+        func = click.option(
+            f"--{name.replace('_', '-')}", name, type=click_type, default=None, help=help_text
+        )(func)
+    return func
+
+
+def redis_options(func: F) -> F:
+    func = click.option(
+        "--queue",
+        envvar=QUEUE_ENV,
+        default=DEFAULT_QUEUE,
+        show_default=True,
+        help=f"queue name [env: {QUEUE_ENV}]",
+    )(func)
+    func = click.option(
+        "--redis-url",
+        envvar=REDIS_URL_ENV,
+        default=DEFAULT_REDIS_URL,
+        show_default=True,
+        help=f"Redis URL [env: {REDIS_URL_ENV}]",
+    )(func)
+    return func

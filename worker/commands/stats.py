@@ -1,0 +1,171 @@
+"""``genq stats`` and ``genq top``. What they show: per priority stream and per worker, read
+with plain Redis commands (XLEN, XINFO GROUPS, XINFO CONSUMERS, XRANGE, HGETALL) so redis-cli
+can do the same."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+import redis
+from genq.common.keys import GROUP, Keys
+from genq.common.models import PRIORITIES, now_ms
+from genq.worker.commands.options import WIDE, redis_options
+from genq.worker.runtime.heartbeat import derived
+from rich.console import Console
+from rich.table import Table
+
+
+def _s(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
+    """A JSON-ready snapshot of the queue: streams by priority, and workers."""
+    keys = Keys(queue)
+    streams: dict[str, Any] = {}
+    consumers: dict[str, dict[str, Any]] = {}
+    now = now_ms()
+    for priority in PRIORITIES:
+        key = keys.stream(priority)
+        info: dict[str, Any] = {"key": key, "length": int(r.xlen(key)), "pending": 0, "lag": None}
+        groups: Any = r.xinfo_groups(key) if r.exists(key) else []
+        group = next((g for g in groups if _s(g["name"]) == GROUP), None)
+        if group is not None:
+            info["pending"] = int(group["pending"])
+            info["lag"] = group.get("lag")
+            last = _s(group["last-delivered-id"])
+            nxt: Any = r.xrange(key, min=f"({last}", count=1)
+            info["oldest_waiting_ms"] = max(0, now - int(_s(nxt[0][0]).split("-")[0])) if nxt else 0
+            group_consumers: Any = r.xinfo_consumers(key, GROUP)
+            for c in group_consumers:
+                name = _s(c["name"])
+                entry = consumers.setdefault(name, {"consumer": name, "pending": 0})
+                entry["pending"] += int(c["pending"])
+                idle = int(c.get("idle", 0))
+                entry["idle_ms"] = min(entry.get("idle_ms", idle), idle)
+        streams[priority] = info
+    workers = []
+    for name, entry in sorted(consumers.items()):
+        h: Any = r.hgetall(keys.worker(name))
+        stats = {_s(k): _s(v) for k, v in h.items()}
+        entry["alive"] = bool(stats)
+        if stats:
+            for k, v in stats.items():
+                entry[k] = int(v) if isinstance(v, str) and v.isdigit() else v
+            if "recent_batch_sizes" in entry:
+                entry["recent_batch_sizes"] = json.loads(entry["recent_batch_sizes"])
+        workers.append(entry)
+    return {
+        "queue": queue,
+        "streams": streams,
+        "dead_letter": int(r.xlen(keys.dead_letter)),
+        "workers": workers,
+    }
+
+
+@click.command()
+@redis_options
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def stats(redis_url: str, queue: str, as_json: bool) -> None:
+    """Queue depth, pending work and lag per priority; workers and their counters."""
+    from genq.common.connection import connect
+
+    r = connect(redis_url)
+    try:
+        snapshot = collect(r, queue)
+    finally:
+        r.close()
+    if as_json:
+        click.echo(json.dumps(snapshot, indent=2))
+    else:
+        print_stats(snapshot, Console(width=max(Console().width, WIDE)))
+
+
+def print_stats(snapshot: dict[str, Any], console: Console) -> None:
+    """Render a stats snapshot as two tables."""
+    for table in stats_tables(snapshot):
+        console.print(table)
+
+
+def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
+    """A stats snapshot as two tables: streams by priority, and workers."""
+
+    t = Table(title=f"queue {snapshot['queue']!r}")
+    for col in ("priority", "length", "pending", "lag", "oldest waiting ms"):
+        t.add_column(col, justify="right")
+    for priority, s in snapshot["streams"].items():
+        t.add_row(
+            priority,
+            str(s["length"]),
+            str(s["pending"]),
+            str(s["lag"]),
+            str(s.get("oldest_waiting_ms", "-")),
+        )
+    w = Table(title=f"workers (dead-letter entries: {snapshot['dead_letter']})")
+    for col in (
+        "consumer",
+        "alive",
+        "last seen ms",
+        "pending",
+        "in flight",
+        "batches",
+        "succeeded",
+        "failed",
+        "wait p50/p99 ms",
+        "mean batch",
+        "padding",
+        "tokens/s",
+    ):
+        w.add_column(col, justify="right")
+    now = now_ms()
+    for worker in snapshot["workers"]:
+        d = derived(worker)
+        seen = worker.get("last_seen_unix_ms")
+        w.add_row(
+            str(worker["consumer"]),
+            "yes" if worker["alive"] else "no",
+            str(now - int(seen)) if seen else "-",
+            str(worker["pending"]),
+            str(worker.get("in_flight", "-")),
+            str(worker.get("batches", "-")),
+            str(worker.get("succeeded", "-")),
+            str(worker.get("failed", "-")),
+            f"{worker.get('wait_p50_ms', '-')}/{worker.get('wait_p99_ms', '-')}",
+            f"{d['mean_batch_size']:.1f}",
+            f"{d['padding_fraction']:.1%}",
+            f"{d['tokens_per_s']:.0f}",
+        )
+    return [t, w]
+
+
+@click.command()
+@redis_options
+@click.option("--interval-s", type=float, default=1.0, show_default=True)
+@click.option("--iterations", type=int, default=0, help="stop after this many (0: until Ctrl-C)")
+def top(redis_url: str, queue: str, interval_s: float, iterations: int) -> None:
+    """`genq stats`, live: refreshed every --interval-s until Ctrl-C."""
+    import time
+
+    from genq.common.connection import connect
+    from rich.console import Group
+    from rich.live import Live
+
+    def render(r: Any) -> Group:
+        return Group(*stats_tables(collect(r, queue)))
+
+    with (
+        connect(redis_url) as r,
+        Live(
+            render(r), console=Console(width=max(Console().width, WIDE)), auto_refresh=False
+        ) as live,
+    ):
+        n = 1
+        try:
+            while iterations == 0 or n < iterations:
+                time.sleep(interval_s)
+                live.update(render(r), refresh=True)
+                n += 1
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,133 @@
+"""``genq submit``: one prompt, or every line of a file, with a progress bar."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from genq.common.errors import GenqError
+from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRIORITY
+from genq.worker.commands.options import PRIORITY_CHOICE, redis_options
+from rich.console import Console
+
+
+@click.command()
+@redis_options
+@click.argument("prompt", required=False)
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help="submit every line of this file: a prompt per line, or JSON Lines of "
+    "request options; results are printed as JSON Lines",
+)
+@click.option("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, show_default=True)
+@click.option("--priority", type=PRIORITY_CHOICE, default=DEFAULT_PRIORITY)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="a stop string (repeatable)")
+@click.option("--timeout-s", type=float, default=None, help="give up waiting after this long")
+@click.option("--no-wait", is_flag=True, help="print the request id and return")
+@click.option("--json", "as_json", is_flag=True, help="print the whole result as JSON")
+def submit(
+    redis_url: str,
+    queue: str,
+    prompt: str | None,
+    path: str | None,
+    max_new_tokens: int,
+    priority: str,
+    temperature: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+    timeout_s: float | None,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Submit PROMPT and print the generated text (or the result as JSON); or submit every
+    line of --file with a progress bar."""
+    from genq.producer import Client
+
+    if (prompt is None) == (path is None):
+        raise click.UsageError("give a PROMPT or --file, not both")
+    options = {
+        "max_new_tokens": max_new_tokens,
+        "priority": priority,
+        "temperature": temperature,
+        "seed": seed,
+        "stop": list(stop),
+    }
+    if path is not None:
+        _submit_file(redis_url, queue, path, options, timeout_s, no_wait)
+        return
+    prompt = prompt or ""  # given: checked above
+    with Client.from_url(redis_url, queue) as client:
+        try:
+            request_id = client.submit(
+                prompt,
+                max_new_tokens=max_new_tokens,
+                priority=priority,
+                temperature=temperature,
+                seed=seed,
+                stop=list(stop),
+            )
+            if no_wait:
+                click.echo(request_id)
+                return
+            result = client.result(request_id, timeout=timeout_s)
+        except GenqError as err:
+            raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    elif result.status == "succeeded":
+        click.echo(result.text)
+    else:
+        msg = result.error.message if result.error else ""
+        raise click.ClickException(f"request {result.id} {result.status}: {msg}")
+
+
+def _submit_file(
+    redis_url: str,
+    queue: str,
+    path: str,
+    options: dict[str, Any],
+    timeout_s: float | None,
+    no_wait: bool,
+) -> None:
+    """``genq submit --file``: bad lines to stderr with their numbers, the rest submitted in
+    chunks under a progress bar; then (unless --no-wait) one JSON line per result."""
+    from genq.producer import Client
+    from genq.producer.files import read_requests
+    from genq.producer.submitting import SUBMIT_CHUNK
+    from rich.progress import Progress
+
+    with click.open_file(path, encoding="utf-8") as f:
+        requests, errors = read_requests(f, options)
+    err = Console(stderr=True)
+    for e in errors:
+        err.print(f"line {e.line}: {e.message}", markup=False)
+    chunk = SUBMIT_CHUNK
+    with Client.from_url(redis_url, queue) as client, Progress(console=err) as progress:
+        sent = progress.add_task("submitting", total=len(requests))
+        ids: list[str] = []
+        try:
+            for start in range(0, len(requests), chunk):
+                part = [r for _, r in requests[start : start + chunk]]
+                ids += client.submit_requests(part)
+                progress.advance(sent, len(part))
+        except GenqError as e:
+            raise click.ClickException(f"{e} ({len(ids)} of {len(requests)} submitted)") from None
+        if no_wait:
+            progress.stop()
+            for (line, _), request_id in zip(requests, ids, strict=True):
+                click.echo(json.dumps({"line": line, "id": request_id}))
+            return
+        done = progress.add_task("waiting", total=len(ids))
+        for start in range(0, len(ids), chunk):
+            results = client.results(ids[start : start + chunk], timeout=timeout_s)
+            progress.advance(done, len(results))
+            for (line, _), res in zip(requests[start : start + chunk], results, strict=True):
+                out = {"line": line, **res.model_dump(mode="json")}
+                click.echo(json.dumps(out))
+    if errors:
+        raise click.ClickException(f"{len(errors)} line(s) were not submitted (see above)")

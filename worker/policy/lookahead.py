@@ -1,0 +1,136 @@
+"""The look-ahead: every request a worker has read and not yet handed to its engine.
+
+A worker holds at most ``max_per_stream`` waiting requests per priority stream, so the rest of the
+queue stays available to the other workers of the group. Each held request is in one of two
+stages here: **waiting** (a candidate for the next batch) or **starting** (taken for a batch,
+being marked running). Once started, the runner holds it; once finished, the writer does.
+The claim keeper renews exactly what these three hold, so a request dropped by mistake goes
+idle and is taken over by another worker: never stuck.
+
+Pure: no Redis, no torch, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from genq.common.models import PRIORITY_RANK, Request
+from genq.worker.policy.batching import Candidate
+
+
+def entry_key(stream: str, entry_id: str) -> str:
+    """A held request's key: entry ids are unique only within one stream."""
+    return f"{stream} {entry_id}"
+
+
+@dataclass(slots=True, kw_only=True)
+class Held:
+    """A request this worker has read and admitted. (Not frozen: one is made per request on the
+    hot path, and a frozen dataclass costs several times as much to build.)"""
+
+    stream: str
+    """The work stream its entry is in (its priority)."""
+    entry_id: str
+    """The entry's id in that stream."""
+    request: Request
+    """The decoded request."""
+    prompt_ids: list[int]
+    """The prompt in the engine's tokenizer (its exact cost)."""
+    enqueued_ms: int
+    """When Redis accepted the entry (its id's time)."""
+    deliveries: int = 1
+    """How many times Redis has delivered the entry. Above 1, a worker died holding it: it runs
+    alone (``suspect``), so that if it is what kills workers it takes no batch-mates with it."""
+    started_ms: int | None = None
+    """When a continuous runner started it (its generation time is measured from there)."""
+    key: str = field(init=False)
+    """Unique among held requests (``entry_key``)."""
+    candidate: Candidate = field(init=False)
+    """The request as the batching policy sees it (built once: the policy runs each turn)."""
+
+    def __post_init__(self) -> None:
+        self.key = entry_key(self.stream, self.entry_id)
+        self.candidate = Candidate(
+            key=self.key,
+            prompt_tokens=len(self.prompt_ids),
+            max_new_tokens=self.request.max_new_tokens,
+            enqueued_ms=self.enqueued_ms,
+            priority_rank=PRIORITY_RANK[self.request.priority],
+        )
+
+    @property
+    def suspect(self) -> bool:
+        """Delivered before: it runs alone."""
+        return self.deliveries > 1
+
+    @property
+    def cost_tokens(self) -> int:
+        """What it takes from the batch's token budget: prompt + max_new_tokens."""
+        return self.candidate.cost_tokens
+
+
+class Lookahead:
+    """The waiting and starting requests of one worker, with the room left per stream."""
+
+    def __init__(self, *, streams: Sequence[str], max_per_stream: int) -> None:
+        self.streams = list(streams)
+        self.max_per_stream = max_per_stream
+        self.waiting: dict[str, Held] = {}
+        """Candidates for the next batch, by key."""
+        self.starting: dict[str, Held] = {}
+        """Taken for a batch, not yet handed to the runner."""
+        self._per_stream: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.starting)
+
+    def holds(self, key: str) -> bool:
+        """Whether a request with this key is waiting or starting."""
+        return key in self.waiting or key in self.starting
+
+    def add(self, held: Held) -> None:
+        """A newly admitted request joins the waiting ones."""
+        self.waiting[held.key] = held
+        self._per_stream[held.stream] += 1
+
+    def room(self) -> dict[str, int]:
+        """How many more entries each stream may deliver to this worker now."""
+        return {s: max(0, self.max_per_stream - self._per_stream[s]) for s in self.streams}
+
+    def candidates(self) -> list[Candidate]:
+        """The waiting requests as the batching policy sees them."""
+        return [h.candidate for h in self.waiting.values()]
+
+    def next_suspect(self) -> Held | None:
+        """The oldest waiting request that was delivered before (it runs alone), if any."""
+        suspects = [h for h in self.waiting.values() if h.suspect]
+        return min(suspects, key=lambda h: h.enqueued_ms) if suspects else None
+
+    def take(self, keys: Iterable[str]) -> list[Held]:
+        """Move these waiting requests to starting; return them in the order given."""
+        batch = []
+        for key in keys:
+            held = self.waiting.pop(key)
+            self._per_stream[held.stream] -= 1
+            self.starting[key] = held
+            batch.append(held)
+        return batch
+
+    def put_back(self, batch: Iterable[Held]) -> None:
+        """Starting failed before anything ran (Redis away): they wait again."""
+        for held in batch:
+            if self.starting.pop(held.key, None) is not None:
+                self.add(held)
+
+    def started(self, batch: Iterable[Held]) -> None:
+        """These left the look-ahead: handed to the runner, or finished without running."""
+        for held in batch:
+            self.starting.pop(held.key, None)
+
+    def entries(self) -> list[tuple[str, str]]:
+        """(stream, entry id) of every request held here. Safe from another thread: a dict's
+        copy() is atomic under the GIL."""
+        held = [*self.waiting.copy().values(), *self.starting.copy().values()]
+        return [(h.stream, h.entry_id) for h in held]

@@ -1,0 +1,46 @@
+"""What to start this turn: the batching policy applied to the room the runner has left.
+
+A static runner has nothing running when it plans, so the room is the whole budget and the
+decision is ``next_batch``'s. A continuous runner has requests running: new ones join while the
+budget and batch size have room, and if the most urgent waiting request does not fit yet,
+nothing starts (it would otherwise be overtaken again and again by smaller ones).
+
+Pure: plain data in, a ``Decision`` out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, next_batch
+
+
+def plan_start(
+    candidates: Sequence[Candidate],
+    *,
+    now_ms: int,
+    policy: BatchPolicy,
+    running: int,
+    running_tokens: int,
+    wait_to_fill: bool,
+) -> Decision:
+    """The batch to start now among ``candidates``, given ``running`` requests costing
+    ``running_tokens`` already in the engine. ``wait_to_fill``: wait up to the policy's
+    ``max_wait_ms`` for a fuller batch (static engines); otherwise start at once."""
+    free_tokens = policy.max_batch_tokens - running_tokens
+    free_slots = policy.max_batch_size - running
+    if not candidates:
+        return Decision(reason="empty")
+    if free_slots <= 0 or free_tokens <= 0:
+        return Decision(reason="no room")
+    room = dataclasses.replace(
+        policy,
+        max_batch_tokens=free_tokens,
+        max_batch_size=free_slots,
+        max_wait_ms=policy.max_wait_ms if wait_to_fill else 0,
+    )
+    decision = next_batch(candidates, now_ms, room)
+    if running and decision.tokens > free_tokens:
+        return Decision(reason="no room")  # the most urgent request does not fit yet
+    return decision

@@ -1,0 +1,199 @@
+"""What a worker has done, and the stats hash it publishes (``genq stats``, ``genq top``).
+
+The loop owns the counters; the writer thread publishes a copy of the latest stats fields with
+each batch of results, and the loop refreshes them at most once a second otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from genq.common.models import now_ms
+from genq.worker.engines.base import BatchReport
+from genq.worker.policy.lookahead import Held
+
+HEARTBEAT_S = 1.0
+"""The loop refreshes the stats hash at most this often (the writer adds it to its writes)."""
+RECENT = 1000
+"""How many batch sizes and queue waits the counters keep for the published percentiles."""
+
+
+class StatsSink(Protocol):
+    """Where the stats hash goes (the worker's QueueIO)."""
+
+    def add_stats(self, pipe: Any, fields: dict[str, Any]) -> None: ...
+
+    def publish_stats(self, fields: dict[str, Any]) -> None: ...
+
+
+class Ended(Protocol):
+    """What the counters need of a request that ended (an Outcome)."""
+
+    status: str
+    queue_wait_ms: int | None
+
+
+@dataclass
+class Counters:
+    """What the worker has done since it started; published in its stats hash."""
+
+    batches: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    already_final: int = 0
+    """Requests found final when about to start or write (cancelled, or finished elsewhere)."""
+    reclaimed: int = 0
+    oom_splits: int = 0
+    prompt_tokens: int = 0
+    padded_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    decode_slots: int = 0
+    generation_ms: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    """Sizes of the last ``RECENT`` batches (static) or starts (continuous)."""
+    recent_waits_ms: list[int] = field(default_factory=list)
+    """Queue waits of the last ``RECENT`` requests that started (for the published percentiles)."""
+
+    def as_hash(self) -> dict[str, int]:
+        """The integer counters, as the stats hash holds them."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, int)}
+
+    def ended(self, outcomes: Sequence[Ended]) -> None:
+        """Count requests that reached a final state, and keep their waits."""
+        for o in outcomes:
+            if o.status == "succeeded":
+                self.succeeded += 1
+            elif o.status == "failed":
+                self.failed += 1
+            elif o.status == "expired":
+                self.expired += 1
+        self.recent_waits_ms += [o.queue_wait_ms for o in outcomes if o.queue_wait_ms is not None]
+        del self.recent_waits_ms[:-RECENT]
+
+    def batch(self, size: int) -> None:
+        """A batch (static) or a start (continuous) of ``size`` requests."""
+        self.batches += 1
+        self.batch_sizes.append(size)
+        del self.batch_sizes[:-RECENT]
+
+    def generated(self, report: BatchReport, generation_ms: int) -> None:
+        """What a static batch computed."""
+        self.prompt_tokens += report.prompt_tokens
+        self.padded_prompt_tokens += report.padded_prompt_tokens
+        self.completion_tokens += report.completion_tokens
+        self.decode_slots += report.decode_slots
+        self.generation_ms += generation_ms
+
+    def generated_one(self, *, prompt_tokens: int, completion_tokens: int) -> None:
+        """What one request of a continuous engine computed (packed: no padding)."""
+        self.prompt_tokens += prompt_tokens
+        self.padded_prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.decode_slots += completion_tokens
+
+    def summary(self) -> str:
+        """The one line a worker logs when it stops."""
+        d = derived(self.as_hash())
+        return (
+            f"succeeded={self.succeeded} failed={self.failed} expired={self.expired} "
+            f"dead_lettered={self.dead_lettered} already_final={self.already_final} "
+            f"reclaimed={self.reclaimed} batches={self.batches} "
+            f"mean_batch_size={d['mean_batch_size']:.1f} "
+            f"padding_fraction={d['padding_fraction']:.3f} tokens_per_s={d['tokens_per_s']:.1f}"
+        )
+
+
+class Identity:
+    """Who a worker is, in its stats hash: fixed for its life (read once, not per batch)."""
+
+    def __init__(self, *, consumer: str, engine: str, model: str) -> None:
+        self.fields: dict[str, Any] = {
+            "consumer": consumer,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "engine": engine,
+            "model": model if engine != "echo" else "-",
+            "started_unix_ms": now_ms(),
+        }
+
+
+class Heartbeat:
+    """Publishes a worker's stats hash: from the loop at most every ``HEARTBEAT_S``, and with
+    every batch of results the writer writes (``latest``, a copy the writer thread reads)."""
+
+    def __init__(
+        self,
+        *,
+        queue: StatsSink,
+        identity: Identity,
+        counters: Counters,
+        holdings: Callable[[], tuple[int, list[Held]]],
+    ) -> None:
+        self.queue = queue
+        self.identity = identity
+        self.counters = counters
+        self.holdings = holdings
+        """``() -> (waiting, in flight)``: what the worker holds now."""
+        self.latest: dict[str, Any] = {}
+        """The fields as of the last results handed to the writer."""
+        self._last_s = 0.0
+
+    def fields(self) -> dict[str, Any]:
+        """The stats hash's fields, now."""
+        waiting, in_flight = self.holdings()
+        return stats_fields(self.identity, self.counters, waiting=waiting, in_flight=in_flight)
+
+    def beat(self, *, force: bool = False) -> bool:
+        """Publish now if ``HEARTBEAT_S`` passed since the last time (or ``force``); True if
+        it did."""
+        if not force and time.monotonic() - self._last_s < HEARTBEAT_S:
+            return False
+        self._last_s = time.monotonic()
+        self.queue.publish_stats(self.fields())
+        return True
+
+    def add_latest(self, pipe: Any) -> None:
+        """The writer thread's call: add ``latest`` to its round trip."""
+        self._last_s = time.monotonic()
+        self.queue.add_stats(pipe, self.latest)
+
+
+def stats_fields(
+    identity: Identity, counters: Counters, *, waiting: int, in_flight: Sequence[Held]
+) -> dict[str, Any]:
+    """The fields of a worker's stats hash, now."""
+    waits = sorted(counters.recent_waits_ms)
+    return {
+        **counters.as_hash(),
+        **identity.fields,
+        "last_seen_unix_ms": now_ms(),
+        "held": waiting,
+        "in_flight": len(in_flight),
+        "in_flight_tokens": sum(h.cost_tokens for h in in_flight),
+        "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
+        "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,
+        "recent_batch_sizes": json.dumps(counters.batch_sizes[-100:]),
+    }
+
+
+def derived(worker: dict[str, Any]) -> dict[str, float]:
+    """Mean batch size, padding fraction and tokens/s from a worker's counters."""
+    batches = int(worker.get("batches", 0))
+    done = int(worker.get("succeeded", 0))
+    padded = int(worker.get("padded_prompt_tokens", 0))
+    gen_ms = int(worker.get("generation_ms", 0))
+    return {
+        "mean_batch_size": done / batches if batches else 0.0,
+        "padding_fraction": 1 - int(worker.get("prompt_tokens", 0)) / padded if padded else 0.0,
+        "tokens_per_s": int(worker.get("completion_tokens", 0)) / (gen_ms / 1000)
+        if gen_ms
+        else 0.0,
+    }

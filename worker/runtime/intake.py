@@ -1,0 +1,147 @@
+"""The admit step: delivered entries become held requests, final outcomes at once (failed,
+expired), or dead letters, by the verdicts of ``policy.admission``. Entries the worker already
+holds (a redelivery of one it is running or writing) are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from genq.common.keys import Keys
+from genq.common.models import Request
+from genq.common.wire import decode_request
+from genq.worker.engines.base import Engine
+from genq.worker.engines.chat import prompt_text
+from genq.worker.policy.admission import (
+    Action,
+    Limits,
+    entry_time_ms,
+    judge_entry,
+    judge_prompt,
+)
+from genq.worker.policy.lookahead import Held, entry_key
+from genq.worker.runtime.dead_letter import dead_letter_fields
+from genq.worker.runtime.outcomes import Outcome, Outcomes
+from genq.worker.runtime.queue_io import Delivered
+
+
+@dataclass(kw_only=True)
+class Admitted:
+    """What one admit step made of the entries it was given."""
+
+    held: list[Held] = field(default_factory=list)
+    """Runnable: they join the look-ahead."""
+    outcomes: list[Outcome] = field(default_factory=list)
+    """Final at once: failed or expired."""
+    dead_letters: list[dict[str, str | int]] = field(default_factory=list)
+    """Entries with no usable id, as dead-letter records."""
+
+
+class Intake:
+    """Decodes, checks and tokenizes delivered entries for one worker."""
+
+    def __init__(
+        self, *, engine: Engine, limits: Limits, outcomes: Outcomes, keys: Keys, consumer: str
+    ) -> None:
+        self.engine = engine
+        self.limits = limits
+        self.outcomes = outcomes
+        self.keys = keys
+        self.consumer = consumer
+        self._tokenizer = getattr(engine, "tokenizer", None)
+
+    def admit(
+        self,
+        delivered: Delivered,
+        *,
+        now_ms: int,
+        holding: Callable[[str], bool],
+        deliveries: dict[str, int] | None = None,
+    ) -> Admitted:
+        """The verdicts on ``delivered`` (``deliveries``: times each entry was delivered, for
+        entries delivered before; 1 for the rest)."""
+        out = Admitted()
+        runnable: list[tuple[str, str, Request]] = []
+        for raw_stream, entries in delivered:
+            stream = _text(raw_stream)
+            priority = self.keys.priority_of(stream)
+            for raw_id, fields in entries:
+                entry_id = _text(raw_id)
+                if holding(entry_key(stream, entry_id)):
+                    continue
+                decoded = decode_request(priority, fields or {})
+                verdict = judge_entry(decoded, now_ms)
+                if verdict.action is Action.RUN and isinstance(decoded, Request):
+                    runnable.append((stream, entry_id, decoded))
+                elif verdict.action is Action.EXPIRE and isinstance(decoded, Request):
+                    out.outcomes.append(
+                        self.outcomes.expired(stream=stream, entry_id=entry_id, request=decoded)
+                    )
+                elif verdict.action is Action.FAIL and verdict.error and verdict.request_id:
+                    out.outcomes.append(
+                        self.outcomes.failed(
+                            stream=stream,
+                            entry_id=entry_id,
+                            request_id=verdict.request_id,
+                            error=verdict.error,
+                        )
+                    )
+                else:
+                    record = dead_letter_fields(
+                        stream=stream,
+                        entry_id=entry_id,
+                        fields=as_dict(fields),
+                        error=str(verdict.error),
+                        worker=self.consumer,
+                    )
+                    out.dead_letters.append(record)
+        if runnable:
+            self._tokenize(runnable, deliveries or {}, out)
+        return out
+
+    def _tokenize(
+        self, runnable: list[tuple[str, str, Request]], deliveries: dict[str, int], out: Admitted
+    ) -> None:
+        """Cost each runnable request in the engine's tokenizer (one call for all), then check
+        it against the limits."""
+        texts = [prompt_text(r, self._tokenizer) for _, _, r in runnable]
+        for (stream, entry_id, request), ids in zip(
+            runnable, self.engine.tokenize(texts), strict=True
+        ):
+            verdict = judge_prompt(request, len(ids), self.limits)
+            if verdict.action is Action.FAIL and verdict.error is not None:
+                out.outcomes.append(
+                    self.outcomes.failed(
+                        stream=stream,
+                        entry_id=entry_id,
+                        request_id=request.id,
+                        error=verdict.error,
+                        request=request,
+                    )
+                )
+                continue
+            out.held.append(
+                Held(
+                    stream=stream,
+                    entry_id=entry_id,
+                    request=request,
+                    prompt_ids=ids,
+                    enqueued_ms=entry_time_ms(entry_id),
+                    deliveries=deliveries.get(entry_id, 1),
+                )
+            )
+
+
+def as_dict(fields: Any) -> dict[Any, Any]:
+    """An entry's fields as a dict, from a flat list or a dict (or None: deleted)."""
+    if not fields:
+        return {}
+    if isinstance(fields, dict):
+        return fields
+    return dict(zip(fields[::2], fields[1::2], strict=True))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,182 @@
+"""Outcomes: a request's final state as the worker hands it to the writer, with the entry to
+acknowledge for it. The state itself is built by ``genq.common.states`` (the one owner of the
+result document); this module fills it in from what the worker knows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from genq.common import states
+from genq.common.errors import GenqError
+from genq.common.keys import Keys
+from genq.common.models import Request, now_ms
+from genq.worker.engines.base import GenerationOutput
+from genq.worker.policy.admission import entry_time_ms
+from genq.worker.policy.lookahead import Held
+
+log = logging.getLogger("genq.worker")
+
+
+@dataclass(slots=True, kw_only=True)
+class Outcome:
+    """A final state to write, and the entry to acknowledge with it."""
+
+    stream: str
+    """The work stream of the entry to acknowledge."""
+    entry_id: str
+    """The entry to acknowledge (and delete) once the state is written."""
+    request_id: str
+    status: str
+    """succeeded, failed, expired or cancelled."""
+    priority: str
+    state_json: str
+    """The state, as ``genq.common.states`` built it (this is the hot path: JSON once)."""
+    queue_wait_ms: int | None = None
+    """Enqueue to start, for the wait percentiles and metrics (None: it never started)."""
+    completion_tokens: int = 0
+
+
+class Outcomes:
+    """Builds the outcomes of one worker (its consumer name goes into every state)."""
+
+    def __init__(self, *, worker: str, keys: Keys) -> None:
+        self.worker = worker
+        self.keys = keys
+
+    def succeeded(
+        self,
+        held: Held,
+        out: GenerationOutput,
+        *,
+        started_ms: int,
+        finished_ms: int,
+        generation_ms: int,
+        batch_size: int,
+    ) -> Outcome:
+        """A request that generated its text."""
+        r = held.request
+        state = states.succeeded(
+            request_id=r.id,
+            priority=r.priority,
+            metadata=r.metadata,
+            text=out.text,
+            finish_reason=out.finish_reason,
+            prompt_tokens=len(held.prompt_ids),
+            completion_tokens=out.completion_tokens,
+            queued_ms=held.enqueued_ms,
+            started_ms=started_ms,
+            finished_ms=finished_ms,
+            generation_ms=generation_ms,
+            worker=self.worker,
+            batch_size=batch_size,
+        )
+        return Outcome(
+            stream=held.stream,
+            entry_id=held.entry_id,
+            request_id=r.id,
+            status="succeeded",
+            priority=r.priority,
+            state_json=state,
+            queue_wait_ms=max(0, started_ms - held.enqueued_ms),
+            completion_tokens=out.completion_tokens,
+        )
+
+    def failed(
+        self,
+        *,
+        stream: str,
+        entry_id: str,
+        request_id: str,
+        error: GenqError,
+        request: Request | None = None,
+        started_ms: int | None = None,
+    ) -> Outcome:
+        """A request that failed, with an error a person can act on."""
+        log.info("request %s failed: %s", request_id, error)
+        return self._ended(
+            stream=stream,
+            entry_id=entry_id,
+            request_id=request_id,
+            request=request,
+            status="failed",
+            code=error.code,
+            message=str(error),
+            started_ms=started_ms,
+        )
+
+    def failed_held(self, held: Held, error: GenqError, started_ms: int | None = None) -> Outcome:
+        """``failed`` for a held request."""
+        return self.failed(
+            stream=held.stream,
+            entry_id=held.entry_id,
+            request_id=held.request.id,
+            error=error,
+            request=held.request,
+            started_ms=started_ms,
+        )
+
+    def expired(self, *, stream: str, entry_id: str, request: Request) -> Outcome:
+        """A request whose deadline passed before it started."""
+        return self._ended(
+            stream=stream,
+            entry_id=entry_id,
+            request_id=request.id,
+            request=request,
+            status="expired",
+            code="expired",
+            message="the request's deadline passed before it started",
+            started_ms=None,
+        )
+
+    def cancelled(self, held: Held) -> Outcome:
+        """A request cancelled while running: its state is already final (the client's), so
+        writing this only acknowledges its entry."""
+        return self._ended(
+            stream=held.stream,
+            entry_id=held.entry_id,
+            request_id=held.request.id,
+            request=held.request,
+            status="cancelled",
+            code="cancelled",
+            message="cancelled by a client",
+            started_ms=None,
+        )
+
+    def _ended(
+        self,
+        *,
+        stream: str,
+        entry_id: str,
+        request_id: str,
+        request: Request | None,
+        status: str,
+        code: str,
+        message: str,
+        started_ms: int | None,
+    ) -> Outcome:
+        queued_ms = entry_time_ms(entry_id)
+        priority = request.priority if request else self.keys.priority_of(stream)
+        state = states.ended(
+            request_id=request_id,
+            status=status,
+            priority=priority,
+            metadata=request.metadata if request else {},
+            code=code,
+            message=message,
+            queued_ms=queued_ms,
+            started_ms=started_ms,
+            finished_ms=now_ms(),
+            worker=self.worker,
+        )
+        wait_ms = None if started_ms is None else max(0, started_ms - queued_ms)
+        return Outcome(
+            stream=stream,
+            entry_id=entry_id,
+            request_id=request_id,
+            status=status,
+            priority=priority,
+            state_json=state,
+            queue_wait_ms=wait_ms,
+        )

@@ -1,0 +1,200 @@
+"""Queue I/O: everything the worker says to Redis about its work, in one place.
+
+Join (consumer groups and the queue's config), resume (this consumer's own pending entries),
+reclaim (entries of dead workers), read (new entries within the look-ahead's room), mark
+running and write final states (the APPLY script), dead-letter, stream text, check for
+cancels, publish stats. Keys come from ``genq.common.keys``; the worker loop never builds one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from genq.common import states
+from genq.common.keys import GROUP, Keys
+from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply
+from genq.common.settings import WorkerSettings
+from genq.common.wire import encode_delta_event
+from genq.worker.runtime import recovery
+from genq.worker.runtime.dead_letter import add_to_pipeline
+
+log = logging.getLogger("genq.worker")
+
+Delivered = list[tuple[Any, list[Any]]]
+"""An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
+
+
+class QueueIO:
+    """One worker's reads and writes on its queue's streams, states and stats."""
+
+    def __init__(
+        self, *, r: redis.Redis, keys: Keys, consumer: str, settings: WorkerSettings
+    ) -> None:
+        self.redis = r
+        self.keys = keys
+        self.consumer = consumer
+        self.settings = settings
+        self._claim_cursors = dict.fromkeys(keys.streams(), "0-0")
+        self._last_reclaim_s = 0.0
+
+    def ensure_groups(self) -> None:
+        """Create the consumer group on every priority stream (and the streams) if missing, and
+        publish the queue's limits that producers enforce. The group starts at the beginning,
+        so requests sent before any worker ran are served."""
+        for stream in self.keys.streams():
+            try:
+                self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as err:
+                if "BUSYGROUP" not in str(err):
+                    raise
+        self.redis.hset(self.keys.config, MAX_QUEUE_DEPTH_FIELD, str(self.settings.max_queue_depth))
+
+    def resume(
+        self, room: Callable[[], dict[str, int]], admit: Callable[[str, list[Any]], None]
+    ) -> int:
+        """Take back this consumer's own pending entries (a restart under the same name), as
+        the look-ahead has room, handing each page to ``admit(stream, entries)``. Entries
+        deleted while pending come back without fields: they are acknowledged. Returns how
+        many were resumed."""
+        total = 0
+        for stream in self.keys.streams():
+            start = "0"
+            while room()[stream] > 0:
+                resp: Any = self.redis.xreadgroup(
+                    GROUP, self.consumer, {stream: start}, count=room()[stream]
+                )
+                entries = resp[0][1] if resp else []
+                if not entries:
+                    break
+                start = entries[-1][0].decode()
+                gone = [e[0] for e in entries if not e[1]]
+                if gone:
+                    self.redis.xack(stream, GROUP, *gone)
+                live = [e for e in entries if e[1]]
+                total += len(live)
+                admit(stream, live)
+        return total
+
+    def reclaim(self, room: dict[str, int]) -> list[tuple[str, list[Any]]]:
+        """Entries idle for ``claim_idle_ms`` (their worker died: live workers renew theirs),
+        taken over within ``room``; looked for at most every ``claim_idle_ms / 4``."""
+        now_s = time.monotonic()
+        if now_s - self._last_reclaim_s < self.settings.claim_idle_ms / 4000:
+            return []
+        self._last_reclaim_s = now_s
+        taken = []
+        for stream, n in room.items():
+            if n <= 0:
+                continue
+            cursor, entries = recovery.autoclaim(
+                self.redis,
+                stream,
+                self.consumer,
+                min_idle_ms=self.settings.claim_idle_ms,
+                count=n,
+                cursor=self._claim_cursors[stream],
+            )
+            self._claim_cursors[stream] = cursor
+            if entries:
+                log.info("took over %d entries of %s from dead workers", len(entries), stream)
+                taken.append((stream, entries))
+        return taken
+
+    def delivery_counts(self, stream: str, entry_ids: Sequence[str]) -> dict[str, int]:
+        """How many times each of these entries (pending for this consumer) was delivered."""
+        return recovery.delivery_counts(self.redis, stream, self.consumer, entry_ids)
+
+    def read(self, room: dict[str, int], block_ms: int | None) -> Delivered:
+        """New entries, each stream up to its room. Non-blocking: one pipelined XREADGROUP per
+        priority. Blocking: one XREADGROUP over all streams, woken by the first entry to arrive
+        (used only when idle or waiting to fill a batch)."""
+        asked = [s for s, n in room.items() if n > 0]
+        if block_ms is None:
+            if not asked:
+                return []
+            pipe = self.redis.pipeline(transaction=False)
+            for s in asked:
+                pipe.xreadgroup(GROUP, self.consumer, {s: ">"}, count=room[s])
+            return [x for resp in pipe.execute() for x in (resp or [])]
+        if not asked:
+            time.sleep(block_ms / 1000)
+            return []
+        resp: Any = self.redis.xreadgroup(
+            GROUP,
+            self.consumer,
+            dict.fromkeys(asked, ">"),
+            count=min(room[s] for s in asked),
+            block=block_ms,
+        )
+        return resp or []
+
+    def mark_running(self, items: Sequence[ApplyItem], token: str) -> list[int]:
+        """Write these requests' ``running`` states (one APPLY call, counting a start each);
+        ``Applied`` answers in order."""
+        if not items:
+            return []
+        return apply(
+            self.redis,
+            self.keys,
+            self.settings.result_ttl_s,
+            "running",
+            items,
+            max_attempts=self.settings.max_attempts,
+            token=token,
+        )
+
+    def write_final(self, items: Sequence[ApplyItem], also: Callable[[Any], None]) -> list[int]:
+        """Write final states with their events and acknowledge their entries (one APPLY
+        call), with ``also(pipe)``'s commands in the same round trip."""
+        return apply(self.redis, self.keys, self.settings.result_ttl_s, "final", items, also=also)
+
+    def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
+        """Add ``record`` to the dead-letter stream; with ``ack``, also drop its work entry (an
+        entry with no usable id: there is no result to write)."""
+        pipe = self.redis.pipeline(transaction=True)
+        add_to_pipeline(pipe, self.keys, record)
+        if ack:
+            stream, entry_id = str(record["stream"]), str(record["entry_id"])
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+        pipe.execute()
+
+    def send_delta(self, request_id: str, text: str) -> None:
+        """Append a piece of streamed text to the request's event stream. One round trip per
+        piece: streaming is opt-in, and a piece per decode step is what its client asked for."""
+        events = self.keys.events(request_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xadd(events, encode_delta_event(text))  # type: ignore[arg-type]
+        pipe.expire(events, self.settings.result_ttl_s)
+        pipe.execute()
+
+    def final_ones(self, request_ids: Sequence[str]) -> set[str]:
+        """Which of these requests are final (cancelled by a client while running, say)."""
+        raws = self.redis.mget([self.keys.result(i) for i in request_ids])
+        return {i for i, raw in zip(request_ids, raws, strict=True) if states.is_final(raw)}
+
+    def add_stats(self, pipe: Any, fields: dict[str, Any]) -> None:
+        """Queue the refresh of this worker's stats hash (and its TTL) on ``pipe``."""
+        key = self.keys.worker(self.consumer)
+        pipe.hset(key, mapping=fields)
+        pipe.expire(key, self.settings.heartbeat_ttl_s)
+
+    def publish_stats(self, fields: dict[str, Any]) -> None:
+        """Refresh this worker's stats hash now."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.add_stats(pipe, fields)
+        pipe.execute()
+
+    def leave(self) -> None:
+        """Delete this worker's stats hash (else it expires on its own)."""
+        self.redis.delete(self.keys.worker(self.consumer))
+
+
+def raw_read_reply(response: Any, **options: Any) -> Any:
+    """XREADGROUP's reply as ``[[stream, [[entry id, [field, value, ...]], ...]], ...]`` (the
+    RESP2 shape; RESP3's map of streams is turned into it)."""
+    return list(response.items()) if isinstance(response, dict) else response

@@ -1,0 +1,283 @@
+"""Runners: an engine behind the one interface the worker's turn uses.
+
+The turn hands a runner the requests it started (``start``), then asks for what finished
+(``collect``). A **static** runner runs the whole batch inside ``collect`` (one ``generate``
+call, bisected on failure); a **continuous** runner hands each request to an iteration-level
+engine at ``start`` and returns each result from ``collect`` the moment it finishes. Both
+hold what they run in ``running`` (for the claim keeper, the planner and cancels) and turn
+engine output into outcomes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from genq.common.errors import GenerationError, GenqError
+from genq.common.models import now_ms
+from genq.worker.engines.base import Engine, GenerationInput, IterationEngine
+from genq.worker.policy.budget import AdaptiveBudget
+from genq.worker.policy.lookahead import Held
+from genq.worker.runtime.heartbeat import Counters
+from genq.worker.runtime.metrics import Metrics
+from genq.worker.runtime.outcomes import Outcome, Outcomes
+
+log = logging.getLogger("genq.worker")
+
+POLL_S = 0.02
+"""How long a turn waits for a running request to finish before checking Redis again."""
+CANCEL_CHECK_S = 0.25
+"""How often a runner looks for running requests cancelled by a client."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerContext:
+    """What every runner reports to."""
+
+    outcomes: Outcomes
+    """Builds the outcomes of what it ran."""
+    counters: Counters
+    """The worker's counters (the loop's thread only)."""
+    metrics: Metrics
+    send_delta: Callable[[str, str], None]
+    """``send_delta(request id, text)``: a piece of a streaming request's text."""
+
+
+class Runner:
+    """What the turn needs of any engine; the engine-specific part is in the subclasses."""
+
+    waits_to_fill = False
+    """Whether a batch is worth waiting for (``max_wait_ms``) before it starts."""
+
+    def __init__(self, context: RunnerContext) -> None:
+        self.outcomes = context.outcomes
+        self.counters = context.counters
+        self.metrics = context.metrics
+        self.send_delta = context.send_delta
+        self.running: dict[str, Held] = {}
+        """Started and not yet finished, by held key."""
+        self._last_cancel_check_s = 0.0
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything is running."""
+        return bool(self.running)
+
+    def entries(self) -> list[tuple[str, str]]:
+        """(stream, entry id) of every running request (safe from another thread)."""
+        return [(h.stream, h.entry_id) for h in self.running.copy().values()]
+
+    def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
+        """Start ``batch`` (already marked running); return outcomes of those that could not."""
+        raise NotImplementedError
+
+    def collect(self, timeout_s: float) -> list[Outcome]:
+        """Outcomes of what finished, waiting up to ``timeout_s`` for the first."""
+        raise NotImplementedError
+
+    def cancel(self, held: Held) -> None:
+        """Stop running ``held`` (its state became final meanwhile)."""
+
+    def close(self) -> None:
+        """Stop the engine's background work."""
+
+    def drop_cancelled(self, final_ones: Callable[[list[str]], set[str]]) -> list[Outcome]:
+        """Stop running requests that became final meanwhile (cancelled by a client), freeing
+        their place; checked every ``CANCEL_CHECK_S``. Writing their outcome only acknowledges
+        their entry: the final state is the client's."""
+        now_s = time.monotonic()
+        if not self.running or now_s - self._last_cancel_check_s < CANCEL_CHECK_S:
+            return []
+        self._last_cancel_check_s = now_s
+        held = list(self.running.values())
+        final = final_ones([h.request.id for h in held])
+        out = []
+        for h in held:
+            if h.request.id in final:
+                self.cancel(h)
+                del self.running[h.key]
+                log.info("request %s became final while running (cancelled?)", h.request.id)
+                out.append(self.outcomes.cancelled(h))
+        return out
+
+    def generation_input(self, held: Held) -> GenerationInput:
+        """The engine's view of a held request; a streaming one sends its text as it comes."""
+        r = held.request
+        on_text = None
+        if r.stream:
+            request_id, send = r.id, self.send_delta
+
+            def on_text(text: str) -> None:
+                send(request_id, text)
+
+        return GenerationInput(
+            prompt_ids=held.prompt_ids,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            seed=r.seed,
+            stop=tuple(r.stop),
+            on_text=on_text,
+        )
+
+
+class StaticRunner(Runner):
+    """One ``generate`` call per batch. If the engine raises, the batch is split in halves and
+    each run again, down to single requests, so that the culprit fails with the error and its
+    batch-mates succeed. Out of memory also lowers the budget (``AdaptiveBudget``); only a
+    request that runs out of memory alone fails."""
+
+    waits_to_fill = True
+
+    def __init__(self, context: RunnerContext, *, engine: Engine, budget: AdaptiveBudget) -> None:
+        super().__init__(context)
+        self.engine = engine
+        self.budget = budget
+        self._started_ms = 0
+
+    def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
+        """Hold the batch: it runs in ``collect``, in the same turn."""
+        self.running.update((h.key, h) for h in batch)
+        self._started_ms = started_ms
+        return []
+
+    def collect(self, timeout_s: float) -> list[Outcome]:
+        """Run the batch started this turn to the end."""
+        batch = list(self.running.values())
+        try:
+            return self._generate(batch)
+        finally:
+            self.running.clear()
+
+    def _generate(self, batch: list[Held]) -> list[Outcome]:
+        if not batch:
+            return []
+        t0 = time.perf_counter()
+        try:
+            report = self.engine.generate([self.generation_input(h) for h in batch])
+        except Exception as err:  # an engine can raise anything; isolate the culprit(s)
+            return self._isolate(batch, err)
+        generation_ms = int((time.perf_counter() - t0) * 1000)
+        self.counters.batch(len(batch))
+        self.counters.generated(report, generation_ms)
+        tokens = report.prompt_tokens + report.completion_tokens
+        self.metrics.batch(len(batch), tokens, generation_ms / 1000)
+        finished_ms = now_ms()
+        return [
+            self.outcomes.succeeded(
+                h,
+                out,
+                started_ms=self._started_ms,
+                finished_ms=finished_ms,
+                generation_ms=generation_ms,
+                batch_size=len(batch),
+            )
+            for h, out in zip(batch, report.outputs, strict=True)
+        ]
+
+    def _isolate(self, batch: list[Held], err: Exception) -> list[Outcome]:
+        """The batch failed: halve it and run each half (the budget lowered on out of
+        memory); a single request fails with the error."""
+        oom = is_out_of_memory(err)
+        if oom:
+            self.counters.oom_splits += 1
+            budget = self.budget.lower(sum(h.cost_tokens for h in batch), time.monotonic())
+            log.warning(
+                "out of memory: batch budget lowered to %d tokens for %.0f s",
+                budget,
+                self.budget.backoff_s,
+            )
+        if len(batch) == 1:
+            h = batch[0]
+            log.warning("request %s failed in the engine: %r", h.request.id, err)
+            why = (
+                f"out of memory even alone ({len(h.prompt_ids)} prompt tokens + "
+                f"{h.request.max_new_tokens} new): ask for fewer tokens, or run a worker "
+                "with more memory"
+                if oom
+                else f"the engine failed on this request: {err}"
+            )
+            return [self.outcomes.failed_held(h, GenerationError(why), self._started_ms)]
+        half = len(batch) // 2
+        log.warning("batch of %d failed (%s); splitting it in two", len(batch), type(err).__name__)
+        return self._generate(batch[:half]) + self._generate(batch[half:])
+
+
+class ContinuousRunner(Runner):
+    """An iteration-level engine: requests join and leave the running batch at every decode
+    step, and each result is written the moment it finishes."""
+
+    def __init__(self, context: RunnerContext, *, engine: IterationEngine) -> None:
+        super().__init__(context)
+        self.engine = engine
+
+    def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
+        """Submit each request to the engine; one it refuses fails alone."""
+        failed = []
+        for h in batch:
+            try:
+                self.engine.submit(h.key, self.generation_input(h))
+            except GenqError as err:
+                failed.append(self.outcomes.failed_held(h, err, started_ms))
+                continue
+            h.started_ms = started_ms
+            self.running[h.key] = h
+        self.counters.batch(len(self.running))
+        return failed
+
+    def collect(self, timeout_s: float) -> list[Outcome]:
+        """Results of the requests that finished (waiting up to ``timeout_s`` for one)."""
+        if not self.running:
+            return []
+        t0 = time.perf_counter()
+        done = self.engine.poll(timeout_s)
+        self.counters.generation_ms += int((time.perf_counter() - t0) * 1000)
+        finished_ms = now_ms()
+        out = []
+        for key, result in done:
+            h = self.running.pop(key, None)
+            if h is None:
+                continue
+            started_ms = h.started_ms or finished_ms
+            if isinstance(result, str):
+                err = GenerationError(f"the engine failed on this request: {result}")
+                out.append(self.outcomes.failed_held(h, err, started_ms))
+                continue
+            self.counters.generated_one(
+                prompt_tokens=len(h.prompt_ids), completion_tokens=result.completion_tokens
+            )
+            self.metrics.batch(1, 0, (finished_ms - started_ms) / 1000)
+            out.append(
+                self.outcomes.succeeded(
+                    h,
+                    result,
+                    started_ms=started_ms,
+                    finished_ms=finished_ms,
+                    generation_ms=finished_ms - started_ms,
+                    batch_size=len(self.running) + 1,
+                )
+            )
+        return out
+
+    def cancel(self, held: Held) -> None:
+        """Free the request's place in the running batch."""
+        self.engine.cancel(held.key)
+
+    def close(self) -> None:
+        """Stop the engine's thread."""
+        self.engine.close()
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA, MPS) or the allocator's message, without importing torch."""
+    return type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err).lower()
+
+
+def make_runner(context: RunnerContext, engine: Engine, budget: AdaptiveBudget) -> Runner:
+    """The runner for ``engine``: continuous for an iteration-level engine, else static."""
+    if isinstance(engine, IterationEngine):
+        return ContinuousRunner(context, engine=engine)
+    return StaticRunner(context, engine=engine, budget=budget)

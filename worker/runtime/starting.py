@@ -1,0 +1,100 @@
+"""The start step: mark a batch running in one APPLY call, and sort out what must not run.
+
+A request whose deadline passed ends ``expired``; one started ``max_attempts`` times already,
+every time by a worker that died, is poison: it ends ``failed`` and is copied to the dead-letter
+stream; one already final (cancelled, or finished elsewhere) is acknowledged by the script and
+dropped. The rest run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from genq.common import states
+from genq.common.errors import PoisonRequest
+from genq.common.models import now_ms
+from genq.common.scripts import Applied
+from genq.common.wire import encode_request
+from genq.worker.policy.admission import deadline_passed
+from genq.worker.policy.lookahead import Held
+from genq.worker.runtime.dead_letter import dead_letter_fields
+from genq.worker.runtime.heartbeat import Counters
+from genq.worker.runtime.outcomes import Outcome, Outcomes
+from genq.worker.runtime.queue_io import QueueIO
+
+log = logging.getLogger("genq.worker")
+
+
+class Starter:
+    """Marks one worker's batches running."""
+
+    def __init__(self, *, queue: QueueIO, outcomes: Outcomes, counters: Counters) -> None:
+        self.queue = queue
+        self.outcomes = outcomes
+        self.counters = counters
+
+    def mark_running(
+        self, batch: Sequence[Held], started_ms: int
+    ) -> tuple[list[Held], list[Outcome]]:
+        """Mark ``batch`` running in one script call. Returns the requests to run, and the
+        outcomes of those that must not: a deadline that passed (expired), a request started
+        ``max_attempts`` times already (poison). One already final (cancelled, or finished
+        elsewhere) is acknowledged by the script and dropped."""
+        outcomes = self.outcomes
+        now = now_ms()
+        late = [h for h in batch if deadline_passed(h.request, now)]
+        todo = [h for h in batch if not deadline_passed(h.request, now)]
+        items = [
+            (h.request.id, h.stream, h.entry_id, self._running_state(h, started_ms)) for h in todo
+        ]
+        answers = self.queue.mark_running(items, token=f"{self.queue.consumer}:{started_ms}")
+        live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
+        poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
+        self.counters.already_final += sum(1 for a in answers if a == Applied.ALREADY_FINAL)
+        ended = [
+            outcomes.expired(stream=h.stream, entry_id=h.entry_id, request=h.request) for h in late
+        ]
+        return live, ended + [self._poison(h) for h in poison]
+
+    def _running_state(self, h: Held, started_ms: int) -> str:
+        return states.running(
+            request_id=h.request.id,
+            priority=h.request.priority,
+            metadata=h.request.metadata,
+            queued_ms=h.enqueued_ms,
+            started_ms=started_ms,
+            worker=self.queue.consumer,
+        )
+
+    def _poison(self, h: Held) -> Outcome:
+        """A request started ``max_attempts`` times, every time by a worker that died: fail it
+        and copy it to the dead-letter stream instead of letting it kill another worker."""
+        attempts = self.queue.settings.max_attempts
+        err = PoisonRequest(
+            f"{attempts} workers started this request and every one stopped "
+            f"before finishing it (killed, crashed, out of memory?); it will not be started "
+            f"again. It was copied to {self.queue.keys.dead_letter}: genq dlq list shows it, "
+            "genq dlq retry puts it back"
+        )
+        record = dead_letter_fields(
+            stream=h.stream,
+            entry_id=h.entry_id,
+            fields=dict(encode_request(h.request)),
+            error=str(err),
+            worker=self.queue.consumer,
+            request_id=h.request.id,
+        )
+        self.dead_letter(record, ack=False)
+        return self.outcomes.failed_held(h, err)
+
+    def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
+        """Record an entry in the dead-letter stream (``ack``: and drop it from its stream)."""
+        self.queue.dead_letter(record, ack=ack)
+        self.counters.dead_lettered += 1
+        log.warning(
+            "dead-lettered entry %s of %s: %s",
+            record["entry_id"],
+            record["stream"],
+            record["error"],
+        )

@@ -1,0 +1,379 @@
+"""The worker: one Redis connection, one engine, and a loop of small named steps.
+
+    join:   consumer groups and the queue's config, heartbeat, this consumer's own pending
+    turn:   reclaim (dead workers' entries) -> read -> admit -> plan -> start (mark running,
+            hand to the runner) -> collect (what finished) -> write (to the writer thread)
+    beside: the ClaimKeeper thread renews this worker's claims and heartbeat (recovery.py);
+            the ResultWriter thread writes results, events, acks and stats (writer.py)
+    stop:   SIGTERM stops reading; the same turn, without reading, runs what is held for up
+            to shutdown_grace_s; then whatever is left stays pending for other workers. A
+            second signal exits at once.
+
+One turn serves every engine: a static runner runs a whole batch inside ``collect``, a
+continuous one returns each request as it finishes (``runners.py``). The decisions are pure
+units in ``genq.worker.policy``: admission, the look-ahead, planning, the budget, the suspect
+gate.
+
+Redis going away (a dropped connection, a restarting redis-server, a cluster failover) never
+loses work: each command is retried with backoff, the loop retries the turn on top of that, and
+results not yet written wait in the writer, which retries in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import redis
+from genq.common.connection import (
+    REDIS_ERRORS,
+    TRANSIENT_ERRORS,
+    connect,
+    is_cluster,
+    refresh_cluster_view,
+)
+from genq.common.keys import Keys
+from genq.common.models import now_ms
+from genq.common.scripts import Applied
+from genq.common.settings import WorkerSettings
+from genq.worker.engines.base import Engine
+from genq.worker.policy.admission import Limits
+from genq.worker.policy.batching import BatchPolicy, Decision
+from genq.worker.policy.budget import AdaptiveBudget
+from genq.worker.policy.lookahead import Held, Lookahead, entry_key
+from genq.worker.policy.planning import plan_start
+from genq.worker.policy.suspects import Gate, SuspectGate
+from genq.worker.runtime import recovery
+from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
+from genq.worker.runtime.intake import Intake
+from genq.worker.runtime.metrics import Metrics
+from genq.worker.runtime.outcomes import Outcome, Outcomes
+from genq.worker.runtime.queue_io import Delivered, QueueIO, raw_read_reply
+from genq.worker.runtime.runners import POLL_S, RunnerContext, make_runner
+from genq.worker.runtime.starting import Starter
+from genq.worker.runtime.writer import ResultWriter
+
+log = logging.getLogger("genq.worker")
+
+SETTLE_S = 1.0
+"""How long a turn waits for the writer before a suspect starts (see ``policy/suspects.py``)."""
+
+
+class Worker:
+    """One worker process's loop. ``run()`` until ``stop()`` (or SIGTERM/SIGINT)."""
+
+    def __init__(
+        self, settings: WorkerSettings, engine: Engine, redis_client: redis.Redis | None = None
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        r = redis_client or connect(settings.redis_url)
+        if redis_client is None and not is_cluster(r):
+            # Entries as Redis sends them: redis-py's parsing into dicts cost a tenth of the
+            # worker's time on the hot path, and decode_request reads the flat field list.
+            r.set_response_callback("XREADGROUP", raw_read_reply)
+        self.redis = r
+        self.keys = keys = Keys(settings.queue)
+        self.consumer = consumer = settings.consumer_name
+        self.queue = QueueIO(r=r, keys=keys, consumer=consumer, settings=settings)
+        self.counters = Counters()
+        self.metrics = Metrics(keys.queue, settings.metrics_port)
+        self.lookahead = Lookahead(streams=keys.streams(), max_per_stream=settings.max_lookahead)
+        self.budget = AdaptiveBudget(
+            full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s
+        )
+        self.gate = SuspectGate()
+        outcomes = Outcomes(worker=consumer, keys=keys)
+        limits = Limits(
+            max_new_tokens=settings.max_new_tokens_limit,
+            max_prompt_tokens=settings.max_prompt_tokens,
+            max_context_tokens=engine.max_context_tokens,
+            max_batch_tokens=settings.max_batch_tokens,
+        )
+        self.intake = Intake(
+            engine=engine, limits=limits, outcomes=outcomes, keys=keys, consumer=consumer
+        )
+        context = RunnerContext(
+            outcomes=outcomes,
+            counters=self.counters,
+            metrics=self.metrics,
+            send_delta=self.queue.send_delta,
+        )
+        self.runner = make_runner(context, engine, self.budget)
+        self.starter = Starter(queue=self.queue, outcomes=outcomes, counters=self.counters)
+        self.writer: ResultWriter[Outcome] = ResultWriter(
+            self._write_now,
+            max_backlog=2 * settings.max_batch_size,
+            on_away=lambda: refresh_cluster_view(r),
+        )
+        self.stats = Heartbeat(
+            queue=self.queue,
+            identity=Identity(consumer=consumer, engine=engine.name, model=settings.model),
+            counters=self.counters,
+            holdings=self._holdings,
+        )
+        self._stopping = threading.Event()
+        self.keeper = recovery.ClaimKeeper(
+            r=connect(settings.redis_url) if redis_client is None else redis_client,
+            keys=keys,
+            consumer=consumer,
+            claim_idle_ms=settings.claim_idle_ms,
+            heartbeat_ttl_s=settings.heartbeat_ttl_s,
+            claimed=self.claimed_entries,
+        )
+
+    @property
+    def policy(self) -> BatchPolicy:
+        """The batching policy now: the settings' limits, within the current budget."""
+        if self.budget.restore_due(time.monotonic()):
+            log.info("batch budget back to %d tokens", self.budget.full_tokens)
+        s = self.settings
+        return BatchPolicy(
+            max_batch_tokens=self.budget.tokens,
+            max_batch_size=s.max_batch_size,
+            max_wait_ms=s.max_wait_ms,
+            priority_aging_ms=s.priority_aging_ms,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until stopped; then run what is held, write it, and log one summary line."""
+        install_signal_handlers(self.stop)
+        self._retrying(self.join)
+        self.keeper.start()
+        log.info(
+            "worker %s serving queue %r with engine %s",
+            self.consumer,
+            self.keys.queue,
+            self.engine.name,
+        )
+        while not self._stopping.is_set():
+            self._retrying(self.turn, once=True)
+        try:
+            self.drain()
+        finally:
+            self.writer.stop()
+            self.runner.close()
+        self.account_written()
+        self.keeper.stop()
+        self.metrics.close()
+        with contextlib.suppress(*REDIS_ERRORS):
+            self.queue.leave()
+        left = len(self.lookahead) + len(self.runner.running) + len(self.writer)
+        tail = f" left_pending={left}" if left else ""
+        log.info("worker %s stopped: %s%s", self.consumer, self.counters.summary(), tail)
+
+    def join(self) -> None:
+        """Join the queue: groups, queue config, heartbeat, then this consumer's own pending."""
+        self.queue.ensure_groups()
+        self.heartbeat(force=True)
+        resumed = self.queue.resume(self.lookahead.room, self.admit_delivered)
+        if resumed:
+            log.info("resumed %d pending entries of consumer %s", resumed, self.consumer)
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the current turn. Idempotent."""
+        self._stopping.set()
+
+    def drain(self) -> None:
+        """The turn without reading, for up to ``shutdown_grace_s``: what is held runs and is
+        written; what is left after that stays pending and is taken over by other workers."""
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        while (self.lookahead.waiting or self.runner.busy) and time.monotonic() < deadline:
+            self._retrying(lambda: self.turn(reading=False), once=True)
+        self.writer.flush(max(0.0, deadline - time.monotonic()))
+        if self.lookahead.waiting or self.runner.busy or len(self.writer):
+            log.warning(
+                "grace period over: %d held, %d running, %d unwritten requests stay pending "
+                "for other workers",
+                len(self.lookahead.waiting),
+                len(self.runner.running),
+                len(self.writer),
+            )
+
+    def claimed_entries(self) -> list[tuple[str, str]]:
+        """(stream, entry id) of every entry this worker holds, in any stage: look-ahead,
+        runner, writer. Called from the ClaimKeeper thread."""
+        return self.lookahead.entries() + self.runner.entries() + self.writer.entries()
+
+    def _retrying(self, step: Callable[[], None], once: bool = False) -> None:
+        """Run ``step``; while Redis is unreachable, wait with backoff and try again (once:
+        return after one failed try, for the main loop to go round). A lost consumer group
+        (a redis-server that restarted without its data) is recreated."""
+        delay_s = 0.1
+        while True:
+            try:
+                step()
+                return
+            except TRANSIENT_ERRORS as err:
+                log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay_s)
+                refresh_cluster_view(self.redis)
+            except redis.ResponseError as err:
+                if "NOGROUP" not in str(err):
+                    raise
+                log.warning("consumer group missing (Redis lost its data?); recreating it")
+                with contextlib.suppress(*REDIS_ERRORS):
+                    self.queue.ensure_groups()
+            if self._stopping.wait(delay_s) or once:
+                return
+            delay_s = min(5.0, delay_s * 2)
+
+    # -- the turn --------------------------------------------------------------------------
+
+    def turn(self, reading: bool = True) -> None:
+        """One turn: reclaim, read, admit, plan, start, collect, write. Without ``reading``
+        (draining) it runs what is held and takes nothing new."""
+        self.heartbeat()
+        if reading:
+            self.reclaim()
+            self.admit(self.queue.read(self.lookahead.room(), block_ms=None))
+        decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
+        if decision.batch:
+            self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
+        self.write(self.runner.collect(POLL_S if self.runner.busy else 0.0))
+        self.write(self.runner.drop_cancelled(self.queue.final_ones))
+        if reading and not decision.batch and not self.runner.busy:
+            # Idle, or waiting to fill a batch: block until an entry arrives (or the wait ends).
+            wait_ms = decision.wait_ms if self.lookahead.waiting else self.settings.read_block_ms
+            self.admit(self.queue.read(self.lookahead.room(), block_ms=max(1, wait_ms)))
+
+    def reclaim(self) -> None:
+        """Take over entries of dead workers, within the look-ahead's room."""
+        for stream, entries in self.queue.reclaim(self.lookahead.room()):
+            self.counters.reclaimed += len(entries)
+            self.admit_delivered(stream, entries)
+
+    def admit_delivered(self, stream: str, entries: list[Any]) -> None:
+        """Admit entries delivered before (resumed or taken over), each with its delivery count:
+        one delivered before runs alone (``Held.suspect``)."""
+        ids = [e[0].decode() if isinstance(e[0], bytes) else str(e[0]) for e in entries]
+        self.admit([(stream, entries)], self.queue.delivery_counts(stream, ids))
+
+    def admit(self, delivered: Delivered, deliveries: dict[str, int] | None = None) -> None:
+        """Runnable entries join the look-ahead; the rest end at once (failed, expired) or go
+        to the dead-letter stream. An entry this worker already holds is skipped."""
+        if not delivered:
+            return
+        writing = {entry_key(s, e) for s, e in self.writer.entries()}
+
+        def holding(key: str) -> bool:
+            return self.lookahead.holds(key) or key in self.runner.running or key in writing
+
+        admitted = self.intake.admit(
+            delivered, now_ms=now_ms(), holding=holding, deliveries=deliveries
+        )
+        for record in admitted.dead_letters:
+            self.starter.dead_letter(record, ack=True)
+        for held in admitted.held:
+            self.lookahead.add(held)
+        self.write(admitted.outcomes)
+
+    def plan(self, wait_to_fill: bool) -> Decision:
+        """What to start now: the suspect alone when the gate lets it, else the batching
+        policy within the room the runner has left (``policy/planning.py``)."""
+        suspect = self.lookahead.next_suspect()
+        running = self.runner.running.values()
+        gate = self.gate.check(
+            suspect_waiting=suspect is not None,
+            running=len(running),
+            suspect_running=any(h.suspect for h in running),
+        )
+        if gate is Gate.CLOSED:
+            return Decision(reason="suspect running")
+        if gate is Gate.FLUSH_FIRST:
+            if not self.writer.flush(SETTLE_S):
+                return Decision(reason="writer behind")  # Redis away: next turn
+            self.gate.passed(suspect=suspect is not None)
+        if suspect is not None:
+            return Decision(batch=[suspect.candidate], reason="suspect")
+        return plan_start(
+            self.lookahead.candidates(),
+            now_ms=now_ms(),
+            policy=self.policy,
+            running=len(running),
+            running_tokens=sum(h.cost_tokens for h in running),
+            wait_to_fill=wait_to_fill,
+        )
+
+    def start(self, batch: list[Held]) -> list[Outcome]:
+        """Mark ``batch`` running and hand it to the runner. If Redis fails before anything
+        started (any Redis error, cluster routing errors included), the batch goes back to the
+        look-ahead: nothing is dropped untracked."""
+        started_ms = now_ms()
+        try:
+            live, outcomes = self.starter.mark_running(batch, started_ms)
+        except REDIS_ERRORS:
+            self.lookahead.put_back(batch)
+            raise
+        self.lookahead.started(batch)
+        return outcomes + self.runner.start(live, started_ms)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write(self, outcomes: Sequence[Outcome]) -> None:
+        """Count final results and hand them to the writer (``writer.py``), which writes them
+        with their events, acknowledges and deletes their entries (one atomic script: no entry
+        is acknowledged without its result) and publishes the stats, while the loop goes on.
+        Blocks while the writer is behind by more than two batches."""
+        self.account_written()
+        if not outcomes:
+            return
+        self.counters.ended(outcomes)
+        self.stats.latest = self.stats.fields()
+        self.writer.put(list(outcomes))
+
+    def _write_now(self, batch: list[Outcome]) -> list[int]:
+        """The writer thread's call: one APPLY over ``batch`` plus the latest stats; then the
+        Prometheus metrics (thread-safe) of the requests it ended."""
+        items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in batch]
+        answers = self.queue.write_final(items, also=self.stats.add_latest)
+        self.metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
+        return answers
+
+    def account_written(self) -> None:
+        """Count what the writer found already final since the last call (the counters are
+        the loop's own: the writer thread never touches them)."""
+        for _batch, answers in self.writer.take_written():
+            self.counters.already_final += sum(1 for a in answers if a == Applied.ALREADY_FINAL)
+
+    def heartbeat(self, force: bool = False) -> None:
+        """Refresh this worker's stats hash (at most every ``HEARTBEAT_S`` unless forced)."""
+        self.account_written()
+        if self.stats.beat(force=force):
+            held = len(self.lookahead) + len(self.runner.running)
+            self.metrics.state(
+                held, self.counters.prompt_tokens, self.counters.padded_prompt_tokens
+            )
+
+    def _holdings(self) -> tuple[int, list[Held]]:
+        """(waiting, in flight) for the stats hash."""
+        in_flight = [*self.lookahead.starting.values(), *self.runner.running.values()]
+        return len(self.lookahead.waiting), in_flight
+
+
+def install_signal_handlers(stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT call ``stop`` (drain, then exit); a second signal exits at once,
+    leaving held entries pending for other workers. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signals = 0
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.warning("second signal: exiting now; held entries stay pending")
+            os._exit(1)
+        log.info("signal %d: finishing held work, then exiting", signum)
+        stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
