@@ -33,7 +33,7 @@ _IGNORED = {"model", "user"}
 CHUNK = SUBMIT_CHUNK
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchLine:
     """One valid input line."""
 
@@ -97,7 +97,7 @@ def parse_line(n: int, text: str, batch_id: str, priority: str = "normal") -> Ba
         request_id=f"{batch_id}-{n}",
         metadata={"custom_id": custom_id, "batch": batch_id},
     )
-    return BatchLine(n, custom_id, url, request)
+    return BatchLine(line=n, custom_id=custom_id, url=url, request=request)
 
 
 def _text_message(m: Any) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def parse_file(
             seen.add(item.custom_id)
             good.append(item)
         except InvalidRequest as err:
-            bad.append(LineError(n, str(err)))
+            bad.append(LineError(line=n, message=str(err)))
     return good, bad
 
 

@@ -15,7 +15,7 @@ from genq.common.models import Request
 from genq.producer.building import build_request
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LineError:
     """Why line ``line`` (1-based) was not submitted."""
 
@@ -47,7 +47,7 @@ def read_requests(
             else:
                 requests.append((n, build_request(line, **(defaults or {}))))
         except InvalidRequest as err:
-            errors.append(LineError(n, str(err)))
+            errors.append(LineError(line=n, message=str(err)))
         except TypeError as err:  # an unknown argument name
-            errors.append(LineError(n, f"invalid request: {err}"))
+            errors.append(LineError(line=n, message=f"invalid request: {err}"))
     return requests, errors

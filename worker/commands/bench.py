@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import sys
+import typing
 from typing import Any
 
 import click
-from genq.common.settings import WorkerSettings
+from genq.common.settings import EngineName, WorkerSettings
 from rich.console import Console
 from rich.table import Table
 
 _DEFAULTS = WorkerSettings.model_fields
+QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
+"""The engines measured through the queue (echo has no model to measure)."""
 
 
 @click.command()
@@ -37,7 +40,7 @@ _DEFAULTS = WorkerSettings.model_fields
 )
 @click.option(
     "--queue-engine",
-    type=click.Choice(["static", "continuous", "none"]),
+    type=click.Choice([*QUEUE_ENGINES, "none"]),
     default="continuous",
     show_default=True,
     help="engine measured through Redis and a genq worker ('none' to skip)",
@@ -132,7 +135,11 @@ def _run_modes(
     from genq.worker.engines.continuous import ContinuousEngine
 
     continuous = ContinuousEngine(
-        engine.model, engine.tokenizer, engine.device, max_batch_tokens, max_batch_size
+        engine.model,
+        engine.tokenizer,
+        device=engine.device,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=max_batch_size,
     )
     runs: dict[str, list[b.ModeResult]] = {}
     for _ in range(repeats):

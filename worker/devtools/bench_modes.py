@@ -38,7 +38,7 @@ WORDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchRequest:
     """One request of the workload."""
 
@@ -65,7 +65,7 @@ def make_workload(engine: Engine, n: int, seed: int) -> list[BenchRequest]:
     return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModeResult:
     """What one mode measured."""
 
@@ -375,7 +375,11 @@ def run_sweep(
             engine, "budgeted_static", rows, plan_budgeted(rows, max_batch_tokens, size)
         )
         cont_engine = ContinuousEngine(
-            engine.model, engine.tokenizer, engine.device, max_batch_tokens, size
+            engine.model,
+            engine.tokenizer,
+            device=engine.device,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=size,
         )
         cont_engine.generate(rows[:2])  # warm-up, untimed
         cont = _run_continuous(cont_engine, rows)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class GenerationInput:
     """One row of a batch. (Read-only by convention: not frozen, because one is made per
     request on the worker's hot path and a frozen dataclass costs four times as much to build.)"""
@@ -33,7 +33,7 @@ class GenerationInput:
     """If set, called with each new piece of text as it is generated (streaming)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class GenerationOutput:
     """What one row produced. (Read-only by convention, as GenerationInput.)"""
 
@@ -45,7 +45,7 @@ class GenerationOutput:
     """``stop``: eos or a stop string; ``length``: reached its max_new_tokens."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchReport:
     """The outputs of a batch, in input order, and what the batch cost."""
 

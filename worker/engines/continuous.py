@@ -53,7 +53,13 @@ class ContinuousEngine:
     name = "continuous"
 
     def __init__(
-        self, model: Any, tokenizer: Any, device: str, max_batch_tokens: int, max_batch_size: int
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: str = "cpu",
+        max_batch_tokens: int,
+        max_batch_size: int,
     ) -> None:
         # The static engine knows this model's eos, pad and context; reuse it for those.
         self._static = StaticEngine(model, tokenizer, device)
@@ -81,7 +87,13 @@ class ContinuousEngine:
     ) -> ContinuousEngine:
         """Load a causal LM (``tiny``, a directory or a hub id) for continuous batching."""
         model, tokenizer = load_model(model_name, device, dtype)
-        return cls(model, tokenizer, device, max_batch_tokens, max_batch_size)
+        return cls(
+            model,
+            tokenizer,
+            device=device,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size,
+        )
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids of each prompt, with the model's special tokens."""

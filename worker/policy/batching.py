@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
-@dataclass(slots=True, unsafe_hash=True)
+@dataclass(slots=True, unsafe_hash=True, kw_only=True)
 class Candidate:
     """A waiting request, as the policy sees it. (Not a frozen dataclass, like the rest here:
     one is made per request on the worker's hot path, and a frozen one costs four times as
@@ -52,7 +52,7 @@ class Candidate:
         return self.prompt_tokens + self.max_new_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchPolicy:
     """The limits a batch is formed under."""
 
@@ -69,7 +69,7 @@ class BatchPolicy:
             raise ValueError(f"max_wait_ms must be at least 0, got {self.max_wait_ms}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     """Either a batch to run now, or how long to wait before asking again."""
 

@@ -57,7 +57,7 @@ def add_to_pipeline(pipe: Any, keys: Keys, record: dict[str, str | int]) -> None
     pipe.xadd(keys.dead_letter, record, maxlen=DEAD_LETTER_MAX_ENTRIES, approximate=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeadLetter:
     """One dead-letter entry, as ``genq dlq list`` shows it."""
 

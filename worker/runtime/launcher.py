@@ -64,7 +64,7 @@ def parse_gpus(spec: str, needs_cuda: bool) -> list[int]:
     return gpus
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Child:
     """One supervised worker process."""
 
@@ -93,7 +93,7 @@ class Launcher:
         """Supervise until a signal; return the exit code."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self.children = [Child(g, f"{self.consumer_base}-gpu{g}") for g in self.gpus]
+        self.children = [Child(gpu=g, consumer=f"{self.consumer_base}-gpu{g}") for g in self.gpus]
         for c in self.children:
             self._start(c)
         log.info("supervising %d workers on GPUs %s", len(self.children), list(self.gpus))
