@@ -11,7 +11,8 @@ key                    type    written by                  read by             T
 ``genq:{Q}:dead``      stream  worker (entries with no     ``genq dlq``        none; capped at
                                usable id; poison requests) (XRANGE)            ~10,000 entries
 ``genq:{Q}:config``    hash    worker at start             client (in the      none (one small
-                               (``max_queue_depth``)       submit script)      hash per queue)
+                               (``max_queue_depth``);      submit script)      hash per queue)
+                               submit script (``groups``)
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
 ``genq:{Q}:sub:ID``    string  client (submit script;      client (submit      result_ttl_s

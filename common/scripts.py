@@ -2,9 +2,10 @@
 
 Each runs inside Redis as one step, so there is no window between a check and a write:
 
-- ``SUBMIT``: refuse the whole call if the queue is full; for each request whose id has no live
-  state yet, set its ``queued`` state and add its entry; an id that already has one is not
-  enqueued again (one request, not two).
+- ``SUBMIT``: create the queue's consumer groups if this is its first submission; refuse the
+  whole call if the queue is full; for each request whose id has no live state yet, set its
+  ``queued`` state and add its entry; an id that already has one is not enqueued again (one
+  request, not two).
 - ``APPLY``: write requests' states unless they are already final; a final state also appends
   the final event, and acknowledges and deletes the request's work entry in the same step. A
   final result is therefore written once: a late duplicate (a worker presumed dead finishing
@@ -35,6 +36,8 @@ QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
 """Start of the error SUBMIT returns when the queue is full (the client raises QueueFull)."""
 MAX_QUEUE_DEPTH_FIELD = "max_queue_depth"
 """The field of the queue's config hash holding its maximum depth (0 or absent: no limit)."""
+GROUPS_FIELD = "groups"
+"""The field of the queue's config hash set once the submit script made the consumer groups."""
 
 
 class Applied(IntEnum):
@@ -71,6 +74,12 @@ SUBMIT = f"""
 -- ARGV: ttl_s, n, then per request: priority index (1-3), id, body JSON, queued state JSON
 local ttl = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
+-- The consumer groups exist from a queue's first submission, so a queue no worker has served
+-- yet already shows its lag (XINFO GROUPS): an autoscaler at zero workers sees the work.
+if not redis.call('HGET', KEYS[1], '{GROUPS_FIELD}') then
+  for s = 2, 4 do redis.pcall('XGROUP', 'CREATE', KEYS[s], '{GROUP}', '0', 'MKSTREAM') end
+  redis.call('HSET', KEYS[1], '{GROUPS_FIELD}', '1')
+end
 local max_depth = tonumber(redis.call('HGET', KEYS[1], '{MAX_QUEUE_DEPTH_FIELD}') or '0') or 0
 if max_depth > 0 then
   local depth = redis.call('XLEN', KEYS[2]) + redis.call('XLEN', KEYS[3])

@@ -44,6 +44,7 @@ def test_the_policy_units_import_neither_redis_nor_torch() -> None:
     code = (
         "import sys\n"
         "import genq.worker.policy.admission, genq.worker.policy.batching\n"
+        "import genq.worker.policy.arrivals\n"
         "import genq.worker.policy.budget, genq.worker.policy.lookahead\n"
         "import genq.worker.policy.planning, genq.worker.policy.suspects\n"
         "heavy = [m for m in ('redis', 'torch', 'transformers') if m in sys.modules]\n"

@@ -13,6 +13,7 @@ from genq.common.errors import MaxNewTokensTooLarge, PromptTooLong, RequestTooLa
 from genq.common.models import Request
 from genq.common.wire import decode_request
 from genq.worker.policy.admission import Action, Limits, judge_entry, judge_prompt
+from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
@@ -163,17 +164,76 @@ def test_no_free_slot_means_no_start() -> None:
     assert planned.batch == []
 
 
+def busy_arrivals(*, gap_ms: int, last_ms: int) -> ArrivalEstimate:
+    arrivals = ArrivalEstimate()
+    arrivals.observe(range(last_ms - 10 * gap_ms, last_ms + 1, gap_ms))
+    return arrivals
+
+
 def test_only_a_runner_that_waits_to_fill_waits_for_more_arrivals() -> None:
     cands = [make_held(enqueued_ms=4_995).candidate]
     policy = make_policy(max_wait_ms=50)
+    busy = busy_arrivals(gap_ms=5, last_ms=4_995)
     waiting = plan_start(
-        cands, now_ms=5_000, policy=policy, running=0, running_tokens=0, wait_to_fill=True
+        cands,
+        now_ms=5_000,
+        policy=policy,
+        running=0,
+        running_tokens=0,
+        wait_to_fill=True,
+        arrivals=busy,
     )
     assert waiting.batch == [] and waiting.wait_ms == 45
     at_once = plan_start(
-        cands, now_ms=5_000, policy=policy, running=0, running_tokens=0, wait_to_fill=False
+        cands,
+        now_ms=5_000,
+        policy=policy,
+        running=0,
+        running_tokens=0,
+        wait_to_fill=False,
+        arrivals=busy,
     )
     assert [c.key for c in at_once.batch] == [cands[0].key]
+
+
+def test_a_lone_request_on_an_idle_queue_starts_at_once() -> None:
+    cands = [make_held(enqueued_ms=4_999).candidate]
+    policy = make_policy(max_wait_ms=10)
+    for arrivals in (
+        ArrivalEstimate(),  # nothing known yet
+        busy_arrivals(gap_ms=500, last_ms=4_999),  # one request every half second
+        busy_arrivals(gap_ms=2, last_ms=3_000),  # a burst long ago, quiet since
+    ):
+        planned = plan_start(
+            cands,
+            now_ms=5_000,
+            policy=policy,
+            running=0,
+            running_tokens=0,
+            wait_to_fill=True,
+            arrivals=arrivals,
+        )
+        assert [c.key for c in planned.batch] == [cands[0].key], arrivals
+
+
+# -- arrivals ------------------------------------------------------------------------------
+
+
+def test_the_arrival_estimate_follows_the_gaps_between_arrivals() -> None:
+    arrivals = ArrivalEstimate()
+    assert arrivals.expected_gap_ms(now_ms=0) is None
+    arrivals.observe([100, 104, 108, 112])  # gaps of 4 ms
+    assert arrivals.expected_gap_ms(now_ms=112) == 4
+    assert arrivals.worth_waiting(10, now_ms=113) and not arrivals.worth_waiting(3, now_ms=113)
+    assert arrivals.expected_gap_ms(now_ms=400) == 288  # quiet since: the gap stretches
+
+
+def test_arrivals_read_out_of_order_or_again_add_no_false_gaps() -> None:
+    arrivals = ArrivalEstimate()
+    arrivals.observe([300, 100, 200])  # read from several streams at once
+    assert arrivals.mean_gap_ms is not None and 96 <= arrivals.mean_gap_ms <= 100
+    arrivals.observe([150])  # an older entry (another priority, or reclaimed)
+    assert arrivals.last_ms == 300 and 96 <= arrivals.mean_gap_ms <= 100
 
 
 # -- the adaptive budget -------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """What to start this turn: the batching policy applied to the room the runner has left.
 
 A static runner has nothing running when it plans, so the room is the whole budget and the
-decision is ``next_batch``'s. A continuous runner has requests running: new ones join while the
-budget and batch size have room, and if the most urgent waiting request does not fit yet,
-nothing starts (it would otherwise be overtaken again and again by smaller ones).
+decision is ``next_batch``'s, except that it waits to fill a batch only when another arrival is
+expected within the window (``arrivals.py``): a lone request on an idle queue starts at once.
+A continuous runner has requests running: new ones join while the budget and batch size have
+room, and if the most urgent waiting request does not fit yet, nothing starts (it would
+otherwise be overtaken again and again by smaller ones).
 
 Pure: plain data in, a ``Decision`` out.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, next_batch
 
 
@@ -24,10 +27,12 @@ def plan_start(
     running: int,
     running_tokens: int,
     wait_to_fill: bool,
+    arrivals: ArrivalEstimate | None = None,
 ) -> Decision:
     """The batch to start now among ``candidates``, given ``running`` requests costing
     ``running_tokens`` already in the engine. ``wait_to_fill``: wait up to the policy's
-    ``max_wait_ms`` for a fuller batch (static engines); otherwise start at once."""
+    ``max_wait_ms`` for a fuller batch (static engines), but only while ``arrivals`` expects
+    another request within the window; otherwise start at once."""
     free_tokens = policy.max_batch_tokens - running_tokens
     free_slots = policy.max_batch_size - running
     if not candidates:
@@ -41,6 +46,13 @@ def plan_start(
         max_wait_ms=policy.max_wait_ms if wait_to_fill else 0,
     )
     decision = next_batch(candidates, now_ms, room)
+    if (
+        not decision.batch
+        and decision.reason == "waiting"
+        and not (arrivals is not None and arrivals.worth_waiting(decision.wait_ms, now_ms))
+    ):
+        # No arrival expected within the window: waiting would only add latency.
+        return next_batch(candidates, now_ms, dataclasses.replace(room, max_wait_ms=0))
     if running and decision.tokens > free_tokens:
         return Decision(reason="no room")  # the most urgent request does not fit yet
     return decision

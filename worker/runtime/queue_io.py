@@ -8,13 +8,16 @@ cancels, publish stats. Keys come from ``genq.common.keys``; the worker loop nev
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from genq.common import states
+from genq.common.connection import REDIS_ERRORS, TRANSIENT_ERRORS, refresh_cluster_view
 from genq.common.keys import GROUP, Keys
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply
 from genq.common.settings import WorkerSettings
@@ -40,6 +43,31 @@ class QueueIO:
         self.settings = settings
         self._claim_cursors = dict.fromkeys(keys.streams(), "0-0")
         self._last_reclaim_s = 0.0
+
+    def retrying(
+        self, step: Callable[[], None], stopping: threading.Event, once: bool = False
+    ) -> None:
+        """Run ``step``; while Redis is unreachable, wait with backoff and try again until
+        ``stopping`` is set (``once``: return after one failed try, for the main loop to go
+        round). A lost consumer group (a redis-server that restarted without its data) is
+        recreated."""
+        delay_s = 0.1
+        while True:
+            try:
+                step()
+                return
+            except TRANSIENT_ERRORS as err:
+                log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay_s)
+                refresh_cluster_view(self.redis)
+            except redis.ResponseError as err:
+                if "NOGROUP" not in str(err):
+                    raise
+                log.warning("consumer group missing (Redis lost its data?); recreating it")
+                with contextlib.suppress(*REDIS_ERRORS):
+                    self.ensure_groups()
+            if stopping.wait(delay_s) or once:
+                return
+            delay_s = min(5.0, delay_s * 2)
 
     def ensure_groups(self) -> None:
         """Create the consumer group on every priority stream (and the streams) if missing, and

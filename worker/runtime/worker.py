@@ -34,7 +34,6 @@ from typing import Any
 import redis
 from genq.common.connection import (
     REDIS_ERRORS,
-    TRANSIENT_ERRORS,
     connect,
     is_cluster,
     refresh_cluster_view,
@@ -45,6 +44,7 @@ from genq.common.scripts import Applied
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import Engine
 from genq.worker.policy.admission import Limits
+from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.batching import BatchPolicy, Decision
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead, entry_key
@@ -62,6 +62,8 @@ from genq.worker.runtime.writer import ResultWriter
 
 log = logging.getLogger("genq.worker")
 
+REDIS_TICK_MS = 100
+"""Redis' timer tick at its default ``hz`` (10): the resolution of a blocked read's timeout."""
 SETTLE_S = 1.0
 """How long a turn waits for the writer before a suspect starts (see ``policy/suspects.py``)."""
 
@@ -90,6 +92,7 @@ class Worker:
             full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s
         )
         self.gate = SuspectGate()
+        self.arrivals = ArrivalEstimate()
         outcomes = Outcomes(worker=consumer, keys=keys)
         limits = Limits(
             max_new_tokens=settings.max_new_tokens_limit,
@@ -147,7 +150,7 @@ class Worker:
     def run(self) -> None:
         """Serve until stopped; then run what is held, write it, and log one summary line."""
         install_signal_handlers(self.stop)
-        self._retrying(self.join)
+        self.queue.retrying(self.join, self._stopping)
         self.keeper.start()
         log.info(
             "worker %s serving queue %r with engine %s",
@@ -156,7 +159,7 @@ class Worker:
             self.engine.name,
         )
         while not self._stopping.is_set():
-            self._retrying(self.turn, once=True)
+            self.queue.retrying(self.turn, self._stopping, once=True)
         try:
             self.drain()
         finally:
@@ -188,7 +191,7 @@ class Worker:
         written; what is left after that stays pending and is taken over by other workers."""
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while (self.lookahead.waiting or self.runner.busy) and time.monotonic() < deadline:
-            self._retrying(lambda: self.turn(reading=False), once=True)
+            self.queue.retrying(lambda: self.turn(reading=False), self._stopping, once=True)
         self.writer.flush(max(0.0, deadline - time.monotonic()))
         if self.lookahead.waiting or self.runner.busy or len(self.writer):
             log.warning(
@@ -203,28 +206,6 @@ class Worker:
         """(stream, entry id) of every entry this worker holds, in any stage: look-ahead,
         runner, writer. Called from the ClaimKeeper thread."""
         return self.lookahead.entries() + self.runner.entries() + self.writer.entries()
-
-    def _retrying(self, step: Callable[[], None], once: bool = False) -> None:
-        """Run ``step``; while Redis is unreachable, wait with backoff and try again (once:
-        return after one failed try, for the main loop to go round). A lost consumer group
-        (a redis-server that restarted without its data) is recreated."""
-        delay_s = 0.1
-        while True:
-            try:
-                step()
-                return
-            except TRANSIENT_ERRORS as err:
-                log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay_s)
-                refresh_cluster_view(self.redis)
-            except redis.ResponseError as err:
-                if "NOGROUP" not in str(err):
-                    raise
-                log.warning("consumer group missing (Redis lost its data?); recreating it")
-                with contextlib.suppress(*REDIS_ERRORS):
-                    self.queue.ensure_groups()
-            if self._stopping.wait(delay_s) or once:
-                return
-            delay_s = min(5.0, delay_s * 2)
 
     # -- the turn --------------------------------------------------------------------------
 
@@ -241,9 +222,18 @@ class Worker:
         self.write(self.runner.collect(POLL_S if self.runner.busy else 0.0))
         self.write(self.runner.drop_cancelled(self.queue.final_ones))
         if reading and not decision.batch and not self.runner.busy:
-            # Idle, or waiting to fill a batch: block until an entry arrives (or the wait ends).
-            wait_ms = decision.wait_ms if self.lookahead.waiting else self.settings.read_block_ms
-            self.admit(self.queue.read(self.lookahead.room(), block_ms=max(1, wait_ms)))
+            self.idle(decision.wait_ms if self.lookahead.waiting else None)
+
+    def idle(self, fill_wait_ms: int | None) -> None:
+        """Nothing to start: block until an entry arrives (``read_block_ms`` at most), or wait
+        ``fill_wait_ms`` for a batch to fill. A wait shorter than Redis' timer tick is slept
+        here: Redis ends a blocked read only at its next tick (``hz`` 10: every 100 ms), so a
+        10 ms BLOCK would last up to 100 ms."""
+        if fill_wait_ms is not None and fill_wait_ms < REDIS_TICK_MS:
+            self._stopping.wait(max(1, fill_wait_ms) / 1000)
+            return
+        block_ms = self.settings.read_block_ms if fill_wait_ms is None else fill_wait_ms
+        self.admit(self.queue.read(self.lookahead.room(), block_ms=max(1, block_ms)))
 
     def reclaim(self) -> None:
         """Take over entries of dead workers, within the look-ahead's room."""
@@ -274,6 +264,8 @@ class Worker:
             self.starter.dead_letter(record, ack=True)
         for held in admitted.held:
             self.lookahead.add(held)
+        if deliveries is None:  # new arrivals, not entries delivered before
+            self.arrivals.observe(h.enqueued_ms for h in admitted.held)
         self.write(admitted.outcomes)
 
     def plan(self, wait_to_fill: bool) -> Decision:
@@ -301,6 +293,7 @@ class Worker:
             running=len(running),
             running_tokens=sum(h.cost_tokens for h in running),
             wait_to_fill=wait_to_fill,
+            arrivals=self.arrivals,
         )
 
     def start(self, batch: list[Held]) -> list[Outcome]:
