@@ -10,6 +10,9 @@ key                    type    written by                  read by             T
 ``genq:{Q}:low``                                                               when acked
 ``genq:{Q}:dead``      stream  worker (entries with no     ``genq dlq``        none; capped at
                                usable id; poison requests) (XRANGE)            ~10,000 entries
+``genq:{Q}:doorbell``  stream  worker (handing entries      idle workers        heartbeat_ttl_s,
+                               back)                       (XREADGROUP)        renewed by live
+                                                                               workers
 ``genq:{Q}:config``    hash    worker at start             client (in the      none (one small
                                (``max_queue_depth``);      submit script)      hash per queue)
                                submit script (``groups``)
@@ -28,7 +31,9 @@ key                    type    written by                  read by             T
 ``genq:batch:{B}:items`` list  ``genq batch submit``       ``genq batch``      result_ttl_s
 =====================  ======  ==========================  ==================  ===============
 
-Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``).
+Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``). Entries a
+worker hands back unstarted are pending for the consumer ``genq.returned`` (``RETURNED``) until
+a worker takes them.
 
 Why the braces: they are Redis Cluster hash tags. The three streams of a queue share the tag
 ``{Q}`` so one XREADGROUP can read them all in Cluster too; result, event and attempts keys are
@@ -49,6 +54,9 @@ from genq.common.models import PRIORITIES, Priority
 PREFIX = "genq"
 GROUP = "workers"
 """The consumer group every worker of a queue joins, on each priority stream."""
+RETURNED = "genq.returned"
+"""The consumer that holds entries a worker handed back unstarted (it was about to be busy for
+a while): every worker takes these first when it reads. Not a process: no heartbeat."""
 
 DEAD_LETTER_MAX_ENTRIES = 10_000
 """The dead-letter stream is trimmed (approximately) to this many entries."""
@@ -92,6 +100,12 @@ class Keys:
         """Entries that could not be decoded into a request with an id, and poison requests
         (started ``max_attempts`` times, every time by a worker that died)."""
         return f"{self._base}:dead"
+
+    @property
+    def doorbell(self) -> str:
+        """Rung when a worker hands entries back: idle workers block on it with the work
+        streams, so one wakes at once to take them (its entries carry nothing else)."""
+        return f"{self._base}:doorbell"
 
     @property
     def config(self) -> str:

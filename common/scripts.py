@@ -190,6 +190,33 @@ return out
 )
 
 
+TAKE_BACK = """
+-- KEYS: the work streams to take from
+-- ARGV: group, the consumer that holds handed-back entries, this consumer, then per stream:
+--       how many entries at most
+-- Claims entries other workers handed back (JUSTID: no delivery counted; their ids, hence
+-- their age, unchanged), atomically, so no two workers take the same one. Returns
+-- XREADGROUP's shape: {{stream, {{id, {field, value, ...}}, ...}}, ...}.
+local group, returned, me = ARGV[1], ARGV[2], ARGV[3]
+local out = {}
+for i = 1, #KEYS do
+  local n = tonumber(ARGV[3 + i])
+  local rows = n > 0 and redis.call('XPENDING', KEYS[i], group, '-', '+', n, returned) or {}
+  if #rows > 0 then
+    local claim = {KEYS[i], group, me, 0}
+    for _, row in ipairs(rows) do table.insert(claim, row[1]) end
+    table.insert(claim, 'JUSTID')  -- unpack() spreads a table only as the last argument
+    local entries = {}
+    for _, id in ipairs(redis.call('XCLAIM', unpack(claim))) do
+      local found = redis.call('XRANGE', KEYS[i], id, id)
+      if #found > 0 then table.insert(entries, found[1]) end
+    end
+    if #entries > 0 then table.insert(out, {KEYS[i], entries}) end
+  end
+end
+return out
+"""
+
 ApplyItem = tuple[str, str | None, str, str]
 """(request id, work stream or None, entry id, state JSON) of one request in an APPLY call."""
 

@@ -61,7 +61,14 @@ class WorkerSettings(BaseModel):
         10, description="wait up to this long to fill a batch when the queue is shallow"
     )
     max_lookahead: Annotated[int, Field(ge=1)] = Field(
-        64, description="most undelivered requests a worker holds per priority stream"
+        64,
+        description="most requests a free static worker reads per priority stream to choose "
+        "its batch from (a continuous worker reads only what it can start)",
+    )
+    hand_back_after_ms: Annotated[int, Field(ge=0)] = Field(
+        50,
+        description="a static worker about to run a batch expected to take this long or more "
+        "hands the requests it did not choose back to the group first",
     )
     max_new_tokens_limit: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = Field(
         1024, description="requests asking for more new tokens fail"

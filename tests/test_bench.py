@@ -89,3 +89,26 @@ def test_the_queue_speed_script_runs_genq_alone_and_scaled() -> None:
     out = subprocess.run([sys.executable, *script, "--genq-workers", "1,2"], capture_output=True,
                          text=True, timeout=120, check=True).stdout  # fmt: skip
     assert "| 1 |" in out and "| 2 |" in out
+
+
+def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "genq.worker", "bench", "--scenario", "fleet", "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (burst,) = json.loads(out.stdout)["scenarios"]
+    assert burst["requests"] == sum(burst["shares"].values()) == 48
+    assert len(burst["shares"]) == 3 and burst["ideal_makespan_s"] == 1.0
+    assert burst["makespan_s"] > 0 and burst["redis_commands_per_request"] > 0
+
+
+def test_the_ideal_central_queue_batches_the_oldest_on_the_fastest_free_server() -> None:
+    from genq.worker.devtools.bench_fleet import _ideal_burst_makespan, ideal_central_queue
+
+    assert ideal_central_queue([0.0, 0.1, 0.2, 1.0], [0.5], 2) == [0.0, 0.5, 0.5, 1.0]
+    assert ideal_central_queue([0.0, 0.0], [1.0, 0.5], 1) == [0.0, 0.0]
+    assert _ideal_burst_makespan(48, [0.5, 1.0], 8) == 2.0  # fast: 4 batches, slow: 2
+    assert _ideal_burst_makespan(96, [0.5] * 3, 8) == 2.0

@@ -30,7 +30,7 @@ def make_held(
     prompt_tokens: int = 10,
     max_new_tokens: int = 10,
     enqueued_ms: int = 1_000,
-    deliveries: int = 1,
+    starts: int = 0,
     priority: str = "normal",
 ) -> Held:
     n = next(_ids)
@@ -46,7 +46,7 @@ def make_held(
         request=request,
         prompt_ids=[0] * prompt_tokens,
         enqueued_ms=enqueued_ms,
-        deliveries=deliveries,
+        starts=starts,
     )
 
 
@@ -96,11 +96,11 @@ def test_lookahead_entries_cover_waiting_and_starting_until_handed_on() -> None:
     assert len(la) == 1
 
 
-def test_the_next_suspect_is_the_oldest_request_delivered_before() -> None:
+def test_the_next_suspect_is_the_oldest_request_started_before() -> None:
     la = Lookahead(streams=STREAMS, max_per_stream=8)
     la.add(make_held(enqueued_ms=1))
-    late = make_held(enqueued_ms=30, deliveries=2)
-    early = make_held(enqueued_ms=20, deliveries=3)
+    late = make_held(enqueued_ms=30, starts=1)
+    early = make_held(enqueued_ms=20, starts=2)
     la.add(late)
     la.add(early)
     assert la.next_suspect() is early

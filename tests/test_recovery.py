@@ -17,6 +17,9 @@ from genq.producer import Client
 from tests.conftest import WorkerProcess, wait_until
 
 FAST_CLAIM = ("--claim-idle-ms", "1000")
+HOLD_ALL = ("--hand-back-after-ms", "600000")
+"""A worker that keeps what it read while it runs a batch (no hand-back): the drain tests need
+one worker holding several batches' worth."""
 
 
 def pending(r: redis.Redis, queue: str, consumer: str | None = None) -> int:
@@ -132,7 +135,7 @@ def test_sigterm_drains_held_work_then_exits_zero(
 ) -> None:
     client = Client.from_url(redis_url, queue)
     worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "100",
-                          "--max-batch-size", "2")  # fmt: skip
+                          "--max-batch-size", "2", *HOLD_ALL)  # fmt: skip
     ids = client.submit_many([f"d{i}" for i in range(6)], max_new_tokens=5)  # 3 batches of 0.5 s
     wait_until(lambda: pending(r, queue, "w0") == 6)
     worker.proc.send_signal(signal.SIGTERM)
@@ -147,7 +150,7 @@ def test_after_the_grace_period_what_is_left_goes_to_other_workers(
     client = Client.from_url(redis_url, queue)
     worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "200",
                           "--max-batch-size", "1", "--shutdown-grace-s", "0.5",
-                          *FAST_CLAIM)  # fmt: skip
+                          *FAST_CLAIM, *HOLD_ALL)  # fmt: skip
     ids = client.submit_many([f"g{i}" for i in range(4)], max_new_tokens=5)  # 1 s each, alone
     wait_until(lambda: pending(r, queue, "w0") == 4)
     worker.proc.send_signal(signal.SIGTERM)

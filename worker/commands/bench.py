@@ -53,11 +53,13 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
 )
 @click.option(
     "--scenario",
-    type=click.Choice(["modes", "priority"]),
+    type=click.Choice(["modes", "priority", "fleet"]),
     default="modes",
     show_default=True,
-    help="priority: waits per priority under a low-priority backlog",
+    help="priority: waits per priority under a low-priority backlog; fleet: simulated GPU "
+    "workers (echo, mixed speeds) under bursts and Poisson arrivals, against the ideal",
 )
+@click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 def bench(
     model: str,
     device: str,
@@ -74,11 +76,15 @@ def bench(
     markdown: bool,
     sweep: bool,
     scenario: str,
+    quick: bool,
 ) -> None:
     """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
 
     if scenario == "priority":
         _priority_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
+        return
+    if scenario == "fleet":
+        _fleet_scenario(redis_url, quick=quick, as_json=as_json)
         return
 
     from genq.worker.devtools import bench_modes as b
@@ -275,3 +281,26 @@ def _priority_scenario(
     else:
         click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
         click.echo(priority_markdown(res))
+
+
+def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
+    import dataclasses
+
+    from genq.worker.devtools.bench_fleet import fleet_markdown, run_fleet_scenarios
+    from genq.worker.devtools.bench_modes import machine_info
+    from genq.worker.devtools.redis_server import RedisServer
+
+    server = None if redis_url else RedisServer().start()
+    try:
+        results = run_fleet_scenarios(server.url if server else str(redis_url), quick=quick)
+    finally:
+        if server is not None:
+            server.stop()
+    if as_json:
+        out = {"machine": machine_info(), "scenarios": [dataclasses.asdict(x) for x in results]}
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+        click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
+        click.echo("")
+        click.echo(fleet_markdown(results))

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 import redis
-from genq.common.keys import GROUP, Keys
+from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.models import PRIORITIES, now_ms
 from genq.worker.commands.options import WIDE, redis_options
 from genq.worker.runtime.heartbeat import derived
@@ -39,8 +39,12 @@ def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
             nxt: Any = r.xrange(key, min=f"({last}", count=1)
             info["oldest_waiting_ms"] = max(0, now - int(_s(nxt[0][0]).split("-")[0])) if nxt else 0
             group_consumers: Any = r.xinfo_consumers(key, GROUP)
+            info["handed_back"] = 0
             for c in group_consumers:
                 name = _s(c["name"])
+                if name == RETURNED:  # entries handed back, waiting for the next free worker
+                    info["handed_back"] = int(c["pending"])
+                    continue
                 entry = consumers.setdefault(name, {"consumer": name, "pending": 0})
                 entry["pending"] += int(c["pending"])
                 idle = int(c.get("idle", 0))
@@ -93,13 +97,14 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
     """A stats snapshot as two tables: streams by priority, and workers."""
 
     t = Table(title=f"queue {snapshot['queue']!r}")
-    for col in ("priority", "length", "pending", "lag", "oldest waiting ms"):
+    for col in ("priority", "length", "pending", "handed back", "lag", "oldest waiting ms"):
         t.add_column(col, justify="right")
     for priority, s in snapshot["streams"].items():
         t.add_row(
             priority,
             str(s["length"]),
             str(s["pending"]),
+            str(s.get("handed_back", 0)),
             str(s["lag"]),
             str(s.get("oldest_waiting_ms", "-")),
         )

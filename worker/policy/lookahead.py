@@ -40,9 +40,11 @@ class Held:
     """The prompt in the engine's tokenizer (its exact cost)."""
     enqueued_ms: int
     """When Redis accepted the entry (its id's time)."""
-    deliveries: int = 1
-    """How many times Redis has delivered the entry. Above 1, a worker died holding it: it runs
-    alone (``suspect``), so that if it is what kills workers it takes no batch-mates with it."""
+    starts: int = 0
+    """How many times workers started it before (its attempts key; read only for entries
+    delivered before). Above 0, a worker died running it: it runs alone (``suspect``), so that
+    if it is what kills workers it takes no batch-mates with it. An entry that only waited in a
+    dead worker's look-ahead, or was handed back, was never tried: it runs as any other."""
     started_ms: int | None = None
     """When a continuous runner started it (its generation time is measured from there)."""
     key: str = field(init=False)
@@ -62,8 +64,8 @@ class Held:
 
     @property
     def suspect(self) -> bool:
-        """Delivered before: it runs alone."""
-        return self.deliveries > 1
+        """Started before by a worker that died: it runs alone."""
+        return self.starts > 0
 
     @property
     def cost_tokens(self) -> int:
@@ -95,16 +97,23 @@ class Lookahead:
         self.waiting[held.key] = held
         self._per_stream[held.stream] += 1
 
-    def room(self) -> dict[str, int]:
-        """How many more entries each stream may deliver to this worker now."""
-        return {s: max(0, self.max_per_stream - self._per_stream[s]) for s in self.streams}
+    def room(self, limit: int | None = None) -> dict[str, int]:
+        """How many more entries each stream may deliver to this worker now: up to
+        ``max_per_stream`` waiting per stream, and (``limit``) at most that many more in all."""
+        left = None if limit is None else max(0, limit - len(self.waiting))
+        return {
+            s: max(0, self.max_per_stream - self._per_stream[s])
+            if left is None
+            else min(left, max(0, self.max_per_stream - self._per_stream[s]))
+            for s in self.streams
+        }
 
     def candidates(self) -> list[Candidate]:
         """The waiting requests as the batching policy sees them."""
         return [h.candidate for h in self.waiting.values()]
 
     def next_suspect(self) -> Held | None:
-        """The oldest waiting request that was delivered before (it runs alone), if any."""
+        """The oldest waiting request that was started before (it runs alone), if any."""
         suspects = [h for h in self.waiting.values() if h.suspect]
         return min(suspects, key=lambda h: h.enqueued_ms) if suspects else None
 
@@ -125,7 +134,8 @@ class Lookahead:
                 self.add(held)
 
     def started(self, batch: Iterable[Held]) -> None:
-        """These left the look-ahead: handed to the runner, or finished without running."""
+        """These left the look-ahead: handed to the runner, handed back to the group, or
+        finished without running."""
         for held in batch:
             self.starting.pop(held.key, None)
 

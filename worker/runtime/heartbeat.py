@@ -51,6 +51,8 @@ class Counters:
     already_final: int = 0
     """Requests found final when about to start or write (cancelled, or finished elsewhere)."""
     reclaimed: int = 0
+    handed_back: int = 0
+    """Entries given back to the group unstarted (this worker was about to be busy)."""
     oom_splits: int = 0
     prompt_tokens: int = 0
     padded_prompt_tokens: int = 0

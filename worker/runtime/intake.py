@@ -58,10 +58,8 @@ class Intake:
         *,
         now_ms: int,
         holding: Callable[[str], bool],
-        deliveries: dict[str, int] | None = None,
     ) -> Admitted:
-        """The verdicts on ``delivered`` (``deliveries``: times each entry was delivered, for
-        entries delivered before; 1 for the rest)."""
+        """The verdicts on ``delivered``."""
         out = Admitted()
         runnable: list[tuple[str, str, Request]] = []
         for raw_stream, entries in delivered:
@@ -98,12 +96,10 @@ class Intake:
                     )
                     out.dead_letters.append(record)
         if runnable:
-            self._tokenize(runnable, deliveries or {}, out)
+            self._tokenize(runnable, out)
         return out
 
-    def _tokenize(
-        self, runnable: list[tuple[str, str, Request]], deliveries: dict[str, int], out: Admitted
-    ) -> None:
+    def _tokenize(self, runnable: list[tuple[str, str, Request]], out: Admitted) -> None:
         """Cost each runnable request in the engine's tokenizer (one call for all), then check
         it against the limits."""
         texts = [prompt_text(r, self._tokenizer) for _, _, r in runnable]
@@ -129,7 +125,6 @@ class Intake:
                     request=request,
                     prompt_ids=ids,
                     enqueued_ms=entry_time_ms(entry_id),
-                    deliveries=deliveries.get(entry_id, 1),
                 )
             )
 

@@ -18,14 +18,18 @@ from typing import Any
 import redis
 from genq.common import states
 from genq.common.connection import REDIS_ERRORS, TRANSIENT_ERRORS, refresh_cluster_view
-from genq.common.keys import GROUP, Keys
-from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply
+from genq.common.keys import GROUP, RETURNED, Keys
+from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
 from genq.common.settings import WorkerSettings
 from genq.common.wire import encode_delta_event
+from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import recovery
 from genq.worker.runtime.dead_letter import add_to_pipeline
 
 log = logging.getLogger("genq.worker")
+
+DOORBELL_MAX = 64
+"""The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
@@ -73,12 +77,13 @@ class QueueIO:
         """Create the consumer group on every priority stream (and the streams) if missing, and
         publish the queue's limits that producers enforce. The group starts at the beginning,
         so requests sent before any worker ran are served."""
-        for stream in self.keys.streams():
+        for stream in [*self.keys.streams(), self.keys.doorbell]:
             try:
                 self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
             except redis.ResponseError as err:
                 if "BUSYGROUP" not in str(err):
                     raise
+        self.redis.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
         self.redis.hset(self.keys.config, MAX_QUEUE_DEPTH_FIELD, str(self.settings.max_queue_depth))
 
     def resume(
@@ -132,33 +137,82 @@ class QueueIO:
                 taken.append((stream, entries))
         return taken
 
-    def delivery_counts(self, stream: str, entry_ids: Sequence[str]) -> dict[str, int]:
-        """How many times each of these entries (pending for this consumer) was delivered."""
-        return recovery.delivery_counts(self.redis, stream, self.consumer, entry_ids)
+    def starts(self, request_ids: Sequence[str]) -> dict[str, int]:
+        """How many times workers started each of these requests (its attempts key, ``STARTS
+        TOKEN``; absent: never started, or already ended)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.get(self.keys.attempts(request_id))
+        out = {}
+        for request_id, raw in zip(request_ids, pipe.execute(), strict=True):
+            if raw:
+                text = raw.decode() if isinstance(raw, bytes) else str(raw)
+                out[request_id] = int(text.split(" ", 1)[0])
+        return out
 
     def read(self, room: dict[str, int], block_ms: int | None) -> Delivered:
-        """New entries, each stream up to its room. Non-blocking: one pipelined XREADGROUP per
-        priority. Blocking: one XREADGROUP over all streams, woken by the first entry to arrive
-        (used only when idle or waiting to fill a batch)."""
+        """Entries for this worker, each stream up to its room.
+
+        Non-blocking: one pipelined XREADGROUP per priority, each with a probe (XPENDING, one
+        row) of the entries other workers handed back (``RETURNED``). Only when a probe finds
+        some does a second call (the TAKE_BACK script) claim them, up to the room again: they
+        are older than anything new, and leaving them for later would let them wait behind
+        newer work. Handed-back entries exist only where batches take long, so the hot path
+        stays plain reads. Blocking: one XREADGROUP over all streams, woken by the first new
+        entry (used only when idle)."""
         asked = [s for s, n in room.items() if n > 0]
         if block_ms is None:
             if not asked:
                 return []
             pipe = self.redis.pipeline(transaction=False)
             for s in asked:
+                pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
                 pipe.xreadgroup(GROUP, self.consumer, {s: ">"}, count=room[s])
-            return [x for resp in pipe.execute() for x in (resp or [])]
+            replies = pipe.execute()
+            fresh = [x for resp in replies[1::2] for x in (resp or [])]
+            back = [s for s, probe in zip(asked, replies[0::2], strict=True) if probe]
+            return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
         if not asked:
             time.sleep(block_ms / 1000)
             return []
+        doorbell = self.keys.doorbell
         resp: Any = self.redis.xreadgroup(
             GROUP,
             self.consumer,
-            dict.fromkeys(asked, ">"),
+            {**dict.fromkeys(asked, ">"), doorbell: ">"},
             count=min(room[s] for s in asked),
             block=block_ms,
         )
-        return resp or []
+        work = [x for x in resp or [] if _text(x[0]) != doorbell]
+        rung = [e[0] for x in resp or [] if _text(x[0]) == doorbell for e in x[1]]
+        if rung:  # someone handed entries back: take them now
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xack(doorbell, GROUP, *rung)
+            pipe.xdel(doorbell, *rung)
+            pipe.execute()
+            return self.take_back(room) + work
+        return work
+
+    def take_back(self, room: dict[str, int]) -> Delivered:
+        """Claim entries other workers handed back, up to ``room`` per stream (one script)."""
+        args: list[str | int] = [GROUP, RETURNED, self.consumer, *room.values()]
+        reply: Any = self.redis.eval(TAKE_BACK, len(room), *room, *args)
+        return reply or []
+
+    def hand_back(self, held: Sequence[Held], *, rings: int) -> None:
+        """Give these entries (read, not started) back to the group: pending for ``RETURNED``,
+        with their delivery counts unchanged (JUSTID), for whichever worker reads next; and
+        ring the doorbell ``rings`` times, which wakes as many idle workers."""
+        by_stream: dict[str, list[str]] = {}
+        for h in held:
+            by_stream.setdefault(h.stream, []).append(h.entry_id)
+        pipe = self.redis.pipeline(transaction=False)
+        for stream, ids in by_stream.items():
+            pipe.xclaim(stream, GROUP, RETURNED, 0, ids, justid=True)  # type: ignore[arg-type]
+        for _ in range(rings):
+            pipe.xadd(self.keys.doorbell, {"n": len(held)}, maxlen=DOORBELL_MAX, approximate=True)
+        pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
+        pipe.execute()
 
     def mark_running(self, items: Sequence[ApplyItem], token: str) -> list[int]:
         """Write these requests' ``running`` states (one APPLY call, counting a start each);
@@ -206,10 +260,12 @@ class QueueIO:
         return {i for i, raw in zip(request_ids, raws, strict=True) if states.is_final(raw)}
 
     def add_stats(self, pipe: Any, fields: dict[str, Any]) -> None:
-        """Queue the refresh of this worker's stats hash (and its TTL) on ``pipe``."""
+        """Queue the refresh of this worker's stats hash (and its TTL) on ``pipe``, and of the
+        doorbell's TTL: it lives while workers do (a joining worker makes it again)."""
         key = self.keys.worker(self.consumer)
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.settings.heartbeat_ttl_s)
+        pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
 
     def publish_stats(self, fields: dict[str, Any]) -> None:
         """Refresh this worker's stats hash now."""
@@ -226,3 +282,7 @@ def raw_read_reply(response: Any, **options: Any) -> Any:
     """XREADGROUP's reply as ``[[stream, [[entry id, [field, value, ...]], ...]], ...]`` (the
     RESP2 shape; RESP3's map of streams is turned into it)."""
     return list(response.items()) if isinstance(response, dict) else response
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

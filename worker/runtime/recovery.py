@@ -13,12 +13,13 @@ holder, its idle time and its delivery count. genq recovers with three rules:
    therefore taken over within about ``1.25 x claim_idle_ms`` of its death (plus the batch a
    busy taker is running). ``XAUTOCLAIM`` also drops from the pending list entries that no
    longer exist in the stream (Redis >= 7), so a trimmed or deleted entry never comes back empty.
-3. **An entry delivered before runs alone**: its worker died holding it, and if it is what
-   kills workers it must not take batch-mates with it. **A request started ``max_attempts``
-   times** (counted at each start, in ``genq:att:{ID}``), every time by a worker that died
-   before finishing it, is poison: it ends ``failed`` and is copied to the dead-letter stream
-   instead of killing another worker. Starts are counted, not deliveries: a request that was
-   only waiting in a dead worker's look-ahead has not been tried.
+3. **A request started before runs alone** (counted at each start, in ``genq:att:{ID}``,
+   which is read for every entry delivered again): its worker died running it, and if it is
+   what kills workers it must not take batch-mates with it. **A request started
+   ``max_attempts`` times**, every time by a worker that died before finishing it, is poison:
+   it ends ``failed`` and is copied to the dead-letter stream instead of killing another
+   worker. Starts are counted, not deliveries: a request that only waited in a dead worker's
+   look-ahead, or was handed back, has not been tried, and runs batched as any other.
 
 A worker restarted under the same consumer name first resumes its own pending entries.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -38,31 +39,6 @@ log = logging.getLogger("genq.worker")
 
 PENDING_PAGE = 1000
 """Pending entries read per XPENDING call."""
-
-
-def delivery_counts(
-    r: redis.Redis, stream: str, consumer: str, entry_ids: Sequence[str]
-) -> dict[str, int]:
-    """How many times each of ``entry_ids`` (pending for ``consumer``) has been delivered."""
-    if not entry_ids:
-        return {}
-    ordered = sorted(entry_ids, key=lambda e: tuple(int(x) for x in e.split("-")))
-    rows: Any = r.xpending_range(
-        stream,
-        GROUP,
-        min=ordered[0],
-        max=ordered[-1],
-        count=len(ordered) + PENDING_PAGE,
-        consumername=consumer,
-    )
-    wanted = set(entry_ids)
-    counts = {}
-    for row in rows:
-        entry_id = row["message_id"]
-        entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        if entry_id in wanted:
-            counts[entry_id] = int(row["times_delivered"])
-    return counts
 
 
 def own_pending(r: redis.Redis, stream: str, consumer: str) -> list[str]:

@@ -28,6 +28,9 @@ log = logging.getLogger("genq.worker")
 
 POLL_S = 0.02
 """How long a turn waits for a running request to finish before checking Redis again."""
+FIRST_BATCH_GUESS_MS = 1000.0
+"""What a static worker takes its first batch to last, before it has measured one: a real
+model's batch takes about this long, and guessing long only costs one hand-back."""
 CANCEL_CHECK_S = 0.25
 """How often a runner looks for running requests cancelled by a client."""
 
@@ -50,6 +53,9 @@ class Runner:
 
     waits_to_fill = False
     """Whether a batch is worth waiting for (``max_wait_ms``) before it starts."""
+    hands_back = False
+    """Whether the loop is busy while a batch runs, so that what it holds waiting should go
+    back to the group when a batch will take long (``expected_busy_ms``)."""
 
     def __init__(self, context: RunnerContext) -> None:
         self.outcomes = context.outcomes
@@ -64,6 +70,16 @@ class Runner:
     def busy(self) -> bool:
         """Whether anything is running."""
         return bool(self.running)
+
+    def read_limit(self, max_batch_size: int) -> int | None:
+        """How many requests this runner should hold waiting, at most (None: a full candidate
+        pool per stream, for choosing its batches)."""
+        return None
+
+    def expected_busy_ms(self) -> float | None:
+        """How long what was just started should keep the loop busy (None: not known, or the
+        loop goes on while it runs)."""
+        return None
 
     def entries(self) -> list[tuple[str, str]]:
         """(stream, entry id) of every running request (safe from another thread)."""
@@ -131,12 +147,23 @@ class StaticRunner(Runner):
     request that runs out of memory alone fails."""
 
     waits_to_fill = True
+    hands_back = True
 
     def __init__(self, context: RunnerContext, *, engine: Engine, budget: AdaptiveBudget) -> None:
         super().__init__(context)
         self.engine = engine
         self.budget = budget
         self._started_ms = 0
+        self._ms_per_step: float | None = None  # measured, weighted towards recent batches
+
+    def expected_busy_ms(self) -> float | None:
+        """The batch just started, at the measured time per decode step (its longest
+        ``max_new_tokens`` steps); ``FIRST_BATCH_GUESS_MS`` before any batch was measured."""
+        if not self.running:
+            return None
+        if self._ms_per_step is None:
+            return FIRST_BATCH_GUESS_MS
+        return self._ms_per_step * max(h.request.max_new_tokens for h in self.running.values())
 
     def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
         """Hold the batch: it runs in ``collect``, in the same turn."""
@@ -160,7 +187,11 @@ class StaticRunner(Runner):
             report = self.engine.generate([self.generation_input(h) for h in batch])
         except Exception as err:  # an engine can raise anything; isolate the culprit(s)
             return self._isolate(batch, err)
-        generation_ms = int((time.perf_counter() - t0) * 1000)
+        elapsed_ms = (time.perf_counter() - t0) * 1000
+        generation_ms = int(elapsed_ms)
+        step_ms = elapsed_ms / max(h.request.max_new_tokens for h in batch)
+        last = self._ms_per_step
+        self._ms_per_step = step_ms if last is None else last + 0.3 * (step_ms - last)
         self.counters.batch(len(batch))
         self.counters.generated(report, generation_ms)
         tokens = report.prompt_tokens + report.completion_tokens
@@ -213,6 +244,11 @@ class ContinuousRunner(Runner):
     def __init__(self, context: RunnerContext, *, engine: IterationEngine) -> None:
         super().__init__(context)
         self.engine = engine
+
+    def read_limit(self, max_batch_size: int) -> int | None:
+        """Only what can start now: the free slots. Requests join at every step, so a candidate
+        pool buys nothing here, and entries held waiting would be work another worker could do."""
+        return max(0, max_batch_size - len(self.running))
 
     def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
         """Submit each request to the engine; one it refuses fails alone."""

@@ -1,4 +1,5 @@
-"""The start step: mark a batch running in one APPLY call, and sort out what must not run.
+"""The start step: mark a batch running in one APPLY call, and sort out what must not run;
+then, if the batch will keep the worker busy, hand back what waits (work-conserving pulling).
 
 A request whose deadline passed ends ``expired``; one started ``max_attempts`` times already,
 every time by a worker that died, is poison: it ends ``failed`` and is copied to the dead-letter
@@ -12,18 +13,23 @@ import logging
 from collections.abc import Sequence
 
 from genq.common import states
+from genq.common.connection import REDIS_ERRORS
 from genq.common.errors import PoisonRequest
 from genq.common.models import now_ms
 from genq.common.scripts import Applied
 from genq.common.wire import encode_request
 from genq.worker.policy.admission import deadline_passed
-from genq.worker.policy.lookahead import Held
+from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.queue_io import QueueIO
+from genq.worker.runtime.runners import Runner
 
 log = logging.getLogger("genq.worker")
+
+MAX_RINGS = 8
+"""Most idle workers a hand-back wakes at once (one per batch's worth of entries)."""
 
 
 class Starter:
@@ -98,3 +104,25 @@ class Starter:
             record["stream"],
             record["error"],
         )
+
+    def hand_back(self, lookahead: Lookahead, runner: Runner) -> None:
+        """About to be busy with a batch for ``hand_back_after_ms`` or more (as the runner
+        expects from its measured time per step): give what waits here back to the group, so
+        that a worker that is free sooner takes it (work-conserving: nothing waits on a busy
+        worker while another idles).
+        The next read here takes back whatever no one else took, so a lone worker still
+        chooses among the same candidates."""
+        if not (runner.hands_back and lookahead.waiting):
+            return
+        busy_ms = runner.expected_busy_ms()
+        if busy_ms is None or busy_ms < self.queue.settings.hand_back_after_ms:
+            return
+        batch = lookahead.take(list(lookahead.waiting))
+        rings = min(MAX_RINGS, -(-len(batch) // self.queue.settings.max_batch_size))
+        try:
+            self.queue.hand_back(batch, rings=rings)
+        except REDIS_ERRORS:
+            lookahead.put_back(batch)
+            raise
+        lookahead.started(batch)
+        self.counters.handed_back += len(batch)

@@ -178,7 +178,7 @@ class Worker:
         """Join the queue: groups, queue config, heartbeat, then this consumer's own pending."""
         self.queue.ensure_groups()
         self.heartbeat(force=True)
-        resumed = self.queue.resume(self.lookahead.room, self.admit_delivered)
+        resumed = self.queue.resume(self.room, self.admit_delivered)
         if resumed:
             log.info("resumed %d pending entries of consumer %s", resumed, self.consumer)
 
@@ -215,10 +215,11 @@ class Worker:
         self.heartbeat()
         if reading:
             self.reclaim()
-            self.admit(self.queue.read(self.lookahead.room(), block_ms=None))
+            self.admit(self.queue.read(self.room(), block_ms=None))
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         if decision.batch:
             self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
+            self.starter.hand_back(self.lookahead, self.runner)
         self.write(self.runner.collect(POLL_S if self.runner.busy else 0.0))
         self.write(self.runner.drop_cancelled(self.queue.final_ones))
         if reading and not decision.batch and not self.runner.busy:
@@ -232,22 +233,29 @@ class Worker:
         if fill_wait_ms is not None and fill_wait_ms < REDIS_TICK_MS:
             self._stopping.wait(max(1, fill_wait_ms) / 1000)
             return
-        block_ms = self.settings.read_block_ms if fill_wait_ms is None else fill_wait_ms
-        self.admit(self.queue.read(self.lookahead.room(), block_ms=max(1, block_ms)))
+        # Idle: a new entry wakes the read at once, but entries another worker hands back do
+        # not (they are claimed, not added), so an idle worker looks again every tick.
+        idle_ms = min(self.settings.read_block_ms, REDIS_TICK_MS)
+        block_ms = idle_ms if fill_wait_ms is None else fill_wait_ms
+        self.admit(self.queue.read(self.room(), block_ms=max(1, block_ms)))
+
+    def room(self) -> dict[str, int]:
+        """How many entries to read per stream: the look-ahead's room, within what the runner
+        should hold (a continuous runner: only what it can start now)."""
+        return self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
 
     def reclaim(self) -> None:
         """Take over entries of dead workers, within the look-ahead's room."""
-        for stream, entries in self.queue.reclaim(self.lookahead.room()):
+        for stream, entries in self.queue.reclaim(self.room()):
             self.counters.reclaimed += len(entries)
             self.admit_delivered(stream, entries)
 
     def admit_delivered(self, stream: str, entries: list[Any]) -> None:
-        """Admit entries delivered before (resumed or taken over), each with its delivery count:
-        one delivered before runs alone (``Held.suspect``)."""
-        ids = [e[0].decode() if isinstance(e[0], bytes) else str(e[0]) for e in entries]
-        self.admit([(stream, entries)], self.queue.delivery_counts(stream, ids))
+        """Admit entries delivered before (resumed or taken over), each with how often workers
+        started it: one started before runs alone (``Held.suspect``)."""
+        self.admit([(stream, entries)], redelivered=True)
 
-    def admit(self, delivered: Delivered, deliveries: dict[str, int] | None = None) -> None:
+    def admit(self, delivered: Delivered, redelivered: bool = False) -> None:
         """Runnable entries join the look-ahead; the rest end at once (failed, expired) or go
         to the dead-letter stream. An entry this worker already holds is skipped."""
         if not delivered:
@@ -257,14 +265,16 @@ class Worker:
         def holding(key: str) -> bool:
             return self.lookahead.holds(key) or key in self.runner.running or key in writing
 
-        admitted = self.intake.admit(
-            delivered, now_ms=now_ms(), holding=holding, deliveries=deliveries
-        )
+        admitted = self.intake.admit(delivered, now_ms=now_ms(), holding=holding)
+        if redelivered and admitted.held:
+            starts = self.queue.starts([h.request.id for h in admitted.held])
+            for held in admitted.held:
+                held.starts = starts.get(held.request.id, 0)
         for record in admitted.dead_letters:
             self.starter.dead_letter(record, ack=True)
         for held in admitted.held:
             self.lookahead.add(held)
-        if deliveries is None:  # new arrivals, not entries delivered before
+        if not redelivered:  # new arrivals
             self.arrivals.observe(h.enqueued_ms for h in admitted.held)
         self.write(admitted.outcomes)
 
