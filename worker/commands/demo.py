@@ -26,31 +26,47 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-CORPUS = (
-    "The queue keeps requests safe until a worker is free. Each worker reads from a consumer "
-    "group, forms batches within a token budget, and writes every result to its own key. "
-    "Short prompts and long prompts are grouped apart so that little compute is spent on "
-    "padding. High priority requests go first, but low priority requests are never starved. "
+COMPLETIONS = (
+    "The capital of France is",
+    "The three primary colors are",
+    "The largest planet in our solar system is",
+    "Python is a programming language that",
+    "Once upon a time, in a small village by the sea,",
+    "A good way to start the morning is",
 )
-DEMO_TIMEOUT_S = 600.0
+QUESTIONS = (
+    "Write one sentence about a cat.",
+    "What is 12 times 12?",
+    "Give me two tips for writing clear emails.",
+    "Translate 'good morning' into French.",
+    "Explain in one sentence what a queue is.",
+    "Name three fruits that are red.",
+    "Suggest a name for a friendly robot.",
+    "Summarize in one sentence: Redis is an in-memory data store that many applications use "
+    "as a database, a cache and a message broker, because it keeps data in memory, answers in "
+    "well under a millisecond, and offers data structures such as lists, hashes, sorted sets "
+    "and streams, which make queues, leaderboards and rate limiters short to write.",
+)
+DEMO_TIMEOUT_S = 900.0
 
 
 def demo_prompts(n: int, seed: int) -> list[dict[str, object]]:
-    """``n`` requests of mixed length (about 8 to 400 characters) and priority, seeded."""
+    """``n`` requests, seeded: text to continue and chat questions, short and long, with mixed
+    priorities and ``max_new_tokens``."""
     rng = random.Random(seed)
-    text = CORPUS * 4
     out: list[dict[str, object]] = []
     for i in range(n):
-        length = int(min(400, max(8, rng.lognormvariate(4.0, 0.9))))
-        start = rng.randrange(0, len(text) - length)
-        out.append(
-            {
-                "prompt": text[start : start + length],
-                "max_new_tokens": rng.randint(8, 64),
-                "priority": rng.choices(PRIORITIES, weights=[2, 5, 3])[0],
-                "request_id": f"demo-{seed}-{i:03d}",
-            }
-        )
+        request: dict[str, object] = {
+            "max_new_tokens": rng.randint(12, 48),
+            "priority": rng.choices(PRIORITIES, weights=[2, 5, 3])[0],
+            "request_id": f"demo-{seed}-{i:03d}",
+        }
+        if i % 3 == 2:
+            request["prompt"] = COMPLETIONS[(i // 3) % len(COMPLETIONS)]
+        else:
+            question = QUESTIONS[(i - i // 3) % len(QUESTIONS)]
+            request["messages"] = [{"role": "user", "content": question}]
+        out.append(request)
     return out
 
 
@@ -129,7 +145,7 @@ def run_demo(
                 elapsed_s = time.perf_counter() - t0
                 with connect(url) as r:
                     snapshot = collect(r, queue)
-        _print_results(results, console)
+        _print_results(results, specs, console)
         me: dict[str, Any] = next((w for w in snapshot["workers"] if w["consumer"] == consumer), {})
         d = derived(me)
         completion = sum(r.usage.completion_tokens for r in results)
@@ -179,20 +195,23 @@ def _wait_with_progress(
     return results
 
 
-def _print_results(results: list[Result], console: Console) -> None:
-    table = Table(title=f"first 20 of {len(results)} results")
-    for col in ("id", "prio", "prompt", "new", "wait ms", "batch", "status / text"):
-        table.add_column(col, no_wrap=True)
-    for r in results[:20]:
-        shown = r.text if r.status == "succeeded" else f"{r.status}: {r.error}"
+def _print_results(results: list[Result], specs: list[dict[str, object]], console: Console) -> None:
+    table = Table(title=f"first 16 of {len(results)} results", show_lines=True)
+    for col, width in (("prio", 6), ("asked", 34), ("answer", 60)):
+        table.add_column(col, max_width=width, overflow="fold")
+    for col in ("new tokens", "batch", "wait ms"):
+        table.add_column(col, justify="right")
+    for r, spec in list(zip(results, specs, strict=True))[:16]:
+        messages: Any = spec.get("messages")
+        asked = str(spec.get("prompt") or messages[0]["content"])
+        answer = r.text if r.status == "succeeded" else f"{r.status}: {r.error}"
         table.add_row(
-            r.id.rsplit("-", 1)[-1],
             r.priority or "",
-            str(r.usage.prompt_tokens),
+            asked if len(asked) < 80 else asked[:77] + "...",
+            (answer or "").strip(),
             str(r.usage.completion_tokens),
-            str(r.timings.queue_wait_ms),
             str(r.batch_size),
-            repr(shown or "")[:28],
+            str(r.timings.queue_wait_ms),
         )
     console.print(table)
 
@@ -205,8 +224,13 @@ def _print_results(results: list[Result], console: Console) -> None:
     help="use this Redis instead of starting a private redis-server",
 )
 @click.option("--queue", default="demo", show_default=True)
-@click.option("--requests", "n_requests", type=int, default=48, show_default=True)
-@click.option("--model", default="tiny", show_default=True)
+@click.option("--requests", "n_requests", type=int, default=24, show_default=True)
+@click.option(
+    "--model",
+    default="smollm2-135m",
+    show_default=True,
+    help="a real model by default (built on first use); tiny for a fast look",
+)
 @click.option(
     "--engine",
     type=ENGINE_CHOICE,
@@ -227,8 +251,9 @@ def demo(
     max_batch_size: int,
     seed: int,
 ) -> None:
-    """Run genq end to end: a private redis-server, a worker on the tiny model, a few dozen
-    prompts of mixed length and priority; print the results and the batching stats."""
+    """Run genq end to end: a private redis-server, a worker on a real model (SmolLM2-135M-
+    Instruct), two dozen prompts and chat questions of mixed length and priority; print the
+    answers and the batching stats."""
     from genq.worker.commands.demo import run_demo
 
     try:
@@ -241,7 +266,7 @@ def demo(
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
             seed=seed,
-            console=Console(),
+            console=Console(width=max(Console().width, 120)),
         )
     except GenqError as err:
         raise click.ClickException(str(err)) from None

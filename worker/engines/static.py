@@ -207,14 +207,20 @@ class _RowSampler:
 
 
 def load_model(model_name: str, device: str = "cpu", dtype: str = "auto") -> tuple[Any, Any]:
-    """(model, tokenizer) for ``tiny``, a local directory or a hub id, on ``device``."""
+    """(model, tokenizer) for a built-in name (``tiny``, ``random-250m``, ``smollm2-135m``), a
+    local directory or a hub id, on ``device``."""
     torch = _torch()
     from genq.worker.engines.builtin_models import BUILTIN_CONFIGS, builtin_model_dir
+    from genq.worker.engines.packaged_models import PACKAGED_MODELS, packaged_model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # worker logs are lines, not progress bars
-    path = str(builtin_model_dir(model_name)) if model_name in BUILTIN_CONFIGS else model_name
+    path = model_name
+    if model_name in BUILTIN_CONFIGS:
+        path = str(builtin_model_dir(model_name))
+    elif model_name in PACKAGED_MODELS:
+        path = str(packaged_model_dir(model_name))
     # auto = float32 even on GPU: in bfloat16, a batch's shape changes rounding enough to flip
     # near-tied greedy picks, so batched output would not always equal each prompt alone
     # (measured on an H100: 6 of 12 rows differ on the tiny model). --dtype bfloat16 for speed.

