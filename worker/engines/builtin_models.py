@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,18 @@ def builtin_model_dir(name: str) -> Path:
     ).hexdigest()[:12]
     prefix = "tiny-llama" if name == TINY_MODEL_NAME else name
     target = cache_dir() / f"{prefix}-{digest}"
+    return build_once(target, lambda path: build_tiny_model(path, config))
+
+
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """``target``, a model folder, built by ``build(path)`` unless it is there already. Built in
+    a private folder and renamed into place, so a concurrent builder never sees a half-written
+    model; the loser of a race just discards its copy."""
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a private directory and rename into place, so a concurrent builder never sees a
-    # half-written model; the loser of the race just discards its copy.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        build_tiny_model(Path(tmp) / "model", config)
+        build(Path(tmp) / "model")
         try:
             os.rename(Path(tmp) / "model", target)
         except OSError:

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from genq.common.errors import ConfigError
-from genq.worker.engines.builtin_models import cache_dir
+from genq.worker.engines.builtin_models import build_once, cache_dir
 
 _FORMAT_VERSION = 1
 
@@ -62,20 +60,7 @@ def packaged_model_dir(name: str) -> Path:
     digest = hashlib.sha256(f"{spec.file} {stat.st_size} {_FORMAT_VERSION}".encode()).hexdigest()[
         :12
     ]
-    target = cache_dir() / f"{name}-{digest}"
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Built in a private folder and renamed into place: a concurrent builder never sees half a
-    # model, and the loser of a race discards its copy.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        _build_from_gguf(source, Path(tmp) / "model")
-        try:
-            os.rename(Path(tmp) / "model", target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    return target
+    return build_once(cache_dir() / f"{name}-{digest}", lambda path: _build_from_gguf(source, path))
 
 
 def _build_from_gguf(source: Path, path: Path) -> None:
