@@ -113,6 +113,10 @@ class WorkerSettings(BaseModel):
     metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
         None, description="serve Prometheus metrics on this port (default: off)"
     )
+    metrics_host: str = Field(
+        "0.0.0.0",
+        description="address the metrics endpoint listens on (127.0.0.1: this machine only)",
+    )
     echo_step_ms: Annotated[float, Field(ge=0)] = Field(
         0.0, description="--engine echo only: simulated time per decode step of a batch"
     )

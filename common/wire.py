@@ -135,13 +135,17 @@ def _decode_slowly(
         )
     request_id = _usable_id(text.get(ID_FIELD))
     if request_id is None:
-        return UndecodableEntry(
-            None,
-            MalformedEntry(
-                f"entry has no valid {ID_FIELD!r} field "
-                f"(fields: {sorted(text)[:10]}); expected fields 'id' and 'body'"
-            ),
-        )
+        if ID_FIELD in text:  # there is one, refused for its characters or length: say why
+            why = (
+                f"entry's {ID_FIELD!r} field {text[ID_FIELD][:80]!r} is not a valid request id: "
+                "use 1-128 characters of A-Z, a-z, 0-9, '_', '.', ':' and '-'"
+            )
+        else:
+            why = (
+                f"entry has no valid {ID_FIELD!r} field (it has none; fields: "
+                f"{sorted(text)[:10]}); expected fields 'id' and 'body'"
+            )
+        return UndecodableEntry(None, MalformedEntry(why))
     extra = sorted(set(text) - {ID_FIELD, BODY_FIELD})
     if extra:
         return UndecodableEntry(

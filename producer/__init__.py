@@ -11,6 +11,7 @@ Needs only redis, pydantic, click and rich; never torch::
 from genq.common.errors import (
     GenqError,
     InvalidRequest,
+    QueueFull,
     RequestNotFound,
     ResultTimeout,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "Client",
     "GenqError",
     "InvalidRequest",
+    "QueueFull",
     "Request",
     "RequestNotFound",
     "Result",

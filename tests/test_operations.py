@@ -8,6 +8,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from genq.producer import Client
 from genq.worker.devtools.redis_server import free_port
 
@@ -120,3 +121,37 @@ def test_submit_a_file_of_prompts_reports_bad_lines_and_prints_results(
         (1, "succeeded", "first"), (3, "succeeded", "sec"), (6, "succeeded", "third"),
     ]  # fmt: skip
     assert results[1]["priority"] == "high"
+
+
+def test_the_metrics_endpoint_listens_where_it_is_told(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    port = free_port()
+    start_worker(
+        queue, "--engine", "echo", "--metrics-port", str(port), "--metrics-host", "127.0.0.2"
+    )
+    Client.from_url(redis_url, queue).generate("hi", max_new_tokens=2, timeout=30)
+
+    def scrape_at(host: str) -> str:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    wait_until(lambda: _answers(lambda: scrape_at("127.0.0.2")))
+    with pytest.raises(OSError):
+        scrape_at("127.0.0.1")
+
+
+def _answers(get: Callable[[], str]) -> bool:
+    try:
+        return "genq_requests_total" in get()
+    except OSError:
+        return False
+
+
+def test_a_cpu_worker_logs_no_transformers_error_about_psutil(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    worker = start_worker(queue, "--model", "tiny", "--engine", "continuous")
+    Client.from_url(redis_url, queue).generate("hello", max_new_tokens=4, timeout=120)
+    worker.stop()
+    assert "psutil" not in worker.log()

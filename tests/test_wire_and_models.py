@@ -123,3 +123,17 @@ def test_keys_of_a_queue_share_one_hash_tag() -> None:
 def test_result_final_states() -> None:
     assert Result(id="a", status="succeeded").is_final
     assert not Result(id="a", status="queued").is_final
+
+
+def test_an_id_refused_for_its_characters_says_why() -> None:
+    out = decode_request("normal", {b"id": b"has spaces/and slashes", b"body": b'{"prompt": "x"}'})
+    assert isinstance(out, UndecodableEntry) and out.request_id is None
+    message = str(out.error)
+    assert "'has spaces/and slashes' is not a valid request id" in message
+    assert "1-128 characters" in message
+
+
+def test_queue_full_is_importable_beside_the_other_client_errors() -> None:
+    from genq.producer import InvalidRequest, QueueFull
+
+    assert issubclass(QueueFull, Exception) and issubclass(InvalidRequest, ValueError)

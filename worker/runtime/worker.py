@@ -86,7 +86,7 @@ class Worker:
         self.consumer = consumer = settings.consumer_name
         self.queue = QueueIO(r=r, keys=keys, consumer=consumer, settings=settings)
         self.counters = Counters()
-        self.metrics = Metrics(keys.queue, settings.metrics_port)
+        self.metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
         self.lookahead = Lookahead(streams=keys.streams(), max_per_stream=settings.max_lookahead)
         self.budget = AdaptiveBudget(
             full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s
