@@ -8,7 +8,8 @@ one node: the client learns the others and follows slot moves and failovers.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import hiredis
 import redis
@@ -41,6 +42,55 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 Whoever loops on Redis waits and tries again on these (after ``refresh_cluster_view``)."""
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+T = TypeVar("T")
+
+
+class _Refused(Exception):
+    """Carries a refused password out of redis-py's retry loop, which retries every
+    ConnectionError (AuthenticationError is one) and lets anything else through at once."""
+
+    def __init__(self, error: redis.AuthenticationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _failing_fast(do: Callable[[], T]) -> Callable[[], T]:
+    def guarded() -> T:
+        try:
+            return do()
+        except redis.AuthenticationError as err:
+            raise _Refused(err) from err
+
+    return guarded
+
+
+class _Retry(Retry):
+    """redis-py's retry, except that a refused password fails at once: trying again cannot
+    help, and a wrong password should not take ~9 s to say so."""
+
+    def call_with_retry(self, do: Callable[[], T], fail: Any, *args: Any, **kwargs: Any) -> T:
+        try:
+            return super().call_with_retry(_failing_fast(do), fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.error from None
+
+
+class _AsyncRetry(AsyncRetry):
+    """The asyncio twin of ``_Retry``."""
+
+    async def call_with_retry(
+        self, do: Callable[[], Awaitable[T]], fail: Any, *args: Any, **kwargs: Any
+    ) -> T:
+        async def guarded() -> T:
+            try:
+                return await do()
+            except redis.AuthenticationError as err:
+                raise _Refused(err) from err
+
+        try:
+            return await super().call_with_retry(guarded, fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.error from None
 
 
 def cluster_url(url: str) -> str | None:
@@ -85,7 +135,7 @@ class CommandPacker:
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client for ``url`` that retries commands on connection errors. For a cluster URL it is
     a ``redis.cluster.RedisCluster``, which has the same commands for genq's purposes."""
-    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES)
+    retry = _Retry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES)
     plain = cluster_url(url)
     if plain is not None:
         kwargs.setdefault("retry", retry)
@@ -98,7 +148,7 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
 
 def connect_async(url: str, **kwargs: Any) -> aioredis.Redis:
     """The asyncio twin of ``connect``."""
-    retry = AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES)
+    retry = _AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES)
     plain = cluster_url(url)
     if plain is not None:
         kwargs.setdefault("retry", retry)

@@ -103,3 +103,34 @@ def test_tls_rediss_url(tmp_path: Path, tls_files: dict[str, Path]) -> None:
             redis.Redis(port=tls_port, socket_timeout=2).ping()
     finally:
         server.stop()
+
+
+def genq_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "genq.worker", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_wrong_password_fails_at_once_in_one_line_for_commands_and_workers() -> None:
+    import time
+
+    with RedisServer(["--requirepass", "s3cret"]) as server:
+        url = f"redis://:wrong@127.0.0.1:{server.port}/0"
+        for args in (
+            ("stats", "--redis-url", url),
+            ("worker", "--engine", "echo", "--redis-url", url),
+        ):
+            t0 = time.monotonic()
+            out = genq_cli(*args)
+            assert out.returncode == 1, out.stderr
+            assert time.monotonic() - t0 < 5  # was ~9 s: authentication was retried as a drop
+            assert "Traceback" not in out.stderr
+            assert "Redis refused the credentials" in out.stderr and "--redis-url" in out.stderr
+
+
+def test_a_port_with_nothing_on_it_is_one_line_saying_what_to_check() -> None:
+    from genq.worker.devtools.redis_server import free_port
+
+    out = genq_cli("stats", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "cannot reach Redis" in out.stderr and "redis-server runs there" in out.stderr

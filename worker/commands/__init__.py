@@ -21,6 +21,7 @@ import logging
 import sys
 
 import click
+import redis
 from genq.worker.commands.batch import batch
 from genq.worker.commands.bench import bench
 from genq.worker.commands.demo import demo
@@ -30,7 +31,26 @@ from genq.worker.commands.submit import submit
 from genq.worker.commands.worker import worker
 
 
-@click.group()
+class _Main(click.Group):
+    """The ``genq`` group: Redis refusing or unreachable is one line saying what to check, not a
+    traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except redis.AuthenticationError as err:
+            raise click.ClickException(
+                f"Redis refused the credentials ({err}): check the user and password in "
+                "--redis-url / GENQ_REDIS_URL"
+            ) from None
+        except redis.ConnectionError as err:
+            raise click.ClickException(
+                f"cannot reach Redis ({err}): check --redis-url / GENQ_REDIS_URL and that "
+                "redis-server runs there"
+            ) from None
+
+
+@click.group(cls=_Main)
 @click.option("-v", "--verbose", is_flag=True, help="log debug detail")
 def main(verbose: bool) -> None:
     """genq: a Redis Streams queue for batched LLM generation."""

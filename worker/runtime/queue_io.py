@@ -61,6 +61,8 @@ class QueueIO:
                 step()
                 return
             except TRANSIENT_ERRORS as err:
+                if isinstance(err, redis.AuthenticationError):
+                    raise  # a wrong password does not get better by waiting
                 log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay_s)
                 refresh_cluster_view(self.redis)
             except redis.ResponseError as err:
