@@ -30,7 +30,6 @@ from genq.producer.waiting import parse_stored
 
 ENDPOINTS = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion"}
 _IGNORED = {"model", "user"}
-CHUNK = SUBMIT_CHUNK
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,8 +137,8 @@ def record_batch(client: Client, batch_id: str, items: list[BatchLine], source: 
     keys = client.keys
     pipe = client.redis.pipeline(transaction=True)
     pipe.delete(keys.batch_items(batch_id))
-    for start in range(0, len(items), CHUNK):
-        ids = [f"{i.request.id} {i.url}" for i in items[start : start + CHUNK]]
+    for start in range(0, len(items), SUBMIT_CHUNK):
+        ids = [f"{i.request.id} {i.url}" for i in items[start : start + SUBMIT_CHUNK]]
         pipe.rpush(keys.batch_items(batch_id), *ids)
     pipe.hset(
         keys.batch(batch_id),
@@ -170,8 +169,10 @@ def batch_items(client: Client, batch_id: str) -> list[tuple[str, str]]:
 
 def _states(client: Client, ids: list[str]) -> list[Result | None]:
     out: list[Result | None] = []
-    for start in range(0, len(ids), CHUNK):
-        raws: Any = client.redis.mget([client.keys.result(i) for i in ids[start : start + CHUNK]])
+    for start in range(0, len(ids), SUBMIT_CHUNK):
+        raws: Any = client.redis.mget(
+            [client.keys.result(i) for i in ids[start : start + SUBMIT_CHUNK]]
+        )
         out += [parse_stored(r) for r in raws]
     return out
 
@@ -219,8 +220,8 @@ def output_lines(
     """(succeeded?, OpenAI-style output line) per request, in input order, waiting for each
     to be final (up to ``timeout_s``)."""
     items = batch_items(client, batch_id)
-    for start in range(0, len(items), CHUNK):
-        part = items[start : start + CHUNK]
+    for start in range(0, len(items), SUBMIT_CHUNK):
+        part = items[start : start + SUBMIT_CHUNK]
         results = client.results([rid for rid, _ in part], timeout=timeout_s)
         for (rid, url), res in zip(part, results, strict=True):
             yield res.status == "succeeded", _output(rid, url, res)

@@ -6,7 +6,6 @@ import contextlib
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from genq.producer import Client
 from genq.worker.commands.options import ENGINE_CHOICE, REDIS_URL_ENV
 from genq.worker.commands.stats import collect
 from genq.worker.devtools.redis_server import RedisServer
+from genq.worker.devtools.worker_process import start_worker, worker_args
 from genq.worker.runtime.heartbeat import derived
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -81,11 +81,11 @@ def _redis(url: str | None, console: Console) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _worker_process(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _worker_process(log_path: Path, args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``genq worker`` with these flags, logging to ``log_path``; stopped with SIGTERM (a
+    drain) when the block ends."""
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "genq.worker", "worker", *args], stdout=log, stderr=log
-        )
+        proc = start_worker(log=log, extra_args=tuple(args))
         try:
             yield proc
         finally:
@@ -118,29 +118,21 @@ def run_demo(
     ):
         log_path = Path(tmp) / "worker.log"
         consumer = f"demo-worker-{seed}"
-        worker_args = [
-            "--redis-url",
-            url,
-            "--queue",
-            queue,
-            "--model",
-            model,
-            "--engine",
-            engine,
-            "--consumer",
-            consumer,
-            "--max-batch-tokens",
-            str(max_batch_tokens),
-            "--max-batch-size",
-            str(max_batch_size),
-            "--max-wait-ms",
-            "50",
-        ]
         with Client.from_url(url, queue) as client:
             ids = client.submit_many(specs)
             console.print(f"submitted {len(ids)} requests to queue {queue!r}")
             t0 = time.perf_counter()
-            with _worker_process(worker_args, log_path) as proc:
+            args = worker_args(
+                redis_url=url,
+                queue=queue,
+                model=model,
+                engine=engine,
+                consumer=consumer,
+                max_batch_tokens=max_batch_tokens,
+                max_batch_size=max_batch_size,
+                max_wait_ms=50,
+            )
+            with _worker_process(log_path, args) as proc:
                 results = _wait_with_progress(client, ids, proc, log_path, console)
                 elapsed_s = time.perf_counter() - t0
                 with connect(url) as r:

@@ -22,7 +22,10 @@ def worker_args(**settings: object) -> list[str]:
 
 
 def start_worker(
-    log: IO[bytes] | int = subprocess.DEVNULL, extra_args: tuple[str, ...] = (), **settings: object
+    *,
+    log: IO[bytes] | int = subprocess.DEVNULL,
+    extra_args: tuple[str, ...] = (),
+    **settings: object,
 ) -> subprocess.Popen[bytes]:
     """Start ``genq worker`` with these settings (``python -m genq.worker``); ``extra_args``
     go last, so they win over the settings."""
