@@ -24,11 +24,21 @@ key                    type    written by                  read by             T
                                (running, final): JSON
 ``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
                                streaming, final event)     BLOCK)
-``genq:att:{ID}``      string  worker (``STARTS TOKEN``:  worker (poison      result_ttl_s;
-                               +1 at each start, once per  check)              deleted at end
-                               token; DEL at the end)
+``genq:att:{ID}``      string  submit script (``0 P/E -``: worker (poison      result_ttl_s;
+                               the entry owning the id),   check, duplicate    deleted at end
+                               worker (``STARTS P/E        entries)
+                               TOKEN``: +1 at each start,
+                               once per token; DEL at the
+                               end)
 ``genq:batch:{B}``     hash    ``genq batch submit``       ``genq batch``      result_ttl_s
 ``genq:batch:{B}:items`` list  ``genq batch submit``       ``genq batch``      result_ttl_s
+``genq:batch:{B}:rejected``    ``genq batch submit``       ``genq batch``      result_ttl_s
+                       list    (refused lines)
+``genq:{Q}:batches``   zset    batch submit (id, scored    ``GET /v1/batches`` members older
+                               by creation time)                               than result_ttl_s
+                                                                               dropped on read
+``genq:file:{F}``      hash    ``POST /v1/files``          ``/v1/files``,      result_ttl_s
+                               (content, filename, ...)    ``/v1/batches``
 =====================  ======  ==========================  ==================  ===============
 
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``). Entries a
@@ -136,9 +146,26 @@ class Keys:
         """A batch file's requests, in input order: "REQUEST_ID ENDPOINT" per line."""
         return f"{PREFIX}:batch:{{{batch_id}}}:items"
 
+    @property
+    def batches(self) -> str:
+        """The queue's batches by creation time (a sorted set: ``GET /v1/batches`` lists it)."""
+        return f"{self._base}:batches"
+
+    @staticmethod
+    def file(file_id: str) -> str:
+        """A file uploaded to ``genq serve`` (``POST /v1/files``): its content and details."""
+        return f"{PREFIX}:file:{{{file_id}}}"
+
+    @staticmethod
+    def batch_rejected(batch_id: str) -> str:
+        """A batch file's lines refused at submission, as their error-file lines (JSON)."""
+        return f"{PREFIX}:batch:{{{batch_id}}}:rejected"
+
     @staticmethod
     def attempts(request_id: str) -> str:
-        """How many times workers have started the request (deleted when it ends)."""
+        """How many times workers have started the request, and which work entry owns its id
+        (``PRIORITY/ENTRY_ID``: another entry with the id is a duplicate); deleted when it
+        ends."""
         return f"{PREFIX}:att:{{{request_id}}}"
 
     @staticmethod

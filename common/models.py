@@ -183,6 +183,8 @@ class Result(_Strict):
     timings: Timings = Field(default_factory=Timings)
     worker: str | None = None
     """The consumer name of the worker that ran it."""
+    model: str | None = None
+    """The model that generated it (the worker's ``--model``; ``echo`` for the echo engine)."""
     batch_size: int | None = None
     """How many requests shared the engine batch that ran it."""
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)

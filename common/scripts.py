@@ -4,21 +4,25 @@ Each runs inside Redis as one step, so there is no window between a check and a 
 
 - ``SUBMIT``: create the queue's consumer groups if this is its first submission; refuse the
   whole call if the queue is full; for each request whose id has no live state yet, set its
-  ``queued`` state and add its entry; an id that already has one is not enqueued again (one
-  request, not two).
+  ``queued`` state and add its entry, which owns the id (recorded in the attempts key); an
+  id that already has a state is not enqueued again (one request, not two).
 - ``APPLY``: write requests' states unless they are already final; a final state also appends
   the final event, and acknowledges and deletes the request's work entry in the same step. A
   final result is therefore written once: a late duplicate (a worker presumed dead finishing
   after another worker did) changes nothing, nor does a ``running`` mark arriving after a
   cancel; and no entry is acknowledged without its result written. ``running`` also counts
   the request's attempts (starts): one started ``max_attempts`` times already, every time by a
-  worker that died before finishing it, is poison and is not started again.
+  worker that died before finishing it, is poison and is not started again. An entry that
+  does not own its id (a second plain XADD with an id already in use) changes nothing: it is
+  acknowledged as a duplicate.
 
 Callers send them with EVAL (Redis caches the compiled script), never EVALSHA: a Redis that
 restarted has an empty script cache, and a NOSCRIPT error in the middle of a pipeline would
 leave the commands around it half done.
 
 Keys are passed as KEYS (never built in Lua), so every key still comes from ``keys.py``.
+The same Lua is also loaded as a Redis Functions library (``functions.py``) for clients in
+other languages.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from typing import Any
 
 from genq.common.connection import is_cluster
 from genq.common.keys import GROUP, Keys
-from genq.common.models import FINAL_STATUSES
+from genq.common.models import FINAL_STATUSES, PRIORITIES
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
 
 QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
 """Start of the error SUBMIT returns when the queue is full (the client raises QueueFull)."""
+INVALID_PREFIX = "GENQ_INVALID"
+"""Start of the error SUBMIT returns for a call it cannot take (a bad id, priority or body)."""
 MAX_QUEUE_DEPTH_FIELD = "max_queue_depth"
 """The field of the queue's config hash holding its maximum depth (0 or absent: no limit)."""
 GROUPS_FIELD = "groups"
@@ -52,11 +58,14 @@ class Applied(IntEnum):
     """``cancel`` found no state (never submitted, or expired)."""
     POISON = -2
     """``running`` found the request started ``max_attempts`` times already: not started."""
+    DUPLICATE = -3
+    """Another work entry owns the request's id (this one was added later with the same id):
+    nothing written; this entry was acknowledged."""
 
 
 _FINAL_TABLE = "{" + ", ".join(f"[{s!r}]=true" for s in sorted(FINAL_STATUSES)) + "}"
 
-_IS_FINAL = f"""
+IS_FINAL_LUA = f"""
 local FINAL = {_FINAL_TABLE}
 local function is_final(raw)
   if not raw then return false end
@@ -70,10 +79,45 @@ end
 """
 
 SUBMIT = f"""
--- KEYS: config, stream high, stream normal, stream low, then one state key per request
--- ARGV: ttl_s, n, then per request: priority index (1-3), id, body JSON, queued state JSON
+-- KEYS: config, stream high, stream normal, stream low, then per request: its state key and
+--       its attempts key (on a Redis Cluster: the queue's submitted marker for the id, twice)
+-- ARGV: ttl_s, then per request: id, priority (high, normal or low), body JSON, queued state
+--       JSON ('' to build it here from the body)
+-- Returns per request the new entry's id, or 0 if the id already has a state (not enqueued
+-- again). Errors, for the whole call (nothing enqueued): {QUEUE_FULL_PREFIX} DEPTH LIMIT, or
+-- {INVALID_PREFIX} why.
 local ttl = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
+local n = (#ARGV - 1) / 4
+if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + 2 * n or not ttl or ttl < 1 then
+  return redis.error_reply('{INVALID_PREFIX} expected KEYS config, high, normal, low, then '
+    .. 'state and attempts key per request; ARGV ttl_s, then id, priority, body, queued state '
+    .. 'per request')
+end
+local STREAM = {{high = 2, normal = 3, low = 4}}
+local queued = {{}}
+for i = 1, n do  -- everything is checked before anything is written: all or nothing
+  local a = 2 + (i - 1) * 4
+  local id, priority, body = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  if #id > 128 or not string.match(id, '^[A-Za-z0-9_.:%-]+$') then
+    return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the id must be 1-128 '
+      .. 'letters, digits, _ . : or -')
+  end
+  if not STREAM[priority] then
+    return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': priority must be high, '
+      .. 'normal or low')
+  end
+  queued[i] = ARGV[a + 3]
+  if queued[i] == '' then
+    local ok, doc = pcall(cjson.decode, body)
+    if not ok or type(doc) ~= 'table' or string.sub(body, 1, 1) ~= '{{' then
+      return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the body must be a JSON '
+        .. 'object')
+    end
+    local meta = type(doc['metadata']) == 'table' and cjson.encode(doc['metadata']) or '{{}}'
+    queued[i] = '{{"id":"' .. id .. '","status":"queued","priority":"' .. priority
+      .. '","metadata":' .. meta .. '}}'
+  end
+end
 -- The consumer groups exist from a queue's first submission, so a queue no worker has served
 -- yet already shows its lag (XINFO GROUPS): an autoscaler at zero workers sees the work.
 if not redis.call('HGET', KEYS[1], '{GROUPS_FIELD}') then
@@ -86,7 +130,7 @@ if max_depth > 0 then
     + redis.call('XLEN', KEYS[4])
   local fresh = 0
   for i = 1, n do
-    if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh = fresh + 1 end
+    if redis.call('EXISTS', KEYS[3 + 2 * i]) == 0 then fresh = fresh + 1 end
   end
   if fresh > 0 and depth + fresh > max_depth then
     return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
@@ -94,11 +138,14 @@ if max_depth > 0 then
 end
 local out = {{}}
 for i = 1, n do
-  local a = 3 + (i - 1) * 4
-  if redis.call('SET', KEYS[4 + i], ARGV[a + 3], 'NX', 'EX', ttl) then
-    redis.call('XADD', KEYS[1 + tonumber(ARGV[a])], '*',
-      '{ID_FIELD}', ARGV[a + 1], '{BODY_FIELD}', ARGV[a + 2])
-    out[i] = 1
+  local a = 2 + (i - 1) * 4
+  local state, att = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+  if redis.call('SET', state, queued[i], 'NX', 'EX', ttl) then
+    local entry = redis.call('XADD', KEYS[STREAM[ARGV[a + 1]]], '*',
+      '{ID_FIELD}', ARGV[a], '{BODY_FIELD}', ARGV[a + 2])
+    -- The entry owns the id: another entry with the same id (a plain XADD) is a duplicate.
+    redis.call('SET', att, '0 ' .. ARGV[a + 1] .. '/' .. entry .. ' -', 'EX', ttl)
+    out[i] = entry
   else
     out[i] = 0
   end
@@ -106,20 +153,38 @@ end
 return out
 """
 
+PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in PRIORITIES) + "}"
+"""The priorities in stream order, as a Lua table (APPLY's stream numbers index it)."""
+
 APPLY = (
-    _IS_FINAL
+    IS_FINAL_LUA
     + f"""
 -- KEYS: S work streams (high, normal, low; S = ARGV[5] is 3, or 0 when the caller acknowledges
 --       entries itself, as on a Redis Cluster), then per request: state key, event key,
 --       attempts key
 -- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, start token
---       (running: unique per start), then per request: work stream index (1-S; 0: no entry
---       to acknowledge here), entry id, state JSON
+--       (running: unique per start), then per request: its entry's work stream (1 high,
+--       2 normal, 3 low; 0: no entry), entry id, state JSON
 -- Per request, returns an Applied answer: WRITTEN, ALREADY_FINAL (its entry is then
--- acknowledged and deleted: nothing more to do), NOT_FOUND ('cancel' found no state) or POISON
--- ('running' found it started max attempts times already: nothing written).
+-- acknowledged and deleted: nothing more to do), NOT_FOUND ('cancel' found no state), POISON
+-- ('running' found it started max attempts times already: nothing written) or DUPLICATE
+-- (another entry owns the id: nothing written; this entry acknowledged and deleted).
 local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local ns, token = tonumber(ARGV[5]), ARGV[6]
+local PRIORITY = {PRIORITY_LUA}
+-- The attempts key holds "STARTS ENTRY TOKEN": how many times workers started the request, the
+-- work entry that owns its id (set by SUBMIT, or by the first start of an entry added with a
+-- plain XADD) and the last start's token. ("STARTS TOKEN", with no entry, before genq 0.2.)
+-- An entry is named PRIORITY/ID: entry ids are unique within one stream only.
+-- ENTRY is '-' while no entry owns the id (a request started with no entry, in tests).
+local function attempts(raw)
+  local starts, rest = string.match(raw or '0 - -', '^(%d+) (.*)$')
+  rest = rest or ''
+  local slot, token = string.match(rest, '^(%S+) (.*)$')
+  local owner = slot and string.match(slot, '^%a+/%d+%-%d+$') and slot or nil
+  if not owner and slot ~= '-' then token = rest end  -- "STARTS TOKEN"
+  return tonumber(starts) or 0, owner, token
+end
 local out = {{}}
 local done = {{}}  -- per work stream, the entries to acknowledge and delete
 -- The common paths cost few commands: the new state is written with SET ... GET, which
@@ -130,14 +195,16 @@ for i = 1, (#KEYS - ns) / 3 do
   local res, ev, att = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local a = 4 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
+  local entry = s > 0 and PRIORITY[s] .. '/' .. eid or ''
   local ack = false
-  if mode == 'running' then
+  local starts, owner, last = attempts(redis.call('GET', att))
+  if mode ~= 'cancel' and entry ~= '' and owner and owner ~= entry then
+    -- Another entry owns this id (this one came later, with a plain XADD of the same id): it
+    -- must not replace, end or cancel that request. Acknowledged; nothing written.
+    out[i] = {Applied.DUPLICATE:d}
+    ack = true
+  elseif mode == 'running' then
     local current = redis.call('SET', res, state, 'KEEPTTL', 'GET')
-    -- The attempts key holds "STARTS TOKEN". A start is counted once even if this call is
-    -- sent again (a client library that resends a pipeline after a lost reply, or a cluster
-    -- failover): the start's token is remembered.
-    local starts, last = string.match(redis.call('GET', att) or '0 -', '^(%d+) (.*)$')
-    starts = tonumber(starts) or 0
     if is_final(current) then
       redis.call('SET', res, current, 'KEEPTTL')
       out[i] = {Applied.ALREADY_FINAL:d}
@@ -146,8 +213,11 @@ for i = 1, (#KEYS - ns) / 3 do
       if current then redis.call('SET', res, current, 'KEEPTTL') else redis.call('DEL', res) end
       out[i] = {Applied.POISON:d}
     else
+      -- A start is counted once even if this call is sent again (a client library that
+      -- resends a pipeline after a lost reply, or a cluster failover): its token is kept.
       if last ~= token then starts = starts + 1 end
-      redis.call('SET', att, starts .. ' ' .. token, 'EX', ttl)
+      local slot = entry ~= '' and entry or '-'
+      redis.call('SET', att, starts .. ' ' .. slot .. ' ' .. token, 'EX', ttl)
       if not current then redis.call('EXPIRE', res, ttl) end
       out[i] = {Applied.WRITTEN:d}
     end
@@ -173,7 +243,7 @@ for i = 1, (#KEYS - ns) / 3 do
     end
     ack = out[i] >= {Applied.ALREADY_FINAL:d}
   end
-  if ack and s > 0 then
+  if ack and s > 0 and ns > 0 then
     done[s] = done[s] or {{}}
     table.insert(done[s], eid)
   end
@@ -228,12 +298,16 @@ def apply_args(
     items: Sequence[ApplyItem],
     max_attempts: int = 0,
     token: str = "",
+    *,
+    acknowledge: bool = True,
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of one APPLY call. The work streams are among its keys only if an item
-    has an entry to acknowledge (so a cancel touches only the request's own slot)."""
-    streams = keys.streams() if any(stream for _, stream, _, _ in items) else []
-    script_keys: list[str] = list(streams)
-    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(streams), token]
+    has an entry to acknowledge (so a cancel touches only the request's own slot), and the
+    script is to acknowledge them (``acknowledge``; on a cluster the caller does)."""
+    streams = keys.streams()
+    ack = acknowledge and any(stream for _, stream, _, _ in items)
+    script_keys: list[str] = list(streams) if ack else []
+    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(script_keys), token]
     for request_id, stream, entry_id, state in items:
         script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
         args += [streams.index(stream) + 1 if stream else 0, entry_id, state]
@@ -260,8 +334,8 @@ def apply(
     cluster = is_cluster(r)
     if cluster:
         calls = [
-            apply_args(keys, ttl_s, mode, [(i, None, e, st)], max_attempts, token)
-            for i, _, e, st in items
+            apply_args(keys, ttl_s, mode, [item], max_attempts, token, acknowledge=False)
+            for item in items
         ]
     else:
         calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token)]
@@ -282,7 +356,8 @@ def _acknowledge(r: Any, items: Sequence[ApplyItem], written: Sequence[int], mod
     written final), a stream's at a time, in one round trip."""
     done: dict[str, list[str]] = {}
     for (_, stream, entry_id, _), w in zip(items, written, strict=True):
-        if stream and (w == Applied.ALREADY_FINAL or (w == Applied.WRITTEN and mode == "final")):
+        done_here = w in (Applied.ALREADY_FINAL, Applied.DUPLICATE)
+        if stream and (done_here or (w == Applied.WRITTEN and mode == "final")):
             done.setdefault(stream, []).append(entry_id)
     if done:
         pipe = r.pipeline(transaction=False)

@@ -23,7 +23,17 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_QUEUE = "default"
 DEFAULT_RESULT_TTL_S = 86_400
 #: Variables that are not worker settings but are still genq's own.
-OTHER_ENV_VARS = frozenset({"GENQ_CACHE_DIR"})
+OTHER_ENV_VARS = frozenset(
+    {
+        "GENQ_CACHE_DIR",
+        # genq serve's (genq.producer.gateway.settings.ENV), which may share an environment
+        "GENQ_SERVE_HOST",
+        "GENQ_SERVE_PORT",
+        "GENQ_API_KEYS",
+        "GENQ_SERVE_REQUEST_TIMEOUT_S",
+        "GENQ_SERVE_MAX_FILE_BYTES",
+    }
+)
 
 EngineName = Literal["static", "continuous", "echo"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
@@ -140,6 +150,12 @@ class WorkerSettings(BaseModel):
     def consumer_name(self) -> str:
         """This worker's consumer name in the group."""
         return self.consumer or f"{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def served_model(self) -> str:
+        """The model name this worker serves, as results and ``GET /v1/models`` show it: its
+        ``--model``, or ``echo`` for the echo engine (which has none)."""
+        return "echo" if self.engine == "echo" else self.model
 
     @classmethod
     def env_var(cls, field: str) -> str:

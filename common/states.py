@@ -68,6 +68,7 @@ def succeeded(
     finished_ms: int,
     generation_ms: int,
     worker: str,
+    model: str,
     batch_size: int,
 ) -> str:
     """The final state of a request that generated its text."""
@@ -87,6 +88,7 @@ def succeeded(
                 "generation_ms": generation_ms,
             },
             "worker": worker,
+            "model": model,
             "batch_size": batch_size,
             "metadata": metadata,
         }

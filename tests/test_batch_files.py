@@ -8,6 +8,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import redis
+from genq.common.keys import Keys
+from openai.types import Batch
+
 from tests.conftest import WorkerProcess
 
 LINES = [
@@ -37,44 +41,85 @@ def test_a_batch_file_round_trip_on_the_tiny_model(
     where = ["--redis-url", redis_url, "--queue", queue]
     sub = genq("submit", *where, str(src))
     assert sub.returncode == 0, sub.stderr
-    info = json.loads(sub.stdout)
-    assert info["submitted"] == 3 and info["invalid_lines"] == [3, 4, 6]
+    bid = sub.stdout.strip()  # only the batch id on stdout
+    assert bid.startswith("batch_") and "\n" not in bid
     assert "line 3: 'url' must be one of" in sub.stderr
     assert "line 4: unsupported body fields ['logprobs']" in sub.stderr
     assert "line 6: not valid JSON" in sub.stderr
+    assert "3 submitted, 3 refused" in sub.stderr
     start_worker(queue, "--model", "tiny", "--engine", "static", "--max-new-tokens-limit", "256")
     out, errs = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    res = genq("results", *where, info["id"], "-o", str(out), "--errors", str(errs),
+    res = genq("results", *where, bid, "-o", str(out), "--errors", str(errs),
                "--timeout-s", "120")  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout) == {"id": info["id"], "completed": 2, "failed": 1}
+    assert json.loads(res.stdout) == {"id": bid, "completed": 2, "failed": 4}
     done = [json.loads(x) for x in out.read_text().splitlines()]
     assert [d["custom_id"] for d in done] == ["c1", "c2"]
     completion, chat = (d["response"]["body"] for d in done)
     assert completion["object"] == "text_completion" and completion["choices"][0]["text"]
+    assert completion["model"] == chat["model"] == "tiny"  # the model, not the worker's name
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"]["role"] == "assistant"
     assert completion["usage"]["completion_tokens"] <= 8
-    (failed,) = [json.loads(x) for x in errs.read_text().splitlines()]
-    assert failed["custom_id"] == "c5" and failed["error"]["code"] == "max_new_tokens_too_large"
-    status = json.loads(genq("status", *where, info["id"]).stdout)
-    assert status["status"] == "completed"
-    assert status["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    failed = [json.loads(x) for x in errs.read_text().splitlines()]
+    assert [f["custom_id"] for f in failed] == ["c5", "c3", "c4", None]
+    assert failed[0]["error"]["code"] == "max_new_tokens_too_large"
+    assert failed[1]["error"]["code"] == "invalid_request"
+    assert "line 3: 'url' must be one of" in failed[1]["error"]["message"]
+    status = json.loads(genq("status", *where, bid).stdout)
+    Batch.model_validate(status)
+    assert status["status"] == "completed" and status["endpoint"] == "/v1/completions"
+    assert status["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
+    assert status["input_file_id"] == "input.jsonl"
+    assert status["output_file_id"] and status["error_file_id"] and status["completed_at"]
     # The same file again under the same id enqueues nothing twice.
-    again = genq("submit", *where, str(src), "--batch-id", info["id"])
-    assert json.loads(again.stdout)["submitted"] == 3
-    assert json.loads(genq("status", *where, info["id"]).stdout)["status"] == "completed"
+    again = genq("submit", *where, str(src), "--batch-id", bid)
+    assert again.stdout.strip() == bid
+    assert json.loads(genq("status", *where, bid).stdout)["status"] == "completed"
+
+
+def test_a_completion_without_max_tokens_gets_openais_default_of_16(
+    redis_url: str, queue: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "input.jsonl"
+    line = {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}}
+    src.write_text(json.dumps(line) + "\n")
+    where = ["--redis-url", redis_url, "--queue", queue]
+    bid = genq("submit", *where, str(src)).stdout.strip()
+    entry = redis.Redis.from_url(redis_url).xrange(Keys(queue).stream("normal"))[0][1]
+    assert json.loads(entry[b"body"])["max_new_tokens"] == 16
+    assert bid
+
+
+def test_results_on_timeout_write_what_is_final_and_say_what_is_not(
+    redis_url: str, queue: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "input.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in LINES[:2]) + "\n{broken\n")
+    where = ["--redis-url", redis_url, "--queue", queue]
+    bid = genq("submit", *where, str(src)).stdout.strip()
+    out = tmp_path / "out.jsonl"
+    res = genq("results", *where, bid, "-o", str(out), "--timeout-s", "1")
+    assert res.returncode == 1
+    assert "2 of 3 requests not final after 1.0 s" in res.stderr
+    (refused,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert refused["error"]["code"] == "invalid_request" and refused["custom_id"] is None
+    status = json.loads(genq("status", *where, bid).stdout)
+    Batch.model_validate(status)
+    assert status["status"] == "in_progress" and status["output_file_id"] is None
 
 
 def test_a_batch_can_be_cancelled(redis_url: str, queue: str, tmp_path: Path) -> None:
     src = tmp_path / "input.jsonl"
     src.write_text("\n".join(json.dumps(x) for x in LINES[:2]))
     where = ["--redis-url", redis_url, "--queue", queue]
-    bid = json.loads(genq("submit", *where, str(src)).stdout)["id"]
+    bid = genq("submit", *where, str(src)).stdout.strip()
     assert json.loads(genq("status", *where, bid).stdout)["status"] == "in_progress"
     assert json.loads(genq("cancel", *where, bid).stdout)["cancelled"] == 2
     status = json.loads(genq("status", *where, bid).stdout)
+    Batch.model_validate(status)
     assert status["status"] == "cancelled" and status["request_counts"]["failed"] == 2
+    assert status["cancelling_at"] and status["cancelled_at"]
     out = tmp_path / "out.jsonl"
     genq("results", *where, bid, "-o", str(out), "--timeout-s", "10")
     assert {json.loads(x)["error"]["code"] for x in out.read_text().splitlines()} == {"cancelled"}

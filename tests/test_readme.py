@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,32 @@ def test_readme_redis_cli_example_runs_against_a_worker(
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["id"] == "r1" and result["status"] == "succeeded"
     assert result["usage"]["completion_tokens"] <= 8
+
+
+def test_readme_redis_functions_example_runs(redis_server: RedisServer) -> None:
+    block = re.search(
+        r"<!-- redis-functions-example.*?-->\s*```bash\n(.*?)```"
+        r"\s*<!-- /redis-functions-example -->",
+        README,
+        re.S,
+    )
+    assert block is not None
+    script = (
+        f'redis-cli() {{ command redis-cli -p {redis_server.port} "$@"; }}\n'
+        f'genq() {{ "{sys.executable}" -m genq.worker "$@"; }}\n{block.group(1)}'
+    )
+    out = subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "genq"  # FUNCTION LOAD answers the library's name
+    assert re.fullmatch(r"\d+-\d+", lines[1])  # the new entry's id
+    assert json.loads(lines[2]) == {
+        "id": "r2",
+        "status": "queued",
+        "priority": "high",
+        "metadata": {},
+    }
+    assert lines[3] == "1"  # cancelled
 
 
 def test_every_setting_is_in_the_readme_configuration_table() -> None:

@@ -214,10 +214,23 @@ def test_a_start_sent_twice_is_counted_once(r: redis.Redis, queue: str) -> None:
     item = [(f"{queue}-x", None, "", state)]
     for _ in range(5):  # the same start, resent
         assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:1") == [1]
-    assert r.get(keys.attempts(f"{queue}-x")) == b"1 w:1"
+    assert r.get(keys.attempts(f"{queue}-x")) == b"1 - w:1"  # STARTS ENTRY TOKEN (no entry here)
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:2") == [1]
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:3") == [1]
     before = (r.get(keys.result(f"{queue}-x")), r.ttl(keys.result(f"{queue}-x")))
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:4") == [-2]  # poison
     assert (r.get(keys.result(f"{queue}-x")), r.ttl(keys.result(f"{queue}-x"))) == before
-    assert r.get(keys.attempts(f"{queue}-x")) == b"3 w:3"
+    assert r.get(keys.attempts(f"{queue}-x")) == b"3 - w:3"
+
+
+def test_an_attempts_key_written_before_ids_had_owners_still_counts_a_start_once(
+    r: redis.Redis, queue: str
+) -> None:
+    """Workers of an older genq wrote ``STARTS TOKEN``: a start resent over such a key is
+    counted once, and the entry is no duplicate of anything."""
+    keys = Keys(queue)
+    rid = f"{queue}-old"
+    r.set(keys.attempts(rid), "1 w:1")
+    item = [(rid, keys.stream("normal"), "5-0", '{"id": "x", "status": "running"}')]
+    assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:1") == [1]
+    assert r.get(keys.attempts(rid)) == b"1 normal/5-0 w:1"

@@ -29,6 +29,7 @@ def built() -> dict[str, str]:
             finished_ms=9,
             generation_ms=4,
             worker="w",
+            model="m",
             batch_size=2,
             **common,  # type: ignore[arg-type]
         ),

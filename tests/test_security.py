@@ -19,6 +19,7 @@ from tests.conftest import WorkerProcess
 GENQ_ACL = (
     "on >genq-secret ~genq:* resetchannels -@all +@connection "
     "+get +set +mget +del +exists +expire +hset +hget +hgetall +eval "
+    "+fcall +function|load "
     "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim +xautoclaim "
     "+xgroup|create +xinfo|groups +xinfo|consumers"
 )
@@ -63,6 +64,8 @@ def test_an_acl_user_limited_to_genq_keys_and_commands(tmp_path: Path) -> None:
         url = f"redis://genq:genq-secret@127.0.0.1:{server.port}/0"
         round_trip(url, tmp_path)
         limited = redis.Redis.from_url(url)
+        # The worker loaded genq's Redis Functions as this user.
+        assert limited.execute_command("FCALL", "genq_version", 0) >= 1
         with pytest.raises(redis.exceptions.NoPermissionError):
             limited.get("not-genq")
         with pytest.raises(redis.exceptions.NoPermissionError):

@@ -8,6 +8,8 @@ module             commands
 ``stats``          ``genq stats``, ``genq top``
 ``dlq``            ``genq dlq list | retry | purge``
 ``batch``          ``genq batch submit | status | results | cancel``
+``functions``      ``genq functions load | code`` (the Redis Functions library)
+``serve``          ``genq serve`` (the OpenAI-compatible HTTP gateway)
 ``demo``           ``genq demo``
 ``bench``          ``genq bench``
 =================  =========================================================================
@@ -26,6 +28,8 @@ from genq.worker.commands.batch import batch
 from genq.worker.commands.bench import bench
 from genq.worker.commands.demo import demo
 from genq.worker.commands.dlq import dlq
+from genq.worker.commands.functions import functions
+from genq.worker.commands.serve import serve
 from genq.worker.commands.stats import stats, top
 from genq.worker.commands.submit import submit
 from genq.worker.commands.worker import worker
@@ -60,7 +64,7 @@ def main(verbose: bool) -> None:
     )
 
 
-for _command in (worker, submit, stats, top, dlq, batch, demo, bench):
+for _command in (worker, submit, stats, top, dlq, batch, functions, serve, demo, bench):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import click
 from genq.common.errors import GenqError
 from genq.common.models import DEFAULT_PRIORITY
+from genq.producer.batch_lines import ENDPOINTS
 from genq.worker.commands.options import PRIORITY_CHOICE, redis_options
 from rich.console import Console
 
@@ -21,44 +22,59 @@ def batch() -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("--priority", type=PRIORITY_CHOICE, default=DEFAULT_PRIORITY)
 @click.option("--batch-id", default=None, help="reuse a batch id: its lines are not enqueued twice")
+@click.option(
+    "--endpoint",
+    type=click.Choice(sorted(ENDPOINTS)),
+    default=None,
+    help="refuse lines for any other url (OpenAI: one endpoint per batch)",
+)
 def batch_submit(
-    redis_url: str, queue: str, path: str, priority: str, batch_id: str | None
+    redis_url: str,
+    queue: str,
+    path: str,
+    priority: str,
+    batch_id: str | None,
+    endpoint: str | None,
 ) -> None:
-    """Submit an OpenAI batch input file (JSON Lines); print the batch id. Invalid lines are
-    reported with their numbers and skipped."""
+    """Submit an OpenAI batch input file (JSON Lines) and print the batch id (only that, on
+    stdout). Invalid lines are reported on stderr with their numbers, skipped, and appear in
+    the batch's error file."""
     import os
 
     from genq.producer import Client
-    from genq.producer.batches import new_batch_id, parse_file, record_batch
-    from genq.producer.submitting import SUBMIT_CHUNK
+    from genq.producer.batches import submit_batch
     from rich.progress import Progress
 
-    bid = batch_id or new_batch_id()
-    with click.open_file(path, encoding="utf-8") as f:
-        good, bad = parse_file(f, bid, priority)
     err = Console(stderr=True)
-    for e in bad:
-        err.print(f"line {e.line}: {e.message}", markup=False)
-    with Client.from_url(redis_url, queue) as client, Progress(console=err) as progress:
-        record_batch(client, bid, good, os.path.basename(path))
-        task = progress.add_task("submitting", total=len(good))
+    with (
+        click.open_file(path, encoding="utf-8") as f,
+        Client.from_url(redis_url, queue) as client,
+        Progress(console=err, transient=True) as progress,
+    ):
+        task = progress.add_task("submitting", total=None)
         try:
-            for start in range(0, len(good), SUBMIT_CHUNK):
-                part = [item.request for item in good[start : start + SUBMIT_CHUNK]]
-                client.submit_requests(part)
-                progress.advance(task, len(part))
+            done = submit_batch(
+                client,
+                f,
+                source=os.path.basename(path),
+                batch_id=batch_id,
+                priority=priority,
+                endpoint=endpoint,
+                progress=lambda n, total: progress.update(task, completed=n, total=total),
+            )
         except GenqError as e:
-            raise click.ClickException(f"{e} (batch {bid})") from None
-    click.echo(
-        json.dumps({"id": bid, "submitted": len(good), "invalid_lines": [e.line for e in bad]})
-    )
+            raise click.ClickException(f"{e} (batch {batch_id or 'not created'})") from None
+    for bad in done.rejected:
+        err.print(f"line {bad.line}: {bad.message}", markup=False)
+    err.print(f"batch {done.id}: {done.submitted} submitted, {len(done.rejected)} refused")
+    click.echo(done.id)
 
 
 @batch.command("status")
 @redis_options
 @click.argument("batch_id")
 def batch_status_cmd(redis_url: str, queue: str, batch_id: str) -> None:
-    """OpenAI-style status of a batch: status and request counts, as JSON."""
+    """The batch as OpenAI's Batch object (status, request_counts, ...), as JSON."""
     from genq.producer import Client
     from genq.producer.batches import batch_status
 
@@ -85,7 +101,7 @@ def batch_status_cmd(redis_url: str, queue: str, batch_id: str) -> None:
     "errors",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
-    help="failed, expired and cancelled ones go here instead",
+    help="failed, expired, cancelled and refused ones go here instead",
 )
 @click.option("--timeout-s", type=float, default=None, help="give up waiting after this long")
 def batch_results(
@@ -96,23 +112,37 @@ def batch_results(
     errors: str | None,
     timeout_s: float | None,
 ) -> None:
-    """Wait for a batch and write its results (in input order)."""
-    import contextlib
-
+    """Wait for a batch (showing progress on stderr) and write its results, in input order. On
+    --timeout-s, what is final is written and the command exits 1 saying how many are not."""
     from genq.producer import Client
-    from genq.producer.batches import output_lines
+    from genq.producer.batches import BatchView, output_files, wait_for_batch
+    from rich.progress import Progress
 
-    ok = bad = 0
-    with contextlib.ExitStack() as stack, Client.from_url(redis_url, queue) as client:
-        out = stack.enter_context(open(output, "w", encoding="utf-8"))
-        err = stack.enter_context(open(errors, "w", encoding="utf-8")) if errors else out
+    with (
+        Client.from_url(redis_url, queue) as client,
+        Progress(console=Console(stderr=True), transient=True) as progress,
+    ):
+        task = progress.add_task("final", total=None)
+
+        def show(view: BatchView) -> None:
+            progress.update(task, completed=view.completed + view.failed, total=view.total)
+
         try:
-            for succeeded, line in output_lines(client, batch_id, timeout_s):
-                (out if succeeded else err).write(json.dumps(line) + "\n")
-                ok, bad = ok + succeeded, bad + (not succeeded)
+            view = wait_for_batch(client, batch_id, timeout_s, show)
         except GenqError as e:
             raise click.ClickException(str(e)) from None
-    click.echo(json.dumps({"id": batch_id, "completed": ok, "failed": bad}))
+    ok, failed, waiting = output_files(view)
+    with open(output, "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(line) + "\n" for line in ok + ([] if errors else failed))
+    if errors:
+        with open(errors, "w", encoding="utf-8") as err:
+            err.writelines(json.dumps(line) + "\n" for line in failed)
+    click.echo(json.dumps({"id": batch_id, "completed": len(ok), "failed": len(failed)}))
+    if waiting:
+        raise click.ClickException(
+            f"{waiting} of {view.total} requests not final after {timeout_s} s; the "
+            f"{len(ok) + len(failed)} final ones are written. Run this again to wait on"
+        )
 
 
 @batch.command("cancel")

@@ -53,11 +53,12 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
 )
 @click.option(
     "--scenario",
-    type=click.Choice(["modes", "priority", "fleet"]),
+    type=click.Choice(["modes", "priority", "fleet", "gateway"]),
     default="modes",
     show_default=True,
     help="priority: waits per priority under a low-priority backlog; fleet: simulated GPU "
-    "workers (echo, mixed speeds) under bursts and Poisson arrivals, against the ideal",
+    "workers (echo, mixed speeds) under bursts and Poisson arrivals, against the ideal; "
+    "gateway: genq serve's added latency and requests/s against the Python client",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 def bench(
@@ -85,6 +86,9 @@ def bench(
         return
     if scenario == "fleet":
         _fleet_scenario(redis_url, quick=quick, as_json=as_json)
+        return
+    if scenario == "gateway":
+        _gateway_scenario(redis_url, quick=quick, as_json=as_json)
         return
 
     from genq.worker.devtools import bench_modes as b
@@ -304,3 +308,24 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
         click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
         click.echo("")
         click.echo(fleet_markdown(results))
+
+
+def _gateway_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
+    from genq.worker.devtools.bench_gateway import gateway_markdown, run_gateway_scenario
+    from genq.worker.devtools.bench_modes import machine_info
+    from genq.worker.devtools.redis_server import RedisServer
+
+    server = None if redis_url else RedisServer().start()
+    sizes = {"sequential": 20, "concurrent": 100} if quick else {}
+    try:
+        res = run_gateway_scenario(server.url if server else str(redis_url), **sizes)
+    finally:
+        if server is not None:
+            server.stop()
+    if as_json:
+        click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
+    else:
+        click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+        click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
+        click.echo("")
+        click.echo(gateway_markdown(res))

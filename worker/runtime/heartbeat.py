@@ -7,6 +7,7 @@ each batch of results, and the loop refreshes them at most once a second otherwi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -15,8 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from genq.common.models import now_ms
+from genq.common.scripts import Applied
 from genq.worker.engines.base import BatchReport
 from genq.worker.policy.lookahead import Held
+
+log = logging.getLogger("genq.worker")
 
 HEARTBEAT_S = 1.0
 """The loop refreshes the stats hash at most this often (the writer adds it to its writes)."""
@@ -50,6 +54,8 @@ class Counters:
     dead_lettered: int = 0
     already_final: int = 0
     """Requests found final when about to start or write (cancelled, or finished elsewhere)."""
+    duplicates: int = 0
+    """Entries whose id another entry owns (a second plain XADD of an id): acknowledged only."""
     reclaimed: int = 0
     handed_back: int = 0
     """Entries given back to the group unstarted (this worker was about to be busy)."""
@@ -80,6 +86,15 @@ class Counters:
         self.recent_waits_ms += [o.queue_wait_ms for o in outcomes if o.queue_wait_ms is not None]
         del self.recent_waits_ms[:-RECENT]
 
+    def count_answers(self, answers: Sequence[int]) -> None:
+        """Count what APPLY found instead of writing: already final, or a duplicate entry."""
+        for a in answers:
+            if a == Applied.ALREADY_FINAL:
+                self.already_final += 1
+            elif a == Applied.DUPLICATE:
+                self.duplicates += 1
+                log.info("acknowledged an entry whose id another entry owns (a duplicate)")
+
     def batch(self, size: int) -> None:
         """A batch (static) or a start (continuous) of ``size`` requests."""
         self.batches += 1
@@ -107,6 +122,7 @@ class Counters:
         return (
             f"succeeded={self.succeeded} failed={self.failed} expired={self.expired} "
             f"dead_lettered={self.dead_lettered} already_final={self.already_final} "
+            f"duplicates={self.duplicates} "
             f"reclaimed={self.reclaimed} batches={self.batches} "
             f"mean_batch_size={d['mean_batch_size']:.1f} "
             f"padding_fraction={d['padding_fraction']:.3f} tokens_per_s={d['tokens_per_s']:.1f}"
@@ -122,7 +138,7 @@ class Identity:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "engine": engine,
-            "model": model if engine != "echo" else "-",
+            "model": model,
             "started_unix_ms": now_ms(),
         }
 

@@ -41,9 +41,10 @@ class Outcome:
 class Outcomes:
     """Builds the outcomes of one worker (its consumer name goes into every state)."""
 
-    def __init__(self, *, worker: str, keys: Keys) -> None:
+    def __init__(self, *, worker: str, keys: Keys, model: str) -> None:
         self.worker = worker
         self.keys = keys
+        self.model = model
 
     def succeeded(
         self,
@@ -70,6 +71,7 @@ class Outcomes:
             finished_ms=finished_ms,
             generation_ms=generation_ms,
             worker=self.worker,
+            model=self.model,
             batch_size=batch_size,
         )
         return Outcome(

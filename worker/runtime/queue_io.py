@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from genq.common import states
+from genq.common import functions, states
 from genq.common.connection import REDIS_ERRORS, TRANSIENT_ERRORS, refresh_cluster_view
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
@@ -76,9 +76,10 @@ class QueueIO:
             delay_s = min(5.0, delay_s * 2)
 
     def ensure_groups(self) -> None:
-        """Create the consumer group on every priority stream (and the streams) if missing, and
-        publish the queue's limits that producers enforce. The group starts at the beginning,
-        so requests sent before any worker ran are served."""
+        """Create the consumer group on every priority stream (and the streams) if missing,
+        publish the queue's limits that producers enforce, and load genq's Redis Functions.
+        The group starts at the beginning, so requests sent before any worker ran are
+        served."""
         for stream in [*self.keys.streams(), self.keys.doorbell]:
             try:
                 self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
@@ -87,6 +88,9 @@ class QueueIO:
                     raise
         self.redis.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
         self.redis.hset(self.keys.config, MAX_QUEUE_DEPTH_FIELD, str(self.settings.max_queue_depth))
+        # For clients in other languages (FCALL genq_submit, genq_cancel): a worker's start
+        # keeps the library current after an upgrade, or a Redis that lost it.
+        functions.try_load(self.redis)
 
     def resume(
         self, room: Callable[[], dict[str, int]], admit: Callable[[str, list[Any]], None]

@@ -57,7 +57,7 @@ class Starter:
         answers = self.queue.mark_running(items, token=f"{self.queue.consumer}:{started_ms}")
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
         poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
-        self.counters.already_final += sum(1 for a in answers if a == Applied.ALREADY_FINAL)
+        self.counters.count_answers(answers)
         ended = [
             outcomes.expired(stream=h.stream, entry_id=h.entry_id, request=h.request) for h in late
         ]

@@ -93,7 +93,7 @@ class Worker:
         )
         self.gate = SuspectGate()
         self.arrivals = ArrivalEstimate()
-        outcomes = Outcomes(worker=consumer, keys=keys)
+        outcomes = Outcomes(worker=consumer, keys=keys, model=settings.served_model)
         limits = Limits(
             max_new_tokens=settings.max_new_tokens_limit,
             max_prompt_tokens=settings.max_prompt_tokens,
@@ -118,7 +118,7 @@ class Worker:
         )
         self.stats = Heartbeat(
             queue=self.queue,
-            identity=Identity(consumer=consumer, engine=engine.name, model=settings.model),
+            identity=Identity(consumer=consumer, engine=engine.name, model=settings.served_model),
             counters=self.counters,
             holdings=self._holdings,
         )
@@ -345,7 +345,7 @@ class Worker:
         """Count what the writer found already final since the last call (the counters are
         the loop's own: the writer thread never touches them)."""
         for _batch, answers in self.writer.take_written():
-            self.counters.already_final += sum(1 for a in answers if a == Applied.ALREADY_FINAL)
+            self.counters.count_answers(answers)
 
     def heartbeat(self, force: bool = False) -> None:
         """Refresh this worker's stats hash (at most every ``HEARTBEAT_S`` unless forced)."""

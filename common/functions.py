@@ -1,0 +1,118 @@
+"""genq's queue operations as a Redis Functions library, for clients in any language.
+
+``FUNCTION LOAD REPLACE`` (Redis >= 7.0) stores the library with the data: it survives a
+restart (with persistence) and reaches replicas, unlike EVAL's script cache. Workers load it
+when they start (``load``), and ``genq functions load`` does it by hand; on a Redis Cluster it
+must be on every primary (redis-py's cluster client sends FUNCTION LOAD to all of them).
+
+==================  =======================================================================
+function            what it does
+==================  =======================================================================
+``genq_submit``     the SUBMIT script of ``scripts.py``: the depth limit, one request per
+                    id, the ``queued`` state and the entry that owns the id, all in one step
+``genq_cancel``     cancel a queued or running request: 1 cancelled, 0 already final,
+                    -1 no such request
+``genq_version``    the library's version (``VERSION``)
+==================  =======================================================================
+
+The Lua of ``genq_submit`` is the same text the Python client sends with EVAL; the states it
+and ``genq_cancel`` build are the ones ``states.py`` builds (a test compares them).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from genq.common.keys import Keys
+from genq.common.scripts import IS_FINAL_LUA, SUBMIT
+from genq.common.settings import DEFAULT_RESULT_TTL_S
+from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
+
+log = logging.getLogger("genq")
+
+LIBRARY = "genq"
+VERSION = 1
+"""Raised whenever a function's arguments or answers change."""
+
+CANCEL = (
+    IS_FINAL_LUA
+    + f"""
+-- KEYS: state key, event key, attempts key of one request
+-- ARGV: [ttl_s (default {DEFAULT_RESULT_TTL_S})]
+-- Returns 1 (cancelled: its state is now final 'cancelled', with its final event), 0 (it was
+-- final already: nothing changed) or -1 (no such request: never submitted, or expired).
+local res, ev, att = KEYS[1], KEYS[2], KEYS[3]
+local ttl = tonumber(ARGV[1] or '') or {DEFAULT_RESULT_TTL_S}
+local current = redis.call('GET', res)
+if not current then return -1 end
+if is_final(current) then return 0 end
+local ok, doc = pcall(cjson.decode, current)
+if not ok or type(doc) ~= 'table' then
+  return redis.error_reply('GENQ_INVALID the state at ' .. res .. ' is not a JSON object')
+end
+local t = redis.call('TIME')
+local id = doc['id']
+doc['id'], doc['status'] = nil, nil
+doc['error'] = {{code = 'cancelled', message = 'cancelled by a client'}}
+if type(doc['timings']) ~= 'table' then doc['timings'] = {{}} end
+doc['timings']['finished_unix_ms'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Every state starts with its id and status (the scripts and clients read them there).
+local state = '{{"id":' .. cjson.encode(id) .. ',"status":"cancelled",'
+  .. string.sub(cjson.encode(doc), 2)
+redis.call('SET', res, state, 'EX', ttl)
+redis.call('XADD', ev, '*', '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
+redis.call('EXPIRE', ev, ttl)
+redis.call('DEL', att)
+return 1
+"""
+)
+
+
+def _function(name: str, body: str) -> str:
+    # The scripts read KEYS and ARGV as globals (EVAL's); here they are the function's arguments.
+    return f"redis.register_function('{name}', function(KEYS, ARGV)\n{body}\nend)\n"
+
+
+def library_code() -> str:
+    """The library's source, as FUNCTION LOAD takes it."""
+    return (
+        f"#!lua name={LIBRARY}\n"
+        + _function("genq_submit", SUBMIT)
+        + _function("genq_cancel", CANCEL)
+        + _function("genq_version", f"return {VERSION}")
+    )
+
+
+def load(r: Any) -> None:
+    """Load (or replace) the library; on a Redis Cluster, on every primary."""
+    r.function_load(library_code(), replace=True)
+
+
+def try_load(r: Any) -> bool:
+    """``load``, but only warn if this Redis user may not (the Python client does not need the
+    library; clients in other languages do)."""
+    try:
+        load(r)
+    except redis.ResponseError as err:  # NoPermissionError included; an old Redis (< 7)
+        log.warning(
+            "could not load genq's Redis Functions library (FCALL genq_submit ...): %s. "
+            "Load it as a user allowed to: genq functions load --redis-url URL",
+            err,
+        )
+        return False
+    return True
+
+
+def submit_keys(keys: Keys, request_ids: list[str]) -> list[str]:
+    """The KEYS of an FCALL genq_submit for these ids (one Redis, not a cluster)."""
+    out = [keys.config, *keys.streams()]
+    for request_id in request_ids:
+        out += [keys.result(request_id), keys.attempts(request_id)]
+    return out
+
+
+def cancel_keys(request_id: str) -> list[str]:
+    """The KEYS of an FCALL genq_cancel."""
+    return [Keys.result(request_id), Keys.events(request_id), Keys.attempts(request_id)]

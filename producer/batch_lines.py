@@ -1,0 +1,236 @@
+"""The lines of OpenAI Batch API files: input lines into requests, results into output lines.
+Pure: no Redis (``batches.py`` keeps batches in Redis; the HTTP gateway reuses both).
+
+Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions" or
+"/v1/chat/completions", "body": {...}}``. Body fields understood: ``prompt`` (completions) or
+``messages`` (chat), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
+``seed``, ``stop``, and genq's own ``priority`` and ``deadline_in_s``; ``model``, ``user``,
+``n`` = 1 and ``stream`` = false are accepted (``model`` is whichever the queue's workers
+serve); anything else is an error for that line (it would change the output, and silently
+ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so
+submitting the same file again under the same batch id enqueues nothing twice.
+
+Without ``max_tokens``, a completion gets OpenAI's default of 16 tokens; a chat completion gets
+genq's default (``DEFAULT_MAX_NEW_TOKENS``), since OpenAI's is "up to the context".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from genq.common.errors import InvalidRequest
+from genq.common.models import Request, Result
+from genq.producer.building import build_request
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+ENDPOINTS = {COMPLETIONS: "text_completion", CHAT: "chat.completion"}
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default ``max_tokens`` for /v1/completions."""
+_ACCEPTED = {"model", "user"}
+_SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop", "priority", "deadline_in_s")
+_NEUTRAL: dict[str, Any] = {
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "logprobs": False,
+    "echo": False,
+    "best_of": 1,
+    "logit_bias": {},
+    "top_logprobs": 0,
+}
+"""Fields genq does not implement, accepted at the value that changes nothing (clients send
+them by default)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchLine:
+    """One valid input line."""
+
+    line: int
+    custom_id: str
+    url: str
+    request: Request
+
+
+@dataclass(frozen=True, kw_only=True)
+class RejectedLine:
+    """An input line that was not submitted, and why (``custom_id`` if it had one)."""
+
+    line: int
+    custom_id: str | None
+    message: str
+
+
+def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """``build_request`` arguments for an OpenAI ``body`` sent to ``url`` (a completion or a
+    chat completion); raise InvalidRequest saying what is wrong. Shared by batch lines and the
+    HTTP gateway."""
+    body = {
+        k: v for k, v in body.items() if v is not None and not (k in _NEUTRAL and v == _NEUTRAL[k])
+    }
+    if body.pop("n", 1) not in (1, None):
+        raise InvalidRequest("only n = 1 is supported")
+    for key in _ACCEPTED:
+        body.pop(key, None)
+    args: dict[str, Any] = {}
+    if url == COMPLETIONS:
+        prompt = body.pop("prompt", None)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise InvalidRequest("a /v1/completions body needs 'prompt' as one string")
+        args["prompt"] = prompt
+        max_tokens = body.pop("max_tokens", None)
+        args["max_new_tokens"] = (
+            COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+        )
+    else:
+        messages = body.pop("messages", None)
+        if not isinstance(messages, list):
+            raise InvalidRequest("a /v1/chat/completions body needs 'messages' as a list")
+        args["messages"] = [_text_message(m) for m in messages]
+        max_tokens = body.pop("max_completion_tokens", None)
+        max_tokens = body.pop("max_tokens", None) if max_tokens is None else max_tokens
+        if max_tokens is not None:
+            args["max_new_tokens"] = max_tokens
+    for key in _SAMPLING:
+        value = body.pop(key, None)
+        if value is not None:
+            args[key] = value
+    if body:
+        raise InvalidRequest(f"unsupported body fields {sorted(body)}")
+    return args
+
+
+def parse_line(
+    n: int, text: str, batch_id: str, priority: str = "normal", endpoint: str | None = None
+) -> BatchLine:
+    """Line ``n`` of an OpenAI batch file as a request; raise InvalidRequest saying why not.
+    With ``endpoint``, a line for another URL is refused (OpenAI: one endpoint per batch)."""
+    try:
+        item = json.loads(text)
+    except ValueError as err:
+        raise InvalidRequest(f"not valid JSON: {err}") from None
+    if not isinstance(item, dict):
+        raise InvalidRequest("a line must be a JSON object")
+    custom_id, url, body = item.get("custom_id"), item.get("url"), item.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise InvalidRequest("'custom_id' must be a non-empty string")
+    if item.get("method", "POST") != "POST":
+        raise InvalidRequest("'method' must be POST")
+    if url not in ENDPOINTS:
+        raise InvalidRequest(f"'url' must be one of {sorted(ENDPOINTS)}, got {url!r}")
+    if endpoint is not None and url != endpoint:
+        raise InvalidRequest(f"'url' must be this batch's endpoint {endpoint!r}, got {url!r}")
+    if not isinstance(body, dict):
+        raise InvalidRequest("'body' must be a JSON object")
+    if body.get("stream"):
+        raise InvalidRequest("stream = true is not supported in a batch")
+    body = {k: v for k, v in body.items() if k != "stream"}
+    args = {"priority": priority, **request_args(url, body)}
+    request = build_request(
+        **args, request_id=f"{batch_id}-{n}", metadata={"custom_id": custom_id, "batch": batch_id}
+    )
+    return BatchLine(line=n, custom_id=custom_id, url=url, request=request)
+
+
+def _text_message(m: Any) -> dict[str, Any]:
+    if not isinstance(m, dict):
+        raise InvalidRequest("each message must be an object with 'role' and 'content'")
+    content = m.get("content")
+    if isinstance(content, list):  # OpenAI's content parts: text parts only
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) != len(content):
+            raise InvalidRequest("only text message content is supported")
+        content = "".join(t or "" for t in texts)
+    return {"role": m.get("role"), "content": content}
+
+
+def _custom_id(text: str) -> str | None:
+    try:
+        item = json.loads(text)
+    except ValueError:
+        return None
+    value = item.get("custom_id") if isinstance(item, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def parse_file(
+    lines: Iterable[str], batch_id: str, priority: str = "normal", endpoint: str | None = None
+) -> tuple[list[BatchLine], list[RejectedLine]]:
+    """Every line of a batch file: the valid ones, and each invalid one with its number."""
+    good: list[BatchLine] = []
+    bad: list[RejectedLine] = []
+    seen: set[str] = set()
+    for n, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            item = parse_line(n, text, batch_id, priority, endpoint)
+            if item.custom_id in seen:
+                raise InvalidRequest(f"custom_id {item.custom_id!r} appears twice")
+            seen.add(item.custom_id)
+            good.append(item)
+        except InvalidRequest as err:
+            bad.append(RejectedLine(line=n, custom_id=_custom_id(text), message=str(err)))
+    return good, bad
+
+
+def rejected_output(batch_id: str, bad: RejectedLine) -> dict[str, Any]:
+    """The error-file line of an input line refused at submission."""
+    return {
+        "id": f"batch_req_{batch_id}-{bad.line}",
+        "custom_id": bad.custom_id,
+        "response": None,
+        "error": {"code": "invalid_request", "message": f"line {bad.line}: {bad.message}"},
+    }
+
+
+def usage_of(res: Result) -> dict[str, int]:
+    """OpenAI's usage object of a result."""
+    return {
+        "prompt_tokens": res.usage.prompt_tokens,
+        "completion_tokens": res.usage.completion_tokens,
+        "total_tokens": res.usage.prompt_tokens + res.usage.completion_tokens,
+    }
+
+
+def response_body(url: str, res: Result) -> dict[str, Any]:
+    """The OpenAI response body (a completion or a chat completion) of a succeeded result."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": res.finish_reason}
+    if url == CHAT:
+        choice["message"] = {"role": "assistant", "content": res.text}
+    else:
+        choice["text"] = res.text
+        choice["logprobs"] = None
+    return {
+        "id": res.id,
+        "object": ENDPOINTS[url],
+        "created": (res.timings.finished_unix_ms or 0) // 1000,
+        "model": res.model or "unknown",
+        "choices": [choice],
+        "usage": usage_of(res),
+    }
+
+
+def output_line(request_id: str, url: str, res: Result) -> dict[str, Any]:
+    """The output-file line (succeeded) or error-file line (otherwise) of a final result."""
+    line: dict[str, Any] = {
+        "id": f"batch_req_{request_id}",
+        "custom_id": res.metadata.get("custom_id"),
+    }
+    if res.status != "succeeded":
+        err = res.error
+        line["response"] = None
+        line["error"] = {
+            "code": err.code if err else res.status,
+            "message": err.message if err else res.status,
+        }
+        return line
+    body = response_body(url, res)
+    line["response"] = {"status_code": 200, "request_id": request_id, "body": body}
+    line["error"] = None
+    return line

@@ -1,0 +1,110 @@
+"""The gateway's ASGI app: its Redis clients, the API-key check, its routes."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from genq.producer.aio import AsyncClient
+from genq.producer.client import Client
+from genq.producer.gateway import openai_errors
+from genq.producer.gateway.fleet import Fleet
+from genq.producer.gateway.openai_errors import ApiError
+from genq.producer.gateway.settings import GatewaySettings
+
+
+@dataclass
+class Gateway:
+    """What every route uses: the settings, an asyncio client for completions, a plain one for
+    batches and files (run in threads: they are not on the hot path), the fleet's models."""
+
+    settings: GatewaySettings
+    client: AsyncClient
+    sync_client: Client
+    fleet: Fleet
+
+
+def gateway(request: Request) -> Gateway:
+    """The app's Gateway (a FastAPI dependency)."""
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+async def check_key(request: Request) -> None:
+    """401 unless the request carries one of the configured keys (none configured: open)."""
+    keys = request.app.state.gateway.settings.api_keys
+    if not keys or request.url.path == "/health":  # a load balancer's probe needs no key
+        return
+    header = request.headers.get("authorization", "")
+    given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
+        raise ApiError(
+            401,
+            "Incorrect API key provided: pass one of genq serve's --api-key values as "
+            "'Authorization: Bearer KEY'",
+            type_="invalid_request_error",
+            code="invalid_api_key",
+        )
+
+
+def _model(gw: Gateway, model: str) -> dict[str, Any]:
+    """OpenAI's model object."""
+    return {"id": model, "object": "model", "created": gw.fleet.created(model), "owned_by": "genq"}
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """The OpenAI-compatible app for ``settings.queue``."""
+    from genq.producer.gateway import batch_routes, completions, files
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = AsyncClient.from_url(
+            settings.redis_url, settings.queue, result_ttl_s=settings.result_ttl_s
+        )
+        sync_client = Client.from_url(
+            settings.redis_url, settings.queue, result_ttl_s=settings.result_ttl_s
+        )
+        fleet = Fleet(client.redis, client.keys, settings.models_cache_s)
+        app.state.gateway = Gateway(settings, client, sync_client, fleet)
+        try:
+            yield
+        finally:
+            await client.close()
+            sync_client.close()
+
+    app = FastAPI(
+        title="genq",
+        summary="OpenAI-compatible gateway to a genq queue",
+        lifespan=lifespan,
+        dependencies=[Depends(check_key)],
+    )
+    openai_errors.install(app)
+    for module in (completions, files, batch_routes):
+        app.include_router(module.router)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        gw = gateway(request)
+        models = await gw.fleet.models()
+        return {"object": "list", "data": [_model(gw, m) for m in sorted(models)]}
+
+    @app.get("/v1/models/{model}")
+    async def get_model(model: str, request: Request) -> dict[str, Any]:
+        gw = gateway(request)
+        if model not in await gw.fleet.models():
+            raise openai_errors.not_found(
+                f"no live worker serves model {model!r}", "model_not_found"
+            )
+        return _model(gw, model)
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        gw = gateway(request)
+        await gw.client.redis.ping()
+        return {"status": "ok", "queue": settings.queue, "models": await gw.fleet.models()}
+
+    return app

@@ -1,0 +1,96 @@
+"""``/v1/batches``: create (from an uploaded file), retrieve, list, cancel; on the same batches
+as ``genq batch`` (``producer.batches``), run in threads with the plain client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from genq.producer import batches
+from genq.producer.batch_lines import ENDPOINTS
+from genq.producer.gateway.app import gateway
+from genq.producer.gateway.completions import json_object
+from genq.producer.gateway.files import stored_file
+from genq.producer.gateway.openai_errors import invalid
+from starlette.concurrency import run_in_threadpool
+
+router = APIRouter()
+
+
+@router.post("/v1/batches")
+async def create(request: Request) -> dict[str, Any]:
+    gw = gateway(request)
+    body = await json_object(request)
+    endpoint, window = body.get("endpoint"), body.get("completion_window", "24h")
+    file_id, metadata = body.get("input_file_id"), body.get("metadata")
+    priority = body.get("priority", "normal")  # genq's own: the batch's priority
+    if endpoint not in ENDPOINTS:
+        raise invalid(
+            f"endpoint must be one of {sorted(ENDPOINTS)}, got {endpoint!r}", param="endpoint"
+        )
+    if window != batches.COMPLETION_WINDOW:
+        raise invalid("completion_window must be '24h'", param="completion_window")
+    if not isinstance(file_id, str):
+        raise invalid("input_file_id is required", param="input_file_id")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise invalid("metadata must be an object of strings", param="metadata")
+    info, content = await stored_file(gw, file_id, content=True)
+    if info["purpose"] != "batch":
+        raise invalid(f"file {file_id!r} is not a batch input file", param="input_file_id")
+    try:
+        lines = content.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise invalid(f"file {file_id!r} is not UTF-8 text", param="input_file_id") from None
+
+    def submit() -> dict[str, Any]:
+        done = batches.submit_batch(
+            gw.sync_client,
+            lines,
+            source=file_id,
+            priority=priority,
+            endpoint=endpoint,
+            metadata=metadata,
+        )
+        return batches.batch_status(gw.sync_client, done.id)
+
+    return await run_in_threadpool(submit)
+
+
+@router.get("/v1/batches/{batch_id}")
+async def retrieve(batch_id: str, request: Request) -> dict[str, Any]:
+    gw = gateway(request)
+    return await run_in_threadpool(batches.batch_status, gw.sync_client, batch_id)
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel(batch_id: str, request: Request) -> dict[str, Any]:
+    gw = gateway(request)
+
+    def run() -> dict[str, Any]:
+        batches.cancel_batch(gw.sync_client, batch_id)
+        return batches.batch_status(gw.sync_client, batch_id)
+
+    return await run_in_threadpool(run)
+
+
+@router.get("/v1/batches")
+async def list_all(request: Request, after: str | None = None, limit: int = 20) -> dict[str, Any]:
+    gw = gateway(request)
+    if not 1 <= limit <= 100:
+        raise invalid("limit must be 1-100", param="limit")
+
+    def run() -> dict[str, Any]:
+        ids, more = batches.list_batches(gw.sync_client, after=after, limit=limit)
+        data = [batches.batch_status(gw.sync_client, b) for b in ids]
+        first, last = (ids[0], ids[-1]) if ids else (None, None)
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": first,
+            "last_id": last,
+            "has_more": more,
+        }
+
+    return await run_in_threadpool(run)

@@ -1,0 +1,192 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: one genq request each, answered
+when it is final, or streamed as server-sent events in OpenAI's chunk format from the request's
+event stream (``stream: true``). A client that disconnects, or a result not final within
+``request_timeout_s``, cancels the request. genq's own options ride as extra body fields:
+``priority``, ``deadline_in_s``, ``top_k``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from genq.common.errors import GenqError, InvalidRequest, ResultTimeout
+from genq.common.models import Result
+from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args, response_body, usage_of
+from genq.producer.building import build_request
+from genq.producer.gateway.app import Gateway, gateway
+from genq.producer.gateway.openai_errors import (
+    ApiError,
+    error_for_result,
+    invalid,
+    not_found,
+    unavailable,
+)
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _complete(request, COMPLETIONS)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, CHAT)
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    """The request's body as a JSON object, or 400 saying why not."""
+    try:
+        body = json.loads(await request.body())
+    except ValueError as err:
+        raise invalid(f"the body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise invalid("the body must be a JSON object")
+    return body
+
+
+async def _complete(request: Request, url: str) -> Response:
+    gw = gateway(request)
+    body = await json_object(request)
+    stream = bool(body.pop("stream", False))
+    options = body.pop("stream_options", None) or {}
+    metadata = body.pop("metadata", None)
+    model = await _served_model(gw, body.get("model"))
+    args = request_args(url, body)
+    try:
+        req = build_request(**args, stream=stream, metadata=metadata)
+    except TypeError as err:
+        raise InvalidRequest(f"invalid request: {err}") from None
+    [request_id] = await gw.client.submit_requests([req])
+    if stream:
+        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        events = _events(gw, request_id, url, model, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+    result = await _wait_or_cancel(gw, request, request_id)
+    if result.status != "succeeded":
+        raise _result_error(result)
+    return JSONResponse(response_body(url, result))
+
+
+async def _served_model(gw: Gateway, model: Any) -> str:
+    """The model to answer with: the one asked for, if a live worker serves it (404 if none
+    does); 503 if no live worker serves the queue at all (the request would wait forever)."""
+    models = await gw.fleet.models()
+    queue = gw.settings.queue
+    if not models:
+        raise unavailable(
+            f"no live worker serves queue {queue!r}: start one with genq worker --queue {queue}",
+            "no_worker",
+        )
+    if model is None:
+        return next(iter(sorted(models)))
+    if model not in models:
+        raise not_found(
+            f"model {model!r} is not served on queue {queue!r}; live workers serve "
+            f"{sorted(models)} (GET /v1/models)",
+            "model_not_found",
+        )
+    return str(model)
+
+
+def _result_error(result: Result) -> ApiError:
+    err = result.error
+    code = err.code if err else result.status
+    return error_for_result(result.status, code, err.message if err else result.status)
+
+
+async def _cancel(gw: Gateway, request_id: str) -> None:
+    """Cancel a request nobody waits for any more (it may have ended meanwhile)."""
+    with anyio.CancelScope(shield=True), contextlib.suppress(GenqError, OSError):
+        await gw.client.cancel(request_id)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client goes away (the body has been read: only a disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _wait_or_cancel(gw: Gateway, request: Request, request_id: str) -> Result:
+    """The request's final result; cancel it if the client disconnects (499) or it is not
+    final within ``request_timeout_s`` (504)."""
+    wait = asyncio.ensure_future(
+        gw.client.result(request_id, timeout=gw.settings.request_timeout_s)
+    )
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not wait.done():
+            wait.cancel()
+            await _cancel(gw, request_id)
+    if wait.cancelled():
+        raise ApiError(499, "the client disconnected", type_="cancelled", code="client_closed")
+    try:
+        return wait.result()
+    except ResultTimeout:
+        await _cancel(gw, request_id)
+        raise ApiError(
+            504,
+            f"no result within {gw.settings.request_timeout_s} s (genq serve "
+            "--request-timeout-s); the request was cancelled",
+            type_="timeout",
+            code="timeout",
+        ) from None
+
+
+def _sse(doc: dict[str, Any]) -> str:
+    return f"data: {json.dumps(doc)}\n\n"
+
+
+def _chunk(url: str, request_id: str, model: str, created: int, **choice: Any) -> dict[str, Any]:
+    """One streamed chunk in OpenAI's format (``choice``: text/delta and finish_reason)."""
+    if url == CHAT:
+        obj, fields = "chat.completion.chunk", {"delta": choice.get("delta", {})}
+    else:
+        obj, fields = "text_completion", {"text": choice.get("text", ""), "logprobs": None}
+    one = {"index": 0, **fields, "finish_reason": choice.get("finish_reason")}
+    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [one]}
+
+
+async def _events(
+    gw: Gateway, request_id: str, url: str, model: str, include_usage: bool
+) -> AsyncIterator[str]:
+    """The SSE stream of one request: chunks as text arrives, the final chunk, usage if asked,
+    ``[DONE]``. An error after the stream began is sent as an ``error`` event. If the client
+    goes away (Starlette cancels this generator), the request is cancelled."""
+    created = int(time.time())
+    finished = False
+    try:
+        if url == CHAT:
+            yield _sse(_chunk(url, request_id, model, created, delta={"role": "assistant"}))
+        async for item in gw.client.stream(request_id, timeout=gw.settings.request_timeout_s):
+            if isinstance(item, str):
+                piece = {"delta": {"content": item}} if url == CHAT else {"text": item}
+                yield _sse(_chunk(url, request_id, model, created, **piece))
+                continue
+            finished = True
+            if item.status != "succeeded":
+                yield _sse(_result_error(item).body)
+                break
+            yield _sse(_chunk(url, request_id, model, created, finish_reason=item.finish_reason))
+            if include_usage:
+                usage = _chunk(url, request_id, model, created)
+                usage.update(choices=[], usage=usage_of(item))
+                yield _sse(usage)
+        yield "data: [DONE]\n\n"
+    except ResultTimeout:
+        message = f"no result within {gw.settings.request_timeout_s} s; the request was cancelled"
+        yield _sse({"error": {"message": message, "type": "timeout", "code": "timeout"}})
+    finally:
+        if not finished:
+            await _cancel(gw, request_id)

@@ -1,0 +1,133 @@
+"""``/v1/files``: batch input files kept in Redis (``Keys.file``, with the queue's result TTL),
+and batch output and error files, rendered from the batch's results when read (their ids are
+``BATCH-output`` and ``BATCH-errors``; nothing is stored twice)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from genq.common.keys import Keys
+from genq.producer import batches
+from genq.producer.gateway.app import Gateway, gateway
+from genq.producer.gateway.openai_errors import invalid, not_found
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+router = APIRouter()
+OUTPUT_SUFFIXES = {"-output": "output", "-errors": "errors"}
+
+
+def _file_object(file_id: str, info: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": file_id,
+        "object": "file",
+        "bytes": int(info["bytes"]),
+        "created_at": int(info["created_at"]),
+        "filename": info["filename"],
+        "purpose": info["purpose"],
+        "status": "processed",
+        "expires_at": info.get("expires_at"),
+        "status_details": None,
+    }
+
+
+@router.post("/v1/files")
+async def upload(request: Request) -> dict[str, Any]:
+    """Upload a batch input file (multipart: ``file``, ``purpose`` = ``batch``)."""
+    gw = gateway(request)
+    form = await request.form(max_part_size=gw.settings.max_file_bytes)
+    purpose, upload = form.get("purpose"), form.get("file")
+    if purpose != "batch":
+        raise invalid(f"purpose must be 'batch', got {purpose!r}", param="purpose")
+    if not isinstance(upload, UploadFile):
+        raise invalid("a multipart field 'file' is required", param="file")
+    content = await upload.read(gw.settings.max_file_bytes + 1)
+    if len(content) > gw.settings.max_file_bytes:
+        raise invalid(
+            f"the file is over {gw.settings.max_file_bytes} bytes (genq serve --max-file-bytes)",
+            param="file",
+        )
+    file_id = "file-" + uuid.uuid4().hex[:24]
+    now = int(time.time())
+    info: dict[str, Any] = {
+        "bytes": len(content),
+        "created_at": now,
+        "expires_at": now + gw.settings.result_ttl_s,
+        "filename": upload.filename or "upload.jsonl",
+        "purpose": "batch",
+    }
+    key = Keys.file(file_id)
+    pipe = gw.client.redis.pipeline(transaction=True)
+    stored: Any = {**info, "content": content}
+    pipe.hset(key, mapping=stored)
+    pipe.expire(key, gw.settings.result_ttl_s)
+    await pipe.execute()
+    return _file_object(file_id, info)
+
+
+def _output_of(file_id: str) -> tuple[str, str] | None:
+    """(batch id, 'output' or 'errors') for a batch output file's id."""
+    for suffix, kind in OUTPUT_SUFFIXES.items():
+        if file_id.endswith(suffix):
+            return file_id[: -len(suffix)], kind
+    return None
+
+
+def _render(gw: Gateway, file_id: str) -> tuple[dict[str, Any], bytes]:
+    """A batch output or error file: its details and content, from the batch's results now."""
+    found = _output_of(file_id)
+    if found is None:
+        raise not_found(f"no file {file_id!r} (never uploaded, or expired)")
+    batch_id, kind = found
+    view = batches.read_batch(gw.sync_client, batch_id)
+    ok, failed, _ = batches.output_files(view)
+    lines = ok if kind == "output" else failed
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    info = {
+        "bytes": len(content),
+        "created_at": int(view.record.get("created_at", 0)),
+        "expires_at": int(view.record.get("expires_at", 0)) or None,
+        "filename": f"{batch_id}_{kind}.jsonl",
+        "purpose": "batch_output",
+    }
+    return info, content
+
+
+async def stored_file(gw: Gateway, file_id: str, *, content: bool) -> tuple[dict[str, Any], bytes]:
+    """An uploaded file's details (and its content if asked), or a rendered batch output."""
+    key = Keys.file(file_id)
+    fields = ["bytes", "created_at", "expires_at", "filename", "purpose"]
+    values: Any = await gw.client.redis.hmget(key, [*fields, "content"] if content else fields)
+    if values[0] is None:
+        return await run_in_threadpool(_render, gw, file_id)
+    info: dict[str, Any] = {
+        f: (v.decode() if isinstance(v, bytes) else v) for f, v in zip(fields, values, strict=False)
+    }
+    info["expires_at"] = int(info["expires_at"]) if info.get("expires_at") else None
+    return info, (bytes(values[-1]) if content else b"")
+
+
+@router.get("/v1/files/{file_id}")
+async def retrieve(file_id: str, request: Request) -> dict[str, Any]:
+    info, _ = await stored_file(gateway(request), file_id, content=False)
+    return _file_object(file_id, info)
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request) -> Response:
+    _, content = await stored_file(gateway(request), file_id, content=True)
+    return Response(content, media_type="application/jsonl")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete(file_id: str, request: Request) -> dict[str, Any]:
+    """Delete an uploaded file (a batch that used it keeps its requests)."""
+    gw = gateway(request)
+    if not await gw.client.redis.delete(Keys.file(file_id)):
+        raise not_found(f"no file {file_id!r} (never uploaded, already deleted, or expired)")
+    return {"id": file_id, "object": "file", "deleted": True}

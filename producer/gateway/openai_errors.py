@@ -1,0 +1,110 @@
+"""Errors as OpenAI's error JSON, with the status codes the OpenAI SDKs map to their exceptions:
+400 BadRequestError, 401 AuthenticationError, 404 NotFoundError, 429 RateLimitError (the queue
+is full: the SDKs retry it with backoff), 503 (no live worker, or Redis unreachable: retried
+too), 504 (no result in time)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound
+from starlette.exceptions import HTTPException
+
+
+class ApiError(Exception):
+    """An error to answer with ``status`` and OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def invalid(message: str, code: str | None = None, param: str | None = None) -> ApiError:
+    """400: the request is wrong; sending it again will not help."""
+    return ApiError(400, message, type_="invalid_request_error", code=code, param=param)
+
+
+def not_found(message: str, code: str = "not_found") -> ApiError:
+    return ApiError(404, message, type_="invalid_request_error", code=code)
+
+
+def unavailable(message: str, code: str) -> ApiError:
+    """503: try again later (no worker serves the queue, Redis is away)."""
+    return ApiError(503, message, type_="service_unavailable", code=code)
+
+
+def error_for_result(status: str, code: str, message: str) -> ApiError:
+    """The HTTP error of a request that ended without text: a request the worker refused
+    (its input) is 400; one that expired or was cancelled, 408 and 409; anything else 500."""
+    if status == "expired":
+        return ApiError(408, message, type_="timeout", code=code)
+    if status == "cancelled":
+        return ApiError(409, message, type_="cancelled", code=code)
+    if code in INPUT_ERRORS:
+        return invalid(message, code=code)
+    return ApiError(500, message, type_="server_error", code=code)
+
+
+INPUT_ERRORS = frozenset(
+    {
+        "invalid_request",
+        "prompt_too_long",
+        "max_new_tokens_too_large",
+        "request_too_large",
+        "malformed_entry",
+    }
+)
+"""Result error codes that mean the request itself was wrong."""
+
+
+def _answer(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body, status_code=err.status)
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error as OpenAI's error JSON."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return _answer(err)
+
+    @app.exception_handler(InvalidRequest)
+    async def invalid_request(_: Request, err: InvalidRequest) -> JSONResponse:
+        return _answer(invalid(str(err), code="invalid_request"))
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_: Request, err: QueueFull) -> JSONResponse:
+        return _answer(ApiError(429, str(err), type_="rate_limit_error", code="queue_full"))
+
+    @app.exception_handler(RequestNotFound)
+    async def missing(_: Request, err: RequestNotFound) -> JSONResponse:
+        return _answer(not_found(str(err).strip("'\"")))
+
+    @app.exception_handler(redis.ConnectionError)
+    @app.exception_handler(redis.TimeoutError)
+    async def redis_away(_: Request, err: Exception) -> JSONResponse:
+        return _answer(unavailable(f"Redis is unreachable: {err}", "redis_unavailable"))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_: Request, err: RequestValidationError) -> JSONResponse:
+        first: Any = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return _answer(invalid(f"{where}: {first.get('msg', 'invalid request')}"))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        type_ = "invalid_request_error" if err.status_code < 500 else "server_error"
+        return _answer(ApiError(err.status_code, str(err.detail), type_=type_))
