@@ -49,28 +49,47 @@ class _Refused(Exception):
     """Carries a refused password out of redis-py's retry loop, which retries every
     ConnectionError (AuthenticationError is one) and lets anything else through at once."""
 
-    def __init__(self, error: redis.AuthenticationError) -> None:
+    def __init__(self, error: redis.ConnectionError) -> None:
         super().__init__(str(error))
         self.error = error
 
 
-def _failing_fast(do: Callable[[], T]) -> Callable[[], T]:
-    def guarded() -> T:
-        try:
-            return do()
-        except redis.AuthenticationError as err:
-            raise _Refused(err) from err
+def _nothing_listens(err: redis.ConnectionError) -> bool:
+    """The connection was refused: no server at that address (not one that dropped us)."""
+    cause = err.__cause__ or err.__context__
+    return isinstance(cause, ConnectionRefusedError | FileNotFoundError) or (
+        "Connection refused" in str(err)
+    )
 
-    return guarded
+
+def _hopeless(err: Exception, ever_connected: bool) -> bool:
+    """Errors not worth retrying: a refused password, or nothing listening at an address this
+    client never reached (a wrong URL; a server that restarts was reached before)."""
+    if isinstance(err, redis.AuthenticationError):
+        return True
+    return isinstance(err, redis.ConnectionError) and not ever_connected and _nothing_listens(err)
 
 
 class _Retry(Retry):
-    """redis-py's retry, except that a refused password fails at once: trying again cannot
-    help, and a wrong password should not take ~9 s to say so."""
+    """redis-py's retry, except that a refused password, or a URL where nothing ever listened,
+    fails at once: a wrong password or port should not take ~9 s to say so. A server this
+    client reached before is waited for as usual (it may be restarting)."""
+
+    connected = False
 
     def call_with_retry(self, do: Callable[[], T], fail: Any, *args: Any, **kwargs: Any) -> T:
+        def guarded() -> T:
+            try:
+                out = do()
+            except (redis.AuthenticationError, redis.ConnectionError) as err:
+                if _hopeless(err, self.connected):
+                    raise _Refused(err) from err
+                raise
+            self.connected = True
+            return out
+
         try:
-            return super().call_with_retry(_failing_fast(do), fail, *args, **kwargs)
+            return super().call_with_retry(guarded, fail, *args, **kwargs)
         except _Refused as refused:
             raise refused.error from None
 
@@ -78,14 +97,20 @@ class _Retry(Retry):
 class _AsyncRetry(AsyncRetry):
     """The asyncio twin of ``_Retry``."""
 
+    connected = False
+
     async def call_with_retry(
         self, do: Callable[[], Awaitable[T]], fail: Any, *args: Any, **kwargs: Any
     ) -> T:
         async def guarded() -> T:
             try:
-                return await do()
-            except redis.AuthenticationError as err:
-                raise _Refused(err) from err
+                out = await do()
+            except (redis.AuthenticationError, redis.ConnectionError) as err:
+                if _hopeless(err, self.connected):
+                    raise _Refused(err) from err
+                raise
+            self.connected = True
+            return out
 
         try:
             return await super().call_with_retry(guarded, fail, *args, **kwargs)

@@ -26,9 +26,17 @@ class InvalidRequest(GenqError, ValueError):
 
 
 class PromptTooLong(InvalidRequest):
-    """The prompt does not fit the model's context together with ``max_new_tokens``."""
+    """The prompt alone is longer than the worker accepts (``--max-prompt-tokens``, or the
+    model's context)."""
 
     code = "prompt_too_long"
+
+
+class ContextTooLong(PromptTooLong):
+    """The prompt fits, but not together with ``max_new_tokens`` in the model's context: shorten
+    the prompt or ask for fewer tokens."""
+
+    code = "context_too_long"
 
 
 class MaxNewTokensTooLarge(InvalidRequest):
@@ -49,15 +57,30 @@ class MalformedEntry(InvalidRequest):
     code = "malformed_entry"
 
 
-class QueueFull(GenqError):
+class SubmitFailed(GenqError):
+    """Redis refused (part of) a submit: out of memory, or another error it answered. A
+    multi-request submit goes in chunks of 500, each all or nothing: ``submitted`` holds the
+    ids that were enqueued (safe to submit the rest again, or all: an id already in is not
+    enqueued twice), ``not_submitted`` the others."""
+
+    code = "submit_failed"
+
+    def __init__(
+        self,
+        message: str,
+        submitted: list[str] | None = None,
+        not_submitted: list[str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.submitted = submitted or []
+        self.not_submitted = not_submitted or []
+
+
+class QueueFull(SubmitFailed):
     """The queue holds its maximum number of requests. ``submitted``: the ids that were
     enqueued before the limit was hit (in a large ``submit_many``); the rest were not."""
 
     code = "queue_full"
-
-    def __init__(self, message: str, submitted: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.submitted = submitted or []
 
 
 class PoisonRequest(GenqError):

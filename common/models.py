@@ -107,7 +107,12 @@ class RequestBody(_Strict):
     stream: bool = False
     """Also send the text as it is generated, as ``delta`` events on the request's event stream."""
     deadline_unix_ms: Annotated[int, Field(ge=0)] | None = None
-    """If the request has not started by this time it ends ``expired`` without running."""
+    """If the request has not started by this time it ends ``expired`` without running (an
+    absolute time: as right as the clock of whoever computed it)."""
+    deadline_in_ms: Annotated[int, Field(ge=0)] | None = None
+    """If the request has not started this long after Redis accepted it (its entry's time, by
+    Redis' clock), it ends ``expired``: no host's clock matters. The clients' ``deadline_in_s``
+    sets it."""
     metadata: Annotated[dict[str, MetadataValue], Field(max_length=MAX_METADATA_KEYS)] = Field(
         default_factory=dict
     )

@@ -123,6 +123,11 @@ class WorkerSettings(BaseModel):
     metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
         None, description="serve Prometheus metrics on this port (default: off)"
     )
+    allow_evicting_redis: bool = Field(
+        False,
+        description="start even if Redis' maxmemory-policy is allkeys-* (Redis may then delete "
+        "accepted requests and results when memory runs out)",
+    )
     metrics_host: str = Field(
         "0.0.0.0",
         description="address the metrics endpoint listens on (127.0.0.1: this machine only)",

@@ -81,6 +81,8 @@ def decode_request(
             fast = _decode_quickly(priority, fields[1], fields[3])
             if fast is not None:
                 return fast
+        if len(set(fields[::2])) < len(fields) // 2:
+            return _repeated_fields(fields)
         return _decode_slowly(priority, dict(zip(fields[::2], fields[1::2], strict=False)))
     if len(fields) == 2:
         got: dict[Any, Any] = fields
@@ -173,6 +175,23 @@ def _decode_slowly(
             request_id, MalformedEntry(f"invalid request body: unexpected fields {misplaced}")
         )
     return _validated(body, request_id, priority)
+
+
+def _repeated_fields(fields: list[bytes]) -> UndecodableEntry:
+    """An entry with a field name twice (``XADD ... id a body {...} id b``): which one was
+    meant is anyone's guess, so it never runs. If every ``id`` it has is the same usable id,
+    that request fails saying why; otherwise there is no one id to fail (dead-lettered)."""
+    names = [k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k) for k in fields[::2]]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    ids = {_usable_id(v) for k, v in zip(fields[::2], fields[1::2], strict=False) if k == _ID_KEY}
+    request_id = ids.pop() if len(ids) == 1 else None
+    return UndecodableEntry(
+        request_id,
+        MalformedEntry(
+            f"entry has the field(s) {twice} more than once; a work entry has exactly two "
+            "fields, 'id' and 'body'"
+        ),
+    )
 
 
 def _usable_id(value: object) -> str | None:

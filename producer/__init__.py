@@ -14,6 +14,7 @@ from genq.common.errors import (
     QueueFull,
     RequestNotFound,
     ResultTimeout,
+    SubmitFailed,
 )
 from genq.common.models import Request, Result
 from genq.producer.aio import AsyncClient
@@ -30,5 +31,6 @@ __all__ = [
     "RequestNotFound",
     "Result",
     "ResultTimeout",
+    "SubmitFailed",
     "build_request",
 ]

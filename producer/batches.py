@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from genq.common.errors import QueueFull, RequestNotFound, ResultTimeout
+from genq.common.errors import RequestNotFound, ResultTimeout, SubmitFailed
 from genq.common.models import FINAL_STATUSES, Result
 from genq.producer.batch_lines import (
     BatchLine,
@@ -75,7 +75,7 @@ def submit_batch(
 ) -> SubmittedBatch:
     """Parse an OpenAI batch file, record the batch and enqueue its valid lines (in chunks;
     ``progress(done, total)`` after each). ``source`` is the input's name (a file name, or
-    the uploaded file's id). If the queue fills up on the way, the lines not enqueued are
+    the uploaded file's id). If the queue (or Redis) fills up on the way, the lines not enqueued are
     refused with that reason (they appear in the error file): the batch never waits for
     requests that do not exist."""
     bid = batch_id or new_batch_id()
@@ -87,7 +87,7 @@ def submit_batch(
         part = good[start : start + SUBMIT_CHUNK]
         try:
             client.submit_requests([item.request for item in part])
-        except QueueFull as err:
+        except SubmitFailed as err:  # the queue is full, or Redis is
             why = f"not enqueued: {err}"
             rest = [
                 RejectedLine(line=i.line, custom_id=i.custom_id, message=why) for i in good[done:]

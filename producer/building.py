@@ -21,7 +21,6 @@ from genq.common.models import (
     Priority,
     Request,
     new_request_id,
-    now_ms,
 )
 from genq.common.wire import BODY_FIELD, describe_validation_error, encode_request
 from pydantic import ValidationError
@@ -48,11 +47,13 @@ def build_request(
     worker renders with the model's chat template."""
     if isinstance(stop, str):
         stop = [stop]
-    deadline_unix_ms = None
+    deadline_in_ms = None
     if deadline_in_s is not None:
         if not isinstance(deadline_in_s, int | float) or not math.isfinite(deadline_in_s):
             raise InvalidRequest(f"deadline_in_s must be a finite number, got {deadline_in_s!r}")
-        deadline_unix_ms = now_ms() + int(deadline_in_s * 1000)
+        # Relative to when Redis accepts the entry, by Redis' clock: this host's clock does
+        # not enter into it (a negative one has passed already).
+        deadline_in_ms = max(0, int(deadline_in_s * 1000))
     fields: dict[str, Any] = {
         "id": request_id if request_id is not None else new_request_id(),
         "prompt": prompt,
@@ -64,7 +65,7 @@ def build_request(
         "top_k": top_k,
         "seed": seed,
         "stop": list(stop or []),
-        "deadline_unix_ms": deadline_unix_ms,
+        "deadline_in_ms": deadline_in_ms,
         "metadata": dict(metadata or {}),
         "stream": stream,
     }

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from genq.common import states
-from genq.common.errors import QueueFull, RequestNotFound
+from genq.common.errors import QueueFull, RequestNotFound, SubmitFailed
 from genq.common.keys import Keys
 from genq.common.models import now_ms
 from genq.common.scripts import QUEUE_FULL_PREFIX, Applied, apply_args
@@ -83,20 +84,40 @@ def cancel_outcome(request_id: str, reply: Any) -> bool:
 
 
 def submit_outcome(requests: Sequence[Prepared], replies: Sequence[Any]) -> list[str]:
-    """The ids of ``requests`` after the SUBMIT calls answered ``replies`` (one per chunk);
-    raise QueueFull (with the ids that did go in) if a chunk was refused."""
+    """The ids of ``requests`` after the SUBMIT calls answered ``replies`` (one per chunk).
+    If Redis refused a chunk, raise QueueFull (the queue's limit) or SubmitFailed (anything
+    else: out of memory, ...), saying which requests went in (``submitted``) and which did not:
+    each chunk is all or nothing, and the others may have gone in."""
     done: list[str] = []
+    missed: list[str] = []
+    first: Exception | None = None
     for i, reply in enumerate(replies):
-        chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
+        ids = [r.id for r in requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]]
         if isinstance(reply, Exception):
-            if QUEUE_FULL_PREFIX in str(reply):
-                _, depth, limit = str(reply).split()[-3:]
-                raise QueueFull(
-                    f"queue is full: {depth} requests waiting or running, its limit is {limit} "
-                    f"(max_queue_depth); {len(done)} of {len(requests)} were enqueued. "
-                    "Retry later, or raise the limit with genq worker --max-queue-depth",
-                    submitted=done,
-                )
-            raise reply
-        done += [r.id for r in chunk]
-    return done
+            first = first or reply
+            missed += ids
+        else:
+            done += ids
+    if first is None:
+        return done
+    went_in = f"{len(done)} of {len(requests)} were enqueued (the error's .submitted)"
+    if QUEUE_FULL_PREFIX in str(first):
+        _, depth, limit = str(first).split()[-3:]
+        raise QueueFull(
+            f"queue is full: {depth} requests waiting or running, its limit is {limit} "
+            f"(max_queue_depth); {went_in}. Retry later, or raise the limit with genq worker "
+            "--max-queue-depth",
+            submitted=done,
+            not_submitted=missed,
+        )
+    hint = (
+        " Redis is out of memory (maxmemory, noeviction): free memory or raise maxmemory, "
+        "then submit the rest again."
+        if isinstance(first, redis.exceptions.OutOfMemoryError)
+        else ""
+    )
+    raise SubmitFailed(
+        f"Redis refused the submit ({first}); {went_in}.{hint}",
+        submitted=done,
+        not_submitted=missed,
+    ) from first

@@ -1,9 +1,10 @@
 """Soak run for RELIABILITY.md: workers SIGKILLed and replaced, redis-server SIGKILLed and
-restarted (AOF, appendfsync always), a producer submitting all along. At the end every accepted
-request must be final and succeeded, with exactly one final event, and nothing pending.
+restarted (AOF, appendfsync always), Redis made full (maxmemory, noeviction) for a few seconds
+now and then, a producer submitting all along. At the end every accepted request must be final
+and succeeded, with exactly one final event, and nothing pending.
 
     .venv/bin/python scripts/soak.py --minutes 5 [--workers 3] [--kill-every-s 3]
-        [--redis-restart-every-s 60] [--json]
+        [--redis-restart-every-s 60] [--redis-full-every-s 40] [--redis-full-for-s 5] [--json]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import redis
 from genq.common.keys import GROUP, Keys
-from genq.producer import Client
+from genq.producer import Client, SubmitFailed
 from genq.worker.devtools.redis_server import RedisServer
 
 QUEUE = "soak"
@@ -43,6 +44,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--kill-every-s", type=float, default=3)
     p.add_argument("--redis-restart-every-s", type=float, default=60)
+    p.add_argument("--redis-full-every-s", type=float, default=40)
+    p.add_argument("--redis-full-for-s", type=float, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
@@ -68,6 +71,9 @@ def main() -> None:
             ]  # fmt: skip
             try:
                 accepted.extend(client.submit_many(batch))
+            except SubmitFailed as err:  # Redis full: told exactly which went in
+                accepted.extend(err.submitted)
+                refused += len(err.not_submitted)
             except redis.ConnectionError:
                 refused += len(batch)  # the caller is told: not accepted
             i += 1
@@ -76,9 +82,11 @@ def main() -> None:
     producer = threading.Thread(target=produce)
     producer.start()
     t_end = time.monotonic() + a.minutes * 60
-    kills = restarts = 0
+    kills = restarts = fills = 0
     next_kill = time.monotonic() + a.kill_every_s
     next_restart = time.monotonic() + a.redis_restart_every_s
+    next_full = time.monotonic() + a.redis_full_every_s
+    full_until: float | None = None
     while time.monotonic() < t_end:
         time.sleep(0.1)
         if time.monotonic() >= next_kill:
@@ -88,12 +96,23 @@ def main() -> None:
             n = next(counter)
             workers[n] = start_worker(url, n, logs)
             next_kill += a.kill_every_s
+        if full_until is None and time.monotonic() >= next_full:
+            with contextlib.suppress(redis.RedisError):
+                redis.Redis.from_url(url).config_set("maxmemory", 1)  # full: writes refused
+                fills += 1
+                full_until = time.monotonic() + a.redis_full_for_s
+            next_full += a.redis_full_every_s
+        if full_until is not None and time.monotonic() >= full_until:
+            with contextlib.suppress(redis.RedisError):
+                redis.Redis.from_url(url).config_set("maxmemory", 0)
+                full_until = None
         if time.monotonic() >= next_restart:
             assert server.process is not None
             server.process.kill()
             server.stop(remove_dir=False)
             time.sleep(0.5)
             server.start()
+            full_until = None  # a restarted Redis has its configured maxmemory (none)
             restarts += 1
             next_restart += a.redis_restart_every_s
     stop.set()
@@ -113,7 +132,8 @@ def main() -> None:
     events = pipe.execute()
     report = {
         "minutes": a.minutes, "workers": a.workers, "accepted": len(accepted),
-        "refused_while_redis_down": refused, "worker_kills": kills, "redis_restarts": restarts,
+        "refused_while_redis_down_or_full": refused, "worker_kills": kills,
+        "redis_restarts": restarts, "redis_full_episodes": fills,
         "statuses": statuses, "lost": len(accepted) - statuses.get("succeeded", 0),
         "requests_with_more_than_one_final_event": sum(1 for e in events if e != 1),
         "pending_left": pending, "drain_after_stop_s": round(drain_s, 1),

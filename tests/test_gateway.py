@@ -165,6 +165,18 @@ def test_a_client_that_disconnects_cancels_its_request(
         return None
 
     wait_until(lambda: status() == "cancelled", timeout_s=15)
+    # The same for a stream closed after its first chunk.
+    tag = f"{queue}-gone-streaming"
+    stream = client.chat.completions.create(
+        model="echo",
+        messages=[{"role": "user", "content": "z" * 200}],
+        max_tokens=100,
+        stream=True,
+        extra_body={"metadata": {"t": tag}},
+    )
+    next(iter(stream))
+    stream.close()
+    wait_until(lambda: status() == "cancelled", timeout_s=15)
 
 
 def test_files_and_batches_flow_through_the_sdk(

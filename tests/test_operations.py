@@ -155,3 +155,40 @@ def test_a_cpu_worker_logs_no_transformers_error_about_psutil(
     Client.from_url(redis_url, queue).generate("hello", max_new_tokens=4, timeout=120)
     worker.stop()
     assert "psutil" not in worker.log()
+
+
+def test_stats_count_requests_waiting_in_a_workers_look_ahead_as_waiting(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Read into a busy worker's look-ahead is still waiting: ``oldest_waiting_ms`` says so
+    (it used to read 0 once every entry was delivered)."""
+    import json
+    import subprocess
+    import sys
+
+    client = Client.from_url(redis_url, queue)
+    start_worker(
+        queue,
+        "--engine",
+        "echo",
+        "--echo-step-ms",
+        "500",
+        "--max-batch-size",
+        "2",
+        "--hand-back-after-ms",
+        "600000",
+    )  # fmt: skip  (holds what it read)
+    client.submit_many([f"w{i}" for i in range(10)], max_new_tokens=8)  # 4 s a batch
+
+    def normal() -> dict[str, int]:
+        out = subprocess.run(
+            [sys.executable, "-m", "genq.worker", "stats", "--redis-url", redis_url,
+             "--queue", queue, "--json"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        row: dict[str, int] = json.loads(out.stdout)["streams"]["normal"]
+        return row
+
+    wait_until(lambda: normal()["lag"] == 0, timeout_s=20)  # every entry delivered
+    # Published with the worker's stats (at the latest when its first batch is written).
+    wait_until(lambda: normal()["oldest_waiting_ms"] >= 1000, timeout_s=15)

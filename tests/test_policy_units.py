@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import itertools
 
-from genq.common.errors import MaxNewTokensTooLarge, PromptTooLong, RequestTooLarge
+from genq.common.errors import (
+    ContextTooLong,
+    MaxNewTokensTooLarge,
+    PromptTooLong,
+    RequestTooLarge,
+)
 from genq.common.models import Request
 from genq.common.wire import decode_request
 from genq.worker.policy.admission import Action, Limits, judge_entry, judge_prompt
@@ -288,13 +293,14 @@ LIMITS = Limits(
 
 
 def test_an_entry_without_a_usable_id_is_dead_lettered_with_the_reason() -> None:
-    verdict = judge_entry(decode_request("normal", {b"body": b"{}"}), now_ms=0)
+    verdict = judge_entry(decode_request("normal", {b"body": b"{}"}), now_ms=0, enqueued_ms=0)
     assert verdict.action is Action.DEAD_LETTER
     assert verdict.error is not None and "'id'" in str(verdict.error)
 
 
 def test_an_entry_with_an_id_and_a_bad_body_fails_under_that_id() -> None:
-    verdict = judge_entry(decode_request("normal", {b"id": b"r1", b"body": b"[]"}), now_ms=0)
+    decoded = decode_request("normal", {b"id": b"r1", b"body": b"[]"})
+    verdict = judge_entry(decoded, now_ms=0, enqueued_ms=0)
     assert verdict.action is Action.FAIL and verdict.request_id == "r1"
     assert verdict.error is not None and verdict.error.code == "malformed_entry"
 
@@ -302,8 +308,15 @@ def test_an_entry_with_an_id_and_a_bad_body_fails_under_that_id() -> None:
 def test_an_entry_past_its_deadline_expires_and_a_good_one_runs() -> None:
     body = b'{"prompt": "hi", "deadline_unix_ms": 1000}'
     decoded = decode_request("high", {b"id": b"r2", b"body": body})
-    assert judge_entry(decoded, now_ms=1_000).action is Action.EXPIRE
-    assert judge_entry(decoded, now_ms=999).action is Action.RUN
+    assert judge_entry(decoded, now_ms=1_000, enqueued_ms=0).action is Action.EXPIRE
+    assert judge_entry(decoded, now_ms=999, enqueued_ms=0).action is Action.RUN
+
+
+def test_a_relative_deadline_counts_from_the_entrys_time() -> None:
+    body = b'{"prompt": "hi", "deadline_in_ms": 300}'
+    decoded = decode_request("high", {b"id": b"r3", b"body": body})
+    assert judge_entry(decoded, now_ms=10_299, enqueued_ms=10_000).action is Action.RUN
+    assert judge_entry(decoded, now_ms=10_300, enqueued_ms=10_000).action is Action.EXPIRE
 
 
 def test_prompt_verdicts_name_the_limit_that_was_crossed() -> None:
@@ -312,11 +325,16 @@ def test_prompt_verdicts_name_the_limit_that_was_crossed() -> None:
     cases = [
         (Request(id="b", prompt="x", max_new_tokens=101), 10, MaxNewTokensTooLarge),
         (ok, 51, PromptTooLong),
-        (Request(id="c", prompt="x", max_new_tokens=90), 40, PromptTooLong),  # context
+        (Request(id="c", prompt="x", max_new_tokens=90), 40, ContextTooLong),  # together
     ]
     for request, tokens, error in cases:
         verdict = judge_prompt(request, tokens, LIMITS)
         assert verdict.action is Action.FAIL and isinstance(verdict.error, error)
+    # Which limit, by its code: the prompt alone, or the prompt with max_new_tokens.
+    assert judge_prompt(ok, 51, LIMITS).error.code == "prompt_too_long"  # type: ignore[union-attr]
+    context = judge_prompt(Request(id="c", prompt="x", max_new_tokens=90), 40, LIMITS).error
+    assert context is not None and context.code == "context_too_long"
+    assert "lower max_new_tokens" in str(context)
     wide = Limits(
         max_new_tokens=100, max_prompt_tokens=None, max_context_tokens=None, max_batch_tokens=40
     )

@@ -11,7 +11,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound
+from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound, SubmitFailed
 from starlette.exceptions import HTTPException
 
 
@@ -62,6 +62,7 @@ INPUT_ERRORS = frozenset(
     {
         "invalid_request",
         "prompt_too_long",
+        "context_too_long",
         "max_new_tokens_too_large",
         "request_too_large",
         "malformed_entry",
@@ -88,6 +89,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(QueueFull)
     async def queue_full(_: Request, err: QueueFull) -> JSONResponse:
         return _answer(ApiError(429, str(err), type_="rate_limit_error", code="queue_full"))
+
+    @app.exception_handler(SubmitFailed)
+    async def submit_failed(_: Request, err: SubmitFailed) -> JSONResponse:
+        return _answer(unavailable(str(err), "submit_failed"))  # e.g. Redis out of memory
 
     @app.exception_handler(RequestNotFound)
     async def missing(_: Request, err: RequestNotFound) -> JSONResponse:

@@ -26,30 +26,9 @@ def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
     keys = Keys(queue)
     streams: dict[str, Any] = {}
     consumers: dict[str, dict[str, Any]] = {}
-    now = now_ms()
+    now = redis_now_ms(r)  # ages by Redis' clock (entry ids), not this host's
     for priority in PRIORITIES:
-        key = keys.stream(priority)
-        info: dict[str, Any] = {"key": key, "length": int(r.xlen(key)), "pending": 0, "lag": None}
-        groups: Any = r.xinfo_groups(key) if r.exists(key) else []
-        group = next((g for g in groups if _s(g["name"]) == GROUP), None)
-        if group is not None:
-            info["pending"] = int(group["pending"])
-            info["lag"] = group.get("lag")
-            last = _s(group["last-delivered-id"])
-            nxt: Any = r.xrange(key, min=f"({last}", count=1)
-            info["oldest_waiting_ms"] = max(0, now - int(_s(nxt[0][0]).split("-")[0])) if nxt else 0
-            group_consumers: Any = r.xinfo_consumers(key, GROUP)
-            info["handed_back"] = 0
-            for c in group_consumers:
-                name = _s(c["name"])
-                if name == RETURNED:  # entries handed back, waiting for the next free worker
-                    info["handed_back"] = int(c["pending"])
-                    continue
-                entry = consumers.setdefault(name, {"consumer": name, "pending": 0})
-                entry["pending"] += int(c["pending"])
-                idle = int(c.get("idle", 0))
-                entry["idle_ms"] = min(entry.get("idle_ms", idle), idle)
-        streams[priority] = info
+        streams[priority] = _stream_info(r, keys.stream(priority), now, consumers)
     workers = []
     for name, entry in sorted(consumers.items()):
         h: Any = r.hgetall(keys.worker(name))
@@ -60,12 +39,81 @@ def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
                 entry[k] = int(v) if isinstance(v, str) and v.isdigit() else v
             if "recent_batch_sizes" in entry:
                 entry["recent_batch_sizes"] = json.loads(entry["recent_batch_sizes"])
+            held_since = json.loads(str(stats.get("oldest_held_unix_ms") or "{}"))
+            for priority, since in held_since.items():  # read, waiting in a worker's look-ahead
+                row = streams.get(priority)
+                if row is not None:
+                    age = max(0, now - int(since))
+                    row["oldest_waiting_ms"] = max(row.get("oldest_waiting_ms", 0), age)
         workers.append(entry)
     return {
         "queue": queue,
         "streams": streams,
         "dead_letter": int(r.xlen(keys.dead_letter)),
         "workers": workers,
+        "redis": redis_memory(r),
+    }
+
+
+def _age_ms(now: int, entry_id: Any) -> int:
+    return max(0, now - int(_s(entry_id).split("-")[0]))
+
+
+def _stream_info(
+    r: redis.Redis, key: str, now: int, consumers: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """One priority stream: length, pending, lag, handed back, and how long its oldest waiting
+    request has waited: not yet read, handed back, or (added by ``collect``) read into a
+    worker's look-ahead. Adds each consumer's pending and idle time to ``consumers``."""
+    info: dict[str, Any] = {"key": key, "length": int(r.xlen(key)), "pending": 0, "lag": None}
+    groups: Any = r.xinfo_groups(key) if r.exists(key) else []
+    group = next((g for g in groups if _s(g["name"]) == GROUP), None)
+    if group is None:
+        return info
+    info["pending"] = int(group["pending"])
+    info["lag"] = group.get("lag")
+    nxt: Any = r.xrange(key, min=f"({_s(group['last-delivered-id'])}", count=1)
+    info["oldest_waiting_ms"] = _age_ms(now, nxt[0][0]) if nxt else 0
+    info["handed_back"] = 0
+    group_consumers: Any = r.xinfo_consumers(key, GROUP)
+    for c in group_consumers:
+        name = _s(c["name"])
+        if name == RETURNED:  # entries handed back, waiting for the next free worker
+            info["handed_back"] = int(c["pending"])
+            first: Any = r.xpending_range(key, GROUP, "-", "+", 1, consumername=RETURNED)
+            if first:
+                age = _age_ms(now, first[0]["message_id"])
+                info["oldest_waiting_ms"] = max(info["oldest_waiting_ms"], age)
+            continue
+        entry = consumers.setdefault(name, {"consumer": name, "pending": 0})
+        entry["pending"] += int(c["pending"])
+        idle = int(c.get("idle", 0))
+        entry["idle_ms"] = min(entry.get("idle_ms", idle), idle)
+    return info
+
+
+def redis_now_ms(r: redis.Redis) -> int:
+    """Redis' clock (TIME), in Unix milliseconds."""
+    reply: Any = r.time()
+    seconds, micros = next(iter(reply.values())) if isinstance(reply, dict) else reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def redis_memory(r: redis.Redis) -> dict[str, Any]:
+    """Redis' memory: used and max bytes, the eviction policy, and whether it is full (writes
+    refused: workers hold their results and wait). Empty if this user may not run INFO."""
+    try:
+        info: Any = r.info("memory")
+    except redis.ResponseError:
+        return {}
+    if info and all(isinstance(v, dict) for v in info.values()):  # a cluster: the fullest node
+        info = max(info.values(), key=lambda n: n.get("used_memory", 0))
+    used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    return {
+        "used_memory": used,
+        "maxmemory": limit,
+        "maxmemory_policy": info.get("maxmemory_policy"),
+        "full": bool(limit) and used >= limit,
     }
 
 
@@ -96,7 +144,15 @@ def print_stats(snapshot: dict[str, Any], console: Console) -> None:
 def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
     """A stats snapshot as two tables: streams by priority, and workers."""
 
-    t = Table(title=f"queue {snapshot['queue']!r}")
+    mem = snapshot.get("redis") or {}
+    title = f"queue {snapshot['queue']!r}"
+    if mem:
+        limit = f"{mem['maxmemory'] / 2**20:.0f} MiB" if mem["maxmemory"] else "no limit"
+        title += f" (Redis: {mem['used_memory'] / 2**20:.1f} MiB used of {limit}"
+        title += f", {mem['maxmemory_policy']})"
+        if mem["full"]:
+            title += " REDIS IS FULL: writes are refused; workers hold results and wait"
+    t = Table(title=title)
     for col in ("priority", "length", "pending", "handed back", "lag", "oldest waiting ms"):
         t.add_column(col, justify="right")
     for priority, s in snapshot["streams"].items():

@@ -22,6 +22,7 @@ def worker(**flags: Any) -> None:
         settings = WorkerSettings.build(flags)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
+    _check_redis(settings)
     if settings.gpus is not None:
         sys.exit(_launch(settings, flags))
     engine = make_engine(settings)
@@ -53,3 +54,34 @@ def _launch(settings: WorkerSettings, flags: dict[str, Any]) -> int:
         device="cuda" if needs_cuda else settings.device,
     )
     return launcher.run()
+
+
+def _check_redis(settings: WorkerSettings) -> None:
+    """Refuse a Redis that would evict accepted requests (before loading any model). A Redis
+    that is not up yet is waited for: a worker is a service, and Redis may be starting too."""
+    import logging
+    import time
+
+    import redis
+    from genq.common.connection import TRANSIENT_ERRORS, connect
+    from genq.worker.runtime.redis_checks import check_eviction
+
+    r = connect(settings.redis_url)
+    delay_s = 0.5
+    try:
+        while True:
+            try:
+                check_eviction(r, allow=settings.allow_evicting_redis)
+                return
+            except ConfigError as err:
+                raise click.ClickException(str(err)) from None
+            except TRANSIENT_ERRORS as err:
+                if isinstance(err, redis.AuthenticationError):
+                    raise
+                logging.getLogger("genq.worker").warning(
+                    "cannot reach Redis (%s); waiting for it, retrying in %.1f s", err, delay_s
+                )
+                time.sleep(delay_s)
+                delay_s = min(5.0, delay_s * 2)
+    finally:
+        r.close()

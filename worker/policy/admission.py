@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from genq.common.errors import (
+    ContextTooLong,
     GenqError,
     MaxNewTokensTooLarge,
     PromptTooLong,
@@ -73,8 +74,13 @@ def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqEr
             f"{limits.max_prompt_tokens}: shorten the prompt"
         )
     ctx = limits.max_context_tokens
-    if ctx is not None and prompt_tokens + request.max_new_tokens > ctx:
+    if ctx is not None and prompt_tokens >= ctx:
         return PromptTooLong(
+            f"prompt is {prompt_tokens} tokens; this model's context is {ctx} tokens, with "
+            "room needed for at least one generated token: shorten the prompt"
+        )
+    if ctx is not None and prompt_tokens + request.max_new_tokens > ctx:
+        return ContextTooLong(
             f"prompt is {prompt_tokens} tokens and max_new_tokens is {request.max_new_tokens}; "
             f"together they exceed this model's context of {ctx} tokens: shorten the prompt "
             "or lower max_new_tokens"
@@ -89,14 +95,15 @@ def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqEr
     return None
 
 
-def judge_entry(decoded: Request | UndecodableEntry, now_ms: int) -> Verdict:
+def judge_entry(decoded: Request | UndecodableEntry, now_ms: int, enqueued_ms: int) -> Verdict:
     """The verdict on a decoded entry: run it (pending its prompt's length), fail it under the
-    id it carried, expire it, or dead-letter it (no usable id)."""
+    id it carried, expire it, or dead-letter it (no usable id). ``enqueued_ms``: the entry's
+    time (Redis' clock, as ``now_ms``)."""
     if isinstance(decoded, UndecodableEntry):
         if decoded.request_id is None:
             return Verdict(action=Action.DEAD_LETTER, error=decoded.error)
         return Verdict(action=Action.FAIL, error=decoded.error, request_id=decoded.request_id)
-    return EXPIRE if deadline_passed(decoded, now_ms) else RUN
+    return EXPIRE if deadline_passed(decoded, now_ms, enqueued_ms) else RUN
 
 
 def judge_prompt(request: Request, prompt_tokens: int, limits: Limits) -> Verdict:
@@ -105,9 +112,13 @@ def judge_prompt(request: Request, prompt_tokens: int, limits: Limits) -> Verdic
     return RUN if problem is None else Verdict(action=Action.FAIL, error=problem)
 
 
-def deadline_passed(request: Request, now_ms: int) -> bool:
-    """True if the request had a deadline and it is past."""
-    return request.deadline_unix_ms is not None and now_ms >= request.deadline_unix_ms
+def deadline_passed(request: Request, now_ms: int, enqueued_ms: int) -> bool:
+    """True if the request had a deadline and it is past: an absolute one
+    (``deadline_unix_ms``), or one relative to when its entry was accepted (``deadline_in_ms``
+    after ``enqueued_ms``)."""
+    if request.deadline_unix_ms is not None and now_ms >= request.deadline_unix_ms:
+        return True
+    return request.deadline_in_ms is not None and now_ms >= enqueued_ms + request.deadline_in_ms
 
 
 def entry_time_ms(entry_id: str) -> int:

@@ -7,8 +7,13 @@ Two kinds of entries land there, each with the reason:
   ``failed``; ``retry`` puts them back in their stream (and resets their state to ``queued``).
 
 Fields of a dead-letter entry: ``stream``, ``entry_id``, ``request_id`` (may be empty),
-``error``, ``fields`` (the original entry's fields as JSON, values cut at 100,000 characters),
-``worker``, ``at_unix_ms``.
+``error``, ``fields`` (the original entry's fields as JSON), ``worker``, ``at_unix_ms``.
+
+Bounded in bytes as well as in entries (``DEAD_LETTER_MAX_ENTRIES``): an entry that is not a
+request keeps at most ``MAX_JUNK_FIELDS_CHARS`` characters of its fields (the first fields, the
+last one cut, and a note of what was left out), so junk entries of any size fill the stream to
+~160 MB at most; a poison request is kept whole (``genq dlq retry`` puts it back), and the
+request limits bound its size.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from genq.common.connection import is_cluster
 from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, Keys
 from genq.common.models import now_ms
 
-MAX_FIELD_CHARS = 100_000
+MAX_JUNK_FIELDS_CHARS = 16_000
+"""Most characters of field names and values kept from an entry that is not a request."""
+CUT_NOTE = "genq:cut"
+"""The field that says what was left out of a dead-lettered entry's fields."""
 
 
 def _text(value: Any) -> str:
@@ -39,8 +47,11 @@ def dead_letter_fields(
     worker: str,
     request_id: str | None = None,
 ) -> dict[str, str | int]:
-    """The fields of the dead-letter entry recording ``fields`` (a work entry)."""
-    shown = {_text(k): _text(v)[:MAX_FIELD_CHARS] for k, v in list(fields.items())[:20]}
+    """The fields of the dead-letter entry recording ``fields`` (a work entry). Those of an
+    entry with no request id are cut to ``MAX_JUNK_FIELDS_CHARS`` in all."""
+    shown = {_text(k): _text(v) for k, v in fields.items()}
+    if request_id is None:
+        shown = _cut(shown, MAX_JUNK_FIELDS_CHARS)
     return {
         "stream": stream,
         "entry_id": entry_id,
@@ -50,6 +61,24 @@ def dead_letter_fields(
         "worker": worker,
         "at_unix_ms": now_ms(),
     }
+
+
+def _cut(fields: dict[str, str], budget: int) -> dict[str, str]:
+    """The first fields of ``fields`` that fit in ``budget`` characters (the last one cut),
+    with a note of what was left out if anything was."""
+    kept: dict[str, str] = {}
+    left = budget
+    for name, value in fields.items():
+        if left <= 0:
+            break
+        kept[name[:left]] = value[: max(0, left - len(name))]
+        left -= len(name) + len(value)
+    total = sum(len(k) + len(v) for k, v in fields.items())
+    if total > budget:
+        kept[CUT_NOTE] = (
+            f"cut to {budget} of {total} characters ({len(kept)} of {len(fields)} fields kept)"
+        )
+    return kept
 
 
 def add_to_pipeline(pipe: Any, keys: Keys, record: dict[str, str | int]) -> None:

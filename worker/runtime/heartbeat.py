@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from genq.common.models import now_ms
 from genq.common.scripts import Applied
 from genq.worker.engines.base import BatchReport
 from genq.worker.policy.lookahead import Held
+from genq.worker.runtime.clock import now_ms
 
 log = logging.getLogger("genq.worker")
 
@@ -153,7 +153,7 @@ class Heartbeat:
         queue: StatsSink,
         identity: Identity,
         counters: Counters,
-        holdings: Callable[[], tuple[int, list[Held]]],
+        holdings: Callable[[], tuple[list[Held], list[Held]]],
     ) -> None:
         self.queue = queue
         self.identity = identity
@@ -185,15 +185,20 @@ class Heartbeat:
 
 
 def stats_fields(
-    identity: Identity, counters: Counters, *, waiting: int, in_flight: Sequence[Held]
+    identity: Identity, counters: Counters, *, waiting: Sequence[Held], in_flight: Sequence[Held]
 ) -> dict[str, Any]:
     """The fields of a worker's stats hash, now."""
     waits = sorted(counters.recent_waits_ms)
+    oldest: dict[str, int] = {}  # per priority: when the oldest request waiting here came in
+    for h in waiting:
+        p = h.request.priority
+        oldest[p] = min(oldest.get(p, h.enqueued_ms), h.enqueued_ms)
     return {
         **counters.as_hash(),
         **identity.fields,
         "last_seen_unix_ms": now_ms(),
-        "held": waiting,
+        "held": len(waiting),
+        "oldest_held_unix_ms": json.dumps(oldest),
         "in_flight": len(in_flight),
         "in_flight_tokens": sum(h.cost_tokens for h in in_flight),
         "wait_p50_ms": waits[len(waits) // 2] if waits else 0,

@@ -70,7 +70,7 @@ class Intake:
                 if holding(entry_key(stream, entry_id)):
                     continue
                 decoded = decode_request(priority, fields or {})
-                verdict = judge_entry(decoded, now_ms)
+                verdict = judge_entry(decoded, now_ms, entry_time_ms(entry_id))
                 if verdict.action is Action.RUN and isinstance(decoded, Request):
                     runnable.append((stream, entry_id, decoded))
                 elif verdict.action is Action.EXPIRE and isinstance(decoded, Request):

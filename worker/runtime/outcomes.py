@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from genq.common import states
 from genq.common.errors import GenqError
 from genq.common.keys import Keys
-from genq.common.models import Request, now_ms
+from genq.common.models import Request
 from genq.worker.engines.base import GenerationOutput
 from genq.worker.policy.admission import entry_time_ms
 from genq.worker.policy.lookahead import Held
+from genq.worker.runtime.clock import now_ms
 
 log = logging.getLogger("genq.worker")
 

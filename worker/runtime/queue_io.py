@@ -47,6 +47,8 @@ class QueueIO:
         self.settings = settings
         self._claim_cursors = dict.fromkeys(keys.streams(), "0-0")
         self._last_reclaim_s = 0.0
+        self.full_since: float | None = None
+        """When Redis last refused a write for want of memory (None: it accepts writes)."""
 
     def retrying(
         self, step: Callable[[], None], stopping: threading.Event, once: bool = False
@@ -54,7 +56,8 @@ class QueueIO:
         """Run ``step``; while Redis is unreachable, wait with backoff and try again until
         ``stopping`` is set (``once``: return after one failed try, for the main loop to go
         round). A lost consumer group (a redis-server that restarted without its data) is
-        recreated."""
+        recreated. A full Redis (maxmemory reached, noeviction) counts as passing too: see
+        ``redis_full``."""
         delay_s = 0.1
         while True:
             try:
@@ -65,6 +68,8 @@ class QueueIO:
                     raise  # a wrong password does not get better by waiting
                 log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay_s)
                 refresh_cluster_view(self.redis)
+            except redis.exceptions.OutOfMemoryError as err:
+                self.redis_full(err)
             except redis.ResponseError as err:
                 if "NOGROUP" not in str(err):
                     raise
@@ -74,6 +79,27 @@ class QueueIO:
             if stopping.wait(delay_s) or once:
                 return
             delay_s = min(5.0, delay_s * 2)
+
+    def redis_full(self, err: Exception) -> None:
+        """Redis refused a write for want of memory: from now until ``memory_back``, the
+        worker reads no new work and only retries, with backoff, what it holds (its results
+        wait in the writer). Said once per episode, not once per retry."""
+        if self.full_since is None:
+            self.full_since = time.monotonic()
+            log.warning(
+                "Redis is full (%s): holding results, reading no new work, retrying with "
+                "backoff until it accepts writes again (free memory or raise maxmemory)",
+                err,
+            )
+
+    def memory_back(self) -> None:
+        """A write went through again after ``redis_full``."""
+        if self.full_since is not None:
+            log.warning(
+                "Redis accepts writes again after %.1f s full; carrying on",
+                time.monotonic() - self.full_since,
+            )
+            self.full_since = None
 
     def ensure_groups(self) -> None:
         """Create the consumer group on every priority stream (and the streams) if missing,

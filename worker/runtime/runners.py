@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from genq.common.errors import GenerationError, GenqError
-from genq.common.models import now_ms
 from genq.worker.engines.base import Engine, GenerationInput, IterationEngine
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
+from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from genq.common import states
 from genq.common.connection import REDIS_ERRORS
 from genq.common.errors import PoisonRequest
-from genq.common.models import now_ms
 from genq.common.scripts import Applied
 from genq.common.wire import encode_request
 from genq.worker.policy.admission import deadline_passed
 from genq.worker.policy.lookahead import Held, Lookahead
+from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.outcomes import Outcome, Outcomes
@@ -49,8 +49,8 @@ class Starter:
         elsewhere) is acknowledged by the script and dropped."""
         outcomes = self.outcomes
         now = now_ms()
-        late = [h for h in batch if deadline_passed(h.request, now)]
-        todo = [h for h in batch if not deadline_passed(h.request, now)]
+        late = [h for h in batch if deadline_passed(h.request, now, h.enqueued_ms)]
+        todo = [h for h in batch if not deadline_passed(h.request, now, h.enqueued_ms)]
         items = [
             (h.request.id, h.stream, h.entry_id, self._running_state(h, started_ms)) for h in todo
         ]

@@ -39,7 +39,6 @@ from genq.common.connection import (
     refresh_cluster_view,
 )
 from genq.common.keys import Keys
-from genq.common.models import now_ms
 from genq.common.scripts import Applied
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import Engine
@@ -50,7 +49,8 @@ from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead, entry_key
 from genq.worker.policy.planning import plan_start
 from genq.worker.policy.suspects import Gate, SuspectGate
-from genq.worker.runtime import recovery
+from genq.worker.runtime import clock, recovery
+from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.metrics import Metrics
@@ -159,7 +159,8 @@ class Worker:
             self.engine.name,
         )
         while not self._stopping.is_set():
-            self.queue.retrying(self.turn, self._stopping, once=True)
+            step = self.turn if self.queue.full_since is None else self.wait_for_memory
+            self.queue.retrying(step, self._stopping, once=True)
         try:
             self.drain()
         finally:
@@ -181,6 +182,11 @@ class Worker:
         resumed = self.queue.resume(self.room, self.admit_delivered)
         if resumed:
             log.info("resumed %d pending entries of consumer %s", resumed, self.consumer)
+
+    def wait_for_memory(self) -> None:
+        """Redis is full: only the heartbeat (a write); once it goes through, turns again."""
+        self.heartbeat(force=True)
+        self.queue.memory_back()
 
     def stop(self) -> None:
         """Ask the loop to stop after the current turn. Idempotent."""
@@ -350,16 +356,17 @@ class Worker:
     def heartbeat(self, force: bool = False) -> None:
         """Refresh this worker's stats hash (at most every ``HEARTBEAT_S`` unless forced)."""
         self.account_written()
+        clock.sync(self.queue.redis, force=force)  # Redis' clock, not this host's
         if self.stats.beat(force=force):
             held = len(self.lookahead) + len(self.runner.running)
             self.metrics.state(
                 held, self.counters.prompt_tokens, self.counters.padded_prompt_tokens
             )
 
-    def _holdings(self) -> tuple[int, list[Held]]:
+    def _holdings(self) -> tuple[list[Held], list[Held]]:
         """(waiting, in flight) for the stats hash."""
         in_flight = [*self.lookahead.starting.values(), *self.runner.running.values()]
-        return len(self.lookahead.waiting), in_flight
+        return list(self.lookahead.waiting.values()), in_flight
 
 
 def install_signal_handlers(stop: Callable[[], None]) -> None:

@@ -24,8 +24,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
+import redis
 from genq.common.connection import TRANSIENT_ERRORS
 
+PASSING: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, redis.exceptions.OutOfMemoryError)
+"""Errors the writer waits out, holding its results: Redis away, or full (noeviction)."""
 log = logging.getLogger("genq.worker")
 
 
@@ -132,10 +135,13 @@ class ResultWriter(Generic[T]):
                 batch = list(self._waiting)
             try:
                 answers = list(self._write(batch))
-            except TRANSIENT_ERRORS as err:
-                log.warning(
-                    "Redis unreachable writing results (%s); retrying in %.1f s", err, delay
-                )
+            except PASSING as err:
+                if not isinstance(err, redis.exceptions.OutOfMemoryError):
+                    log.warning(
+                        "Redis unreachable writing results (%s); retrying in %.1f s", err, delay
+                    )
+                elif delay == BACKOFF_START_S:  # once per episode: the loop says more
+                    log.warning("holding %d results until Redis has room for them", len(batch))
                 self._on_away()
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, timeout=delay)

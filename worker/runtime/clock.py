@@ -1,0 +1,68 @@
+"""The worker's clock: Redis' own, not this host's.
+
+Every age a worker computes (waits, aging, max-wait, deadlines) compares a moment with the time
+Redis stamped on an entry (its id). A worker host whose clock is off by seconds or hours would
+wait, expire and prioritise wrongly, so the worker reads Redis' ``TIME`` at start and every
+``SYNC_EVERY_S`` (one cheap round trip) and keeps the offset: ``now_ms()`` is this host's clock
+plus that offset, i.e. Redis' clock, whatever this host's says. Deadlines are relative to the
+entry's time too (``Request.deadline_in_ms``), so a client's clock does not matter either.
+
+One worker per process: the offset is the process's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+
+log = logging.getLogger("genq.worker")
+
+SYNC_EVERY_S = 30.0
+"""How often the offset to Redis' clock is measured again (clocks drift; NTP steps them)."""
+WARN_SKEW_MS = 1_000
+"""An offset this large is logged: the host's clock is wrong (genq does not mind)."""
+
+_offset_ms = 0
+_synced_at = -float("inf")
+
+
+def now_ms() -> int:
+    """Redis' time now, in Unix milliseconds (this host's clock plus the measured offset)."""
+    return time.time_ns() // 1_000_000 + _offset_ms
+
+
+def offset_ms() -> int:
+    """Redis' clock minus this host's, as last measured."""
+    return _offset_ms
+
+
+def sync(r: Any, force: bool = False) -> None:
+    """Measure the offset to Redis' clock (``TIME``, halfway through the round trip) if
+    ``SYNC_EVERY_S`` passed since the last time, or ``force``."""
+    global _offset_ms, _synced_at
+    if not force and time.monotonic() - _synced_at < SYNC_EVERY_S:
+        return
+    before = time.time_ns()
+    try:
+        reply = r.time()
+    except redis.exceptions.NoPermissionError:
+        if _synced_at == -float("inf"):
+            log.warning(
+                "this Redis user may not run TIME (add +time to its ACL): timing by this "
+                "host's clock, which must then be right"
+            )
+        _synced_at = time.monotonic()
+        return
+    after = time.time_ns()
+    seconds, micros = next(iter(reply.values())) if isinstance(reply, dict) else reply  # cluster
+    redis_ms = int(seconds) * 1000 + int(micros) // 1000
+    offset = redis_ms - (before + after) // 2 // 1_000_000
+    if abs(offset - _offset_ms) >= WARN_SKEW_MS or (force and abs(offset) >= WARN_SKEW_MS):
+        log.warning(
+            "this host's clock is %+.1f s off Redis' (genq times everything by Redis' clock)",
+            -offset / 1000,
+        )
+    _offset_ms, _synced_at = offset, time.monotonic()
