@@ -54,7 +54,7 @@ if not ok or type(doc) ~= 'table' then
 end
 local t = redis.call('TIME')
 local id = doc['id']
-doc['id'], doc['status'] = nil, nil
+doc['id'], doc['status'], doc['entry'] = nil, nil, nil
 doc['error'] = {{code = 'cancelled', message = 'cancelled by a client'}}
 if type(doc['timings']) ~= 'table' then doc['timings'] = {{}} end
 doc['timings']['finished_unix_ms'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -107,10 +107,7 @@ def try_load(r: Any) -> bool:
 
 def submit_keys(keys: Keys, request_ids: list[str]) -> list[str]:
     """The KEYS of an FCALL genq_submit for these ids (one Redis, not a cluster)."""
-    out = [keys.config, *keys.streams()]
-    for request_id in request_ids:
-        out += [keys.result(request_id), keys.attempts(request_id)]
-    return out
+    return [keys.config, *keys.streams(), *(keys.result(i) for i in request_ids)]
 
 
 def cancel_keys(request_id: str) -> list[str]:

@@ -20,14 +20,15 @@ key                    type    written by                  read by             T
                                counters)                   ``genq demo``
 ``genq:{Q}:sub:ID``    string  client (submit script;      client (submit      result_ttl_s
                                Redis Cluster only)         script)
-``genq:res:{ID}``      string  client (queued), worker     client (GET)        result_ttl_s
-                               (running, final): JSON
+``genq:res:{ID}``      string  client (queued, naming the  client (GET)        result_ttl_s
+                               entry owning the id),
+                               worker (running, final):
+                               JSON
 ``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
                                streaming, final event)     BLOCK)
-``genq:att:{ID}``      string  submit script (``0 P/E -``: worker (poison      result_ttl_s;
-                               the entry owning the id),   check, duplicate    deleted at end
-                               worker (``STARTS P/E        entries)
-                               TOKEN``: +1 at each start,
+``genq:att:{ID}``      string  worker (``STARTS P/E        worker (poison      result_ttl_s;
+                               TOKEN``: +1 at each start,  check, duplicate    deleted at end
+                               the entry owning the id,    entries)
                                once per token; DEL at the
                                end)
 ``genq:batch:{B}``     hash    ``genq batch submit``       ``genq batch``      result_ttl_s

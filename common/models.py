@@ -194,6 +194,9 @@ class Result(_Strict):
     """How many requests shared the engine batch that ran it."""
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
     """The request's metadata, echoed back."""
+    entry: str | None = None
+    """``queued`` states only: the work entry that owns the id (``PRIORITY/ENTRY_ID``); a
+    second entry with the same id is a duplicate."""
 
     @property
     def is_final(self) -> bool:

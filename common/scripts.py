@@ -4,7 +4,7 @@ Each runs inside Redis as one step, so there is no window between a check and a 
 
 - ``SUBMIT``: create the queue's consumer groups if this is its first submission; refuse the
   whole call if the queue is full; for each request whose id has no live state yet, set its
-  ``queued`` state and add its entry, which owns the id (recorded in the attempts key); an
+  ``queued`` state and add its entry, which owns the id (the queued state names it); an
   id that already has a state is not enqueued again (one request, not two).
 - ``APPLY``: write requests' states unless they are already final; a final state also appends
   the final event, and acknowledges and deletes the request's work entry in the same step. A
@@ -79,18 +79,19 @@ end
 """
 
 SUBMIT = f"""
--- KEYS: config, stream high, stream normal, stream low, then per request: its state key and
---       its attempts key (on a Redis Cluster: the queue's submitted marker for the id, twice)
+-- KEYS: config, stream high, stream normal, stream low, then per request its state key (on a
+--       Redis Cluster: the queue's submitted marker for the id)
 -- ARGV: ttl_s, then per request: id, priority (high, normal or low), body JSON, queued state
 --       JSON ('' to build it here from the body)
 -- Returns per request the new entry's id, or 0 if the id already has a state (not enqueued
 -- again). Errors, for the whole call (nothing enqueued): {QUEUE_FULL_PREFIX} DEPTH LIMIT, or
--- {INVALID_PREFIX} why.
+-- {INVALID_PREFIX} why. The queued state records the entry that owns the id ("entry":
+-- "PRIORITY/ENTRY_ID", right after the status): another entry with the id is a duplicate.
 local ttl = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 4
-if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + 2 * n or not ttl or ttl < 1 then
+if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + n or not ttl or ttl < 1 then
   return redis.error_reply('{INVALID_PREFIX} expected KEYS config, high, normal, low, then '
-    .. 'state and attempts key per request; ARGV ttl_s, then id, priority, body, queued state '
+    .. 'the state key of each request; ARGV ttl_s, then id, priority, body, queued state '
     .. 'per request')
 end
 local STREAM = {{high = 2, normal = 3, low = 4}}
@@ -98,16 +99,16 @@ local queued = {{}}
 for i = 1, n do  -- everything is checked before anything is written: all or nothing
   local a = 2 + (i - 1) * 4
   local id, priority, body = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  if #id > 128 or not string.match(id, '^[A-Za-z0-9_.:%-]+$') then
-    return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the id must be 1-128 '
-      .. 'letters, digits, _ . : or -')
-  end
   if not STREAM[priority] then
     return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': priority must be high, '
       .. 'normal or low')
   end
   queued[i] = ARGV[a + 3]
-  if queued[i] == '' then
+  if queued[i] == '' then  -- a call from another language: check what the Python client checks
+    if #id > 128 or not string.match(id, '^[A-Za-z0-9_.:%-]+$') then
+      return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the id must be 1-128 '
+        .. 'letters, digits, _ . : or -')
+    end
     local ok, doc = pcall(cjson.decode, body)
     if not ok or type(doc) ~= 'table' or string.sub(body, 1, 1) ~= '{{' then
       return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the body must be a JSON '
@@ -130,7 +131,7 @@ if max_depth > 0 then
     + redis.call('XLEN', KEYS[4])
   local fresh = 0
   for i = 1, n do
-    if redis.call('EXISTS', KEYS[3 + 2 * i]) == 0 then fresh = fresh + 1 end
+    if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh = fresh + 1 end
   end
   if fresh > 0 and depth + fresh > max_depth then
     return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
@@ -139,14 +140,20 @@ end
 local out = {{}}
 for i = 1, n do
   local a = 2 + (i - 1) * 4
-  local state, att = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
-  if redis.call('SET', state, queued[i], 'NX', 'EX', ttl) then
-    local entry = redis.call('XADD', KEYS[STREAM[ARGV[a + 1]]], '*',
-      '{ID_FIELD}', ARGV[a], '{BODY_FIELD}', ARGV[a + 2])
-    -- The entry owns the id: another entry with the same id (a plain XADD) is a duplicate.
-    redis.call('SET', att, '0 ' .. ARGV[a + 1] .. '/' .. entry .. ' -', 'EX', ttl)
+  local id, priority = ARGV[a], ARGV[a + 1]
+  local stream = KEYS[STREAM[priority]]
+  -- The entry first (its id goes into the state), then the state if the id has none; else the
+  -- entry goes again. One script: nobody sees the entry in between.
+  local entry = redis.call('XADD', stream, '*', '{ID_FIELD}', id, '{BODY_FIELD}', ARGV[a + 2])
+  local head = '{{"id":"' .. id .. '","status":"queued"'
+  local q = queued[i]
+  if string.sub(q, 1, #head) == head then
+    q = head .. ',"entry":"' .. priority .. '/' .. entry .. '"' .. string.sub(q, #head + 1)
+  end
+  if redis.call('SET', KEYS[4 + i], q, 'NX', 'EX', ttl) then
     out[i] = entry
   else
+    redis.call('XDEL', stream, entry)
     out[i] = 0
   end
 end
@@ -164,7 +171,8 @@ APPLY = (
 --       attempts key
 -- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, start token
 --       (running: unique per start), then per request: its entry's work stream (1 high,
---       2 normal, 3 low; 0: no entry), entry id, state JSON
+--       2 normal, 3 low; 0: no entry; negative: the caller never started this entry, so it
+--       must prove it owns the id before it may end it), entry id, state JSON
 -- Per request, returns an Applied answer: WRITTEN, ALREADY_FINAL (its entry is then
 -- acknowledged and deleted: nothing more to do), NOT_FOUND ('cancel' found no state), POISON
 -- ('running' found it started max attempts times already: nothing written) or DUPLICATE
@@ -195,16 +203,41 @@ for i = 1, (#KEYS - ns) / 3 do
   local res, ev, att = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local a = 4 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
+  -- Whether this entry must prove it owns the id: at every start, and when ending an entry
+  -- the caller never started (s < 0: expired, malformed); one it started was checked then.
+  local check = mode == 'running' or s < 0
+  s = math.abs(s)
   local entry = s > 0 and PRIORITY[s] .. '/' .. eid or ''
+  check = check and entry ~= '' and mode ~= 'cancel'
+  local starts, owner, last = 0, nil, nil
+  if check or mode == 'running' then
+    starts, owner, last = attempts(redis.call('GET', att))
+  end
+  local current
+  if mode == 'running' then
+    current = redis.call('SET', res, state, 'KEEPTTL', 'GET')
+  elseif mode == 'cancel' then
+    current = redis.call('GET', res)
+  else
+    current = redis.call('SET', res, state, 'EX', ttl, 'GET')
+  end
+  if check and not owner and current then
+    owner = string.match(current, '^{{"id":"[^"]*","status":"queued","entry":"([^"]+)"')
+  end
   local ack = false
-  local starts, owner, last = attempts(redis.call('GET', att))
-  if mode ~= 'cancel' and entry ~= '' and owner and owner ~= entry then
+  if check and owner and owner ~= entry then
     -- Another entry owns this id (this one came later, with a plain XADD of the same id): it
-    -- must not replace, end or cancel that request. Acknowledged; nothing written.
+    -- must not replace, end or cancel that request. Put back what was there; acknowledged.
+    if not current then
+      redis.call('DEL', res)
+    elseif mode == 'running' then
+      redis.call('SET', res, current, 'KEEPTTL')
+    else
+      redis.call('SET', res, current, 'EX', ttl)
+    end
     out[i] = {Applied.DUPLICATE:d}
     ack = true
   elseif mode == 'running' then
-    local current = redis.call('SET', res, state, 'KEEPTTL', 'GET')
     if is_final(current) then
       redis.call('SET', res, current, 'KEEPTTL')
       out[i] = {Applied.ALREADY_FINAL:d}
@@ -222,12 +255,6 @@ for i = 1, (#KEYS - ns) / 3 do
       out[i] = {Applied.WRITTEN:d}
     end
   else
-    local current
-    if mode == 'cancel' then
-      current = redis.call('GET', res)
-    else
-      current = redis.call('SET', res, state, 'EX', ttl, 'GET')
-    end
     if is_final(current) then
       if mode ~= 'cancel' then redis.call('SET', res, current, 'EX', ttl) end
       out[i] = {Applied.ALREADY_FINAL:d}
@@ -300,17 +327,23 @@ def apply_args(
     token: str = "",
     *,
     acknowledge: bool = True,
+    unstarted: Sequence[bool] = (),
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of one APPLY call. The work streams are among its keys only if an item
     has an entry to acknowledge (so a cancel touches only the request's own slot), and the
-    script is to acknowledge them (``acknowledge``; on a cluster the caller does)."""
+    script is to acknowledge them (``acknowledge``; on a cluster the caller does).
+    ``unstarted`` (per item, 'final' mode): the caller never started this entry (expired,
+    malformed), so the script checks that it owns its id; a started one was checked at its
+    start."""
     streams = keys.streams()
     ack = acknowledge and any(stream for _, stream, _, _ in items)
     script_keys: list[str] = list(streams) if ack else []
     args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(script_keys), token]
-    for request_id, stream, entry_id, state in items:
+    flags = list(unstarted) or [False] * len(items)
+    for (request_id, stream, entry_id, state), check in zip(items, flags, strict=True):
         script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
-        args += [streams.index(stream) + 1 if stream else 0, entry_id, state]
+        number = streams.index(stream) + 1 if stream else 0
+        args += [-number if check else number, entry_id, state]
     return script_keys, args
 
 
@@ -323,6 +356,7 @@ def apply(
     max_attempts: int = 0,
     also: Callable[[Any], None] | None = None,
     token: str = "",
+    unstarted: Sequence[bool] = (),
 ) -> list[int]:
     """Run APPLY over ``items`` and return its answer per item; ``also(pipe)`` adds commands to
     the same round trip. On one Redis this is one atomic script call. On a Redis Cluster a
@@ -332,13 +366,16 @@ def apply(
     which APPLY answers 0 (already final) and acknowledges then."""
     pipe = r.pipeline(transaction=False)
     cluster = is_cluster(r)
+    flags = list(unstarted) or [False] * len(items)
     if cluster:
         calls = [
-            apply_args(keys, ttl_s, mode, [item], max_attempts, token, acknowledge=False)
-            for item in items
+            apply_args(
+                keys, ttl_s, mode, [item], max_attempts, token, acknowledge=False, unstarted=[f]
+            )
+            for item, f in zip(items, flags, strict=True)
         ]
     else:
-        calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token)]
+        calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token, unstarted=flags)]
     for script_keys, args in calls:
         pipe.execute_command("EVAL", APPLY, len(script_keys), *script_keys, *args)
     if also is not None:

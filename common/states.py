@@ -32,6 +32,14 @@ def queued(*, request_id: str, priority: str, metadata: Metadata) -> str:
     return _dump({"id": request_id, "status": "queued", "priority": priority, "metadata": metadata})
 
 
+def with_entry(queued_state: str, entry: str) -> str:
+    """A ``queued`` state naming the work entry that owns the id (``PRIORITY/ENTRY_ID``),
+    right after its status, as the submit script writes it (on a Redis Cluster the client
+    writes the state, and does this)."""
+    head = queued_state[: queued_state.index('"status":"queued"') + len('"status":"queued"')]
+    return f'{head},"entry":"{entry}"{queued_state[len(head) :]}'
+
+
 def running(
     *,
     request_id: str,
@@ -133,6 +141,7 @@ def cancelled(current: Result, *, finished_ms: int) -> str:
     """The state a client's cancel writes over ``current`` (queued or running): what the
     request had, now ``cancelled``."""
     doc = current.model_dump(mode="json")
+    doc.pop("entry", None)  # a queued state's owner: not part of a final state
     doc.update(status="cancelled", error={"code": "cancelled", "message": "cancelled by a client"})
     doc["timings"]["finished_unix_ms"] = finished_ms
     return _dump(doc)

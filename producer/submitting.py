@@ -29,13 +29,10 @@ def submit_calls(
     calls: list[tuple[list[str], list[str | int]]] = []
     for start in range(0, len(requests), SUBMIT_CHUNK):
         chunk = requests[start : start + SUBMIT_CHUNK]
-        script_keys = [keys.config, *keys.streams()]
+        per_id = keys.submitted if cluster else keys.result
+        script_keys = [keys.config, *keys.streams()] + [per_id(r.id) for r in chunk]
         args: list[str | int] = [ttl_s]
         for r in chunk:
-            if cluster:
-                script_keys += [keys.submitted(r.id)] * 2
-            else:
-                script_keys += [keys.result(r.id), keys.attempts(r.id)]
             args += [r.id, r.priority, r.body, r.queued]
         calls.append((script_keys, args))
     return calls
@@ -44,9 +41,9 @@ def submit_calls(
 def queued_writes(
     keys: Keys, requests: Sequence[Prepared], replies: Sequence[Any]
 ) -> list[tuple[str, str]]:
-    """Redis Cluster only: (key, value) of the queued state and the owning entry (attempts key)
-    of each request the SUBMIT calls enqueued, for the client to SET NX (a worker may have
-    written newer ones already)."""
+    """Redis Cluster only: (result key, queued state JSON naming the entry that owns the id) of
+    each request the SUBMIT calls enqueued, for the client to SET NX (a worker may have written
+    a newer state already)."""
     out: list[tuple[str, str]] = []
     for i, reply in enumerate(replies):
         if isinstance(reply, Exception):
@@ -54,11 +51,9 @@ def queued_writes(
         chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
         for r, entry in zip(chunk, reply, strict=True):
             if entry:  # SUBMIT: the new entry's id, or 0 if not enqueued
-                owner = entry.decode() if isinstance(entry, bytes) else str(entry)
-                out += [
-                    (keys.result(r.id), r.queued),
-                    (keys.attempts(r.id), f"0 {r.priority}/{owner} -"),
-                ]
+                entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
+                owned = states.with_entry(r.queued, f"{r.priority}/{entry_id}")
+                out.append((keys.result(r.id), owned))
     return out
 
 

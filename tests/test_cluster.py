@@ -167,7 +167,8 @@ def test_redis_functions_on_a_redis_cluster(
     cluster: LocalCluster, queue: str, cluster_worker: Callable[..., WorkerProcess]
 ) -> None:
     """A worker's start loads the library on every primary; genq_submit's cluster form (the
-    queue's marker twice), then the state and owner written with SET NX, as the README says."""
+    queue's marker in place of the state key), then the state written with SET NX, as the
+    README says."""
     from genq.common import functions, states
 
     cluster_worker("--engine", "echo")
@@ -186,12 +187,12 @@ def test_redis_functions_on_a_redis_cluster(
         assert p.execute_command("FCALL", "genq_version", 0) == functions.VERSION
     keys, rid = Keys(queue), f"{queue}-fn"
     client = Client.from_url(cluster.url, queue)
-    script_keys = [keys.config, *keys.streams(), keys.submitted(rid), keys.submitted(rid)]
+    script_keys = [keys.config, *keys.streams(), keys.submitted(rid)]
     body = '{"prompt": "from another language", "max_new_tokens": 40}'
     [entry] = client.redis.execute_command(
         "FCALL", "genq_submit", len(script_keys), *script_keys, 600, rid, "normal", body, ""
     )
     queued = states.queued(request_id=rid, priority="normal", metadata={})
-    client.redis.set(keys.result(rid), queued, nx=True, ex=600)
-    client.redis.set(keys.attempts(rid), f"0 normal/{entry.decode()} -", nx=True, ex=600)
+    owned = states.with_entry(queued, f"normal/{entry.decode()}")
+    client.redis.set(keys.result(rid), owned, nx=True, ex=600)
     assert client.result(rid, timeout=30).text == "from another language"

@@ -52,7 +52,9 @@ def test_submit_gives_the_python_clients_queued_state_and_one_request_per_id(
     assert isinstance(entry, bytes) and b"-" in entry  # the new entry's id
     raw = loaded.get(Keys.result(rid))
     expected = states.queued(request_id=rid, priority="high", metadata=meta)
-    assert orjson.loads(raw) == orjson.loads(expected)
+    owned = states.with_entry(expected, f"high/{entry.decode()}")
+    assert orjson.loads(raw) == orjson.loads(owned)  # (Lua may order metadata keys otherwise)
+    assert raw.startswith(f'{{"id":"{rid}","status":"queued","entry":"high/'.encode())
     assert states.status_of(raw) == "queued"
     with Client.from_url(redis_url, queue) as client:
         assert client.status(rid).status == "queued"
@@ -97,6 +99,9 @@ def test_submit_refuses_bad_input_with_a_reason_and_enqueues_nothing(
 def test_submit_with_wrong_arguments_says_what_it_expects(loaded: redis.Redis, queue: str) -> None:
     with pytest.raises(redis.ResponseError, match="GENQ_INVALID expected KEYS config"):
         loaded.execute_command("FCALL", "genq_submit", 1, Keys(queue).config, 60, "a")
+    keys = functions.submit_keys(Keys(queue), ["a", "b"])  # two keys, one request's arguments
+    with pytest.raises(redis.ResponseError, match="GENQ_INVALID expected KEYS config"):
+        loaded.execute_command("FCALL", "genq_submit", len(keys), *keys, 60, "a", "low", "{}", "")
 
 
 def test_cancel_writes_the_same_state_as_the_python_client(

@@ -54,12 +54,9 @@ def test_readme_redis_functions_example_runs(redis_server: RedisServer) -> None:
     lines = out.stdout.strip().splitlines()
     assert lines[0] == "genq"  # FUNCTION LOAD answers the library's name
     assert re.fullmatch(r"\d+-\d+", lines[1])  # the new entry's id
-    assert json.loads(lines[2]) == {
-        "id": "r2",
-        "status": "queued",
-        "priority": "high",
-        "metadata": {},
-    }
+    queued = json.loads(lines[2])
+    assert queued.pop("entry") == f"high/{lines[1]}"  # the entry that owns the id
+    assert queued == {"id": "r2", "status": "queued", "priority": "high", "metadata": {}}
     assert lines[3] == "1"  # cancelled
 
 

@@ -11,7 +11,7 @@ await client.connect();
 const queueKeys = (q) => [`genq:{${q}}:config`, `genq:{${q}}:high`, `genq:{${q}}:normal`, `genq:{${q}}:low`];
 const submit = (q, id, body, priority = "normal") =>
   client.sendCommand([
-    "FCALL", "genq_submit", "6", ...queueKeys(q), `genq:res:{${id}}`, `genq:att:{${id}}`,
+    "FCALL", "genq_submit", "5", ...queueKeys(q), `genq:res:{${id}}`,
     "3600", id, priority, JSON.stringify(body), "",
   ]);
 const cancel = (id) =>

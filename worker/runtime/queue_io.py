@@ -261,10 +261,17 @@ class QueueIO:
             token=token,
         )
 
-    def write_final(self, items: Sequence[ApplyItem], also: Callable[[Any], None]) -> list[int]:
+    def write_final(
+        self,
+        items: Sequence[ApplyItem],
+        also: Callable[[Any], None],
+        unstarted: Sequence[bool] = (),
+    ) -> list[int]:
         """Write final states with their events and acknowledge their entries (one APPLY
-        call), with ``also(pipe)``'s commands in the same round trip."""
-        return apply(self.redis, self.keys, self.settings.result_ttl_s, "final", items, also=also)
+        call), with ``also(pipe)``'s commands in the same round trip. ``unstarted``: per
+        item, whether this worker never started it (it then proves it owns its id)."""
+        ttl_s = self.settings.result_ttl_s
+        return apply(self.redis, self.keys, ttl_s, "final", items, also=also, unstarted=unstarted)
 
     def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
         """Add ``record`` to the dead-letter stream; with ``ack``, also drop its work entry (an

@@ -343,7 +343,8 @@ class Worker:
         """The writer thread's call: one APPLY over ``batch`` plus the latest stats; then the
         Prometheus metrics (thread-safe) of the requests it ended."""
         items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in batch]
-        answers = self.queue.write_final(items, also=self.stats.add_latest)
+        unstarted = [o.queue_wait_ms is None for o in batch]
+        answers = self.queue.write_final(items, also=self.stats.add_latest, unstarted=unstarted)
         self.metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
         return answers
 
