@@ -236,3 +236,22 @@ def test_a_batch_is_cancelled_over_http(gateway: GatewayProcess) -> None:
     assert batch.status == "in_progress"  # no worker serves this queue
     cancelled = client.batches.cancel(batch.id)
     assert cancelled.status == "cancelled" and cancelled.cancelled_at
+
+
+def test_the_openai_package_for_node_works_unmodified(
+    gateway: GatewayProcess, echo_worker: WorkerProcess
+) -> None:
+    script = Path(__file__).resolve().parent / "node" / "openai.mjs"
+    if not (script.parent / "node_modules" / "openai").exists():
+        pytest.skip("the openai package for Node.js is not installed: npm ci --prefix tests/node")
+    wait_until(lambda: bool(sdk(gateway).models.list().data), timeout_s=10)
+    out = subprocess.run(
+        ["node", str(script), gateway.url, KEY], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["models"] == ["echo"]
+    assert report["chat"] == "user: hello from node\nassistant:"
+    assert report["finish_reason"] == "stop"
+    assert report["streamed"] == "user: stream to node\nassistant:"
+    assert report["error"] == "400 BadRequestError"
