@@ -69,8 +69,15 @@ def test_handed_back_requests_keep_their_place_and_run_batched(
     batches = [{x.id for x in results if x.timings.started_unix_ms == s} for s in starts]
     assert batches == [set(ids[0:2]), set(ids[2:4]), set(ids[4:6])]
     assert all(x.batch_size == 2 for x in results)
-    stats = json.loads(r.hget(Keys(queue).worker("w0"), "recent_batch_sizes") or "[]")
-    assert stats == [2, 2, 2]
+
+    def batch_sizes() -> list[int]:
+        sizes: list[int] = json.loads(
+            r.hget(Keys(queue).worker("w0"), "recent_batch_sizes") or "[]"
+        )
+        return sizes
+
+    # The stats hash is published with results and at least every second: wait for it.
+    wait_until(lambda: batch_sizes() == [2, 2, 2], timeout_s=5)
     assert int(r.hget(Keys(queue).worker("w0"), "handed_back") or 0) >= 4
     worker.stop()
 
