@@ -26,7 +26,7 @@ GENQ_ACL = (
 SECRET_PROMPT = "the secret prompt 7f3a"
 
 
-def round_trip(url: str, tmp_path: Path, queue: str = "sec") -> None:
+def round_trip(url: str, tmp_path: Path, queue: str = "sec") -> str:
     """A worker and a client on ``url``: submit, generate (echo), read back, and `genq stats`."""
     worker = WorkerProcess(
         ["--redis-url", url, "--queue", queue, "--engine", "echo", "--consumer", "sec"],
@@ -46,6 +46,17 @@ def round_trip(url: str, tmp_path: Path, queue: str = "sec") -> None:
         assert worker.stop() == 0
     log = worker.log()
     assert SECRET_PROMPT not in log  # prompts and outputs are not logged
+    return log
+
+
+def test_an_acl_user_that_may_not_read_redis_time_still_works(tmp_path: Path) -> None:
+    """Without +time the worker times by its own clock, and says so once."""
+    with RedisServer() as server:
+        admin = redis.Redis(port=server.port)
+        admin.execute_command("ACL", "SETUSER", "genq", *GENQ_ACL.replace(" +time", "").split())
+        url = f"redis://genq:genq-secret@127.0.0.1:{server.port}/0"
+        log = round_trip(url, tmp_path)
+        assert log.count("may not run TIME") == 1
 
 
 def test_password_auth(tmp_path: Path) -> None:
