@@ -62,12 +62,12 @@ def _nothing_listens(err: redis.ConnectionError) -> bool:
     )
 
 
-def _hopeless(err: Exception, ever_connected: bool) -> bool:
-    """Errors not worth retrying: a refused password, or nothing listening at an address this
-    client never reached (a wrong URL; a server that restarts was reached before)."""
-    if isinstance(err, redis.AuthenticationError):
-        return True
-    return isinstance(err, redis.ConnectionError) and not ever_connected and _nothing_listens(err)
+def _give_up_if_hopeless(err: redis.ConnectionError, ever_connected: bool) -> None:
+    """Raise ``_Refused`` for errors not worth retrying: a refused password, or nothing
+    listening at an address this client never reached (a wrong URL; a server that restarts
+    was reached before). Anything else is left to the caller to re-raise (and retry)."""
+    if isinstance(err, redis.AuthenticationError) or (not ever_connected and _nothing_listens(err)):
+        raise _Refused(err) from err
 
 
 class _Retry(Retry):
@@ -81,9 +81,8 @@ class _Retry(Retry):
         def guarded() -> T:
             try:
                 out = do()
-            except (redis.AuthenticationError, redis.ConnectionError) as err:
-                if _hopeless(err, self.connected):
-                    raise _Refused(err) from err
+            except redis.ConnectionError as err:  # AuthenticationError is one
+                _give_up_if_hopeless(err, self.connected)
                 raise
             self.connected = True
             return out
@@ -105,9 +104,8 @@ class _AsyncRetry(AsyncRetry):
         async def guarded() -> T:
             try:
                 out = await do()
-            except (redis.AuthenticationError, redis.ConnectionError) as err:
-                if _hopeless(err, self.connected):
-                    raise _Refused(err) from err
+            except redis.ConnectionError as err:  # AuthenticationError is one
+                _give_up_if_hopeless(err, self.connected)
                 raise
             self.connected = True
             return out

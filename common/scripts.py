@@ -366,8 +366,8 @@ def apply(
     which APPLY answers 0 (already final) and acknowledges then."""
     pipe = r.pipeline(transaction=False)
     cluster = is_cluster(r)
-    flags = list(unstarted) or [False] * len(items)
     if cluster:
+        flags = list(unstarted) or [False] * len(items)
         calls = [
             apply_args(
                 keys, ttl_s, mode, [item], max_attempts, token, acknowledge=False, unstarted=[f]
@@ -375,7 +375,7 @@ def apply(
             for item, f in zip(items, flags, strict=True)
         ]
     else:
-        calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token, unstarted=flags)]
+        calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token, unstarted=unstarted)]
     for script_keys, args in calls:
         pipe.execute_command("EVAL", APPLY, len(script_keys), *script_keys, *args)
     if also is not None:

@@ -55,7 +55,8 @@ def describe_validation_error(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
+    """A Redis reply's value as text (clients may decode replies or not)."""
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
@@ -129,7 +130,7 @@ def _decode_slowly(
     priority: Priority, fields: dict[bytes, bytes] | dict[str, str]
 ) -> Request | UndecodableEntry:
     try:
-        text = {_text(k): _text(v) for k, v in fields.items()}
+        text = {as_text(k): as_text(v) for k, v in fields.items()}
     except UnicodeDecodeError:
         raw_id = fields.get(ID_FIELD.encode(), fields.get(ID_FIELD))  # type: ignore[call-overload]
         return UndecodableEntry(

@@ -20,6 +20,7 @@ from typing import Any
 
 from genq.common.errors import RequestNotFound, ResultTimeout, SubmitFailed
 from genq.common.models import FINAL_STATUSES, Result
+from genq.common.wire import as_text
 from genq.producer.batch_lines import (
     BatchLine,
     RejectedLine,
@@ -195,8 +196,8 @@ def read_batch(client: Client, batch_id: str) -> BatchView:
     info, raw_items, raw_rejected = pipe.execute()
     if not info:
         raise RequestNotFound(f"no batch {batch_id!r} (never submitted, or expired)")
-    record = {_text(k): _text(v) for k, v in info.items()}
-    items = [tuple(_text(r).split(" ", 1)) for r in raw_items]
+    record = {as_text(k): as_text(v) for k, v in info.items()}
+    items = [tuple(as_text(r).split(" ", 1)) for r in raw_items]
     ids = [rid for rid, _ in items]
     states: list[Result | None] = []
     for start in range(0, len(ids), SUBMIT_CHUNK):
@@ -209,10 +210,6 @@ def read_batch(client: Client, batch_id: str) -> BatchView:
         states=states,
         rejected=[json.loads(r) for r in raw_rejected],
     )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
@@ -344,5 +341,5 @@ def list_batches(client: Client, *, after: str | None, limit: int) -> tuple[list
             raise RequestNotFound(f"no batch {after!r} (never submitted, or expired)")
         start = rank + 1
     ids: Any = r.zrevrange(keys.batches, start, start + limit)
-    names = [_text(i) for i in ids]
+    names = [as_text(i) for i in ids]
     return names[:limit], len(names) > limit

@@ -8,6 +8,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from genq.common.keys import GROUP, RETURNED, Keys
+from genq.common.wire import as_text
 
 
 class Fleet:
@@ -29,23 +30,19 @@ class Fleet:
             consumers: Any = await self._redis.xinfo_consumers(self._keys.stream("normal"), GROUP)
         except aioredis.ResponseError:  # no stream or group yet: no worker ever ran
             consumers = []
-        names = [_text(c["name"]) for c in consumers if _text(c["name"]) != RETURNED]
+        names = [as_text(c["name"]) for c in consumers if as_text(c["name"]) != RETURNED]
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.hmget(self._keys.worker(name), "model", "started_unix_ms")
         models: dict[str, int] = {}
         for model, started in await pipe.execute() if names else []:
             if model is not None:  # the hash expired: that worker is gone
-                name = _text(model)
+                name = as_text(model)
                 models[name] = models.get(name, 0) + 1
-                self._created.setdefault(name, int(_text(started or b"0")) // 1000)
+                self._created.setdefault(name, int(as_text(started or b"0")) // 1000)
         self._models, self._read_at = models, time.monotonic()
         return models
 
     def created(self, model: str) -> int:
         """When the first worker seen serving ``model`` started (unix seconds)."""
         return self._created.get(model, 0)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

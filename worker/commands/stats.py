@@ -93,13 +93,11 @@ def _stream_info(
 
 
 def redis_now_ms(r: redis.Redis) -> int:
-    """Redis' clock (TIME), in Unix milliseconds; this host's if the user may not run TIME."""
-    try:
-        reply: Any = r.time()
-    except redis.exceptions.NoPermissionError:
-        return now_ms()
-    seconds, micros = next(iter(reply.values())) if isinstance(reply, dict) else reply
-    return int(seconds) * 1000 + int(micros) // 1000
+    """Redis' clock, in Unix milliseconds; this host's if the user may not run TIME."""
+    from genq.worker.runtime.clock import redis_time_ms
+
+    ms = redis_time_ms(r)
+    return now_ms() if ms is None else ms
 
 
 def redis_memory(r: redis.Redis) -> dict[str, Any]:

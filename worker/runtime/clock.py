@@ -39,6 +39,16 @@ def offset_ms() -> int:
     return _offset_ms
 
 
+def redis_time_ms(r: Any) -> int | None:
+    """Redis' clock (``TIME``) in Unix milliseconds; None if this user may not run TIME."""
+    try:
+        reply = r.time()
+    except redis.exceptions.NoPermissionError:
+        return None
+    seconds, micros = next(iter(reply.values())) if isinstance(reply, dict) else reply  # cluster
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def sync(r: Any, force: bool = False) -> None:
     """Measure the offset to Redis' clock (``TIME``, halfway through the round trip) if
     ``SYNC_EVERY_S`` passed since the last time, or ``force``."""
@@ -46,9 +56,9 @@ def sync(r: Any, force: bool = False) -> None:
     if not force and time.monotonic() - _synced_at < SYNC_EVERY_S:
         return
     before = time.time_ns()
-    try:
-        reply = r.time()
-    except redis.exceptions.NoPermissionError:
+    redis_ms = redis_time_ms(r)
+    after = time.time_ns()
+    if redis_ms is None:
         if _synced_at == -float("inf"):
             log.warning(
                 "this Redis user may not run TIME (add +time to its ACL): timing by this "
@@ -56,9 +66,6 @@ def sync(r: Any, force: bool = False) -> None:
             )
         _synced_at = time.monotonic()
         return
-    after = time.time_ns()
-    seconds, micros = next(iter(reply.values())) if isinstance(reply, dict) else reply  # cluster
-    redis_ms = int(seconds) * 1000 + int(micros) // 1000
     offset = redis_ms - (before + after) // 2 // 1_000_000
     if abs(offset - _offset_ms) >= WARN_SKEW_MS or (force and abs(offset) >= WARN_SKEW_MS):
         log.warning(
