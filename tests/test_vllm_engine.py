@@ -196,6 +196,34 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
     r.close()
 
 
+@needs_vllm
+def test_a_broken_engine_makes_the_worker_exit_and_loses_nothing(
+    redis_server: RedisServer, vllm_env: None, tmp_path: Path
+) -> None:
+    queue = "vllm-break"
+    args = ["--redis-url", redis_server.url, "--queue", queue, "--model", "smollm2-135m",
+            "--vllm-args", ENGINE_ARGS, "--claim-idle-ms", "1000"]  # fmt: skip
+    broken = WorkerProcess(["vllm-break", *args, "--consumer", "broken"], tmp_path / "b.log",
+                           command=("tests.faults",))  # fmt: skip
+    client = Client.from_url(redis_server.url, queue)
+    ids = client.submit_many(
+        [{"prompt": f"Tell me about the sea, part {i}", "max_new_tokens": 40} for i in range(4)]
+        + [{"prompt": "BREAK the engine", "max_new_tokens": 40}]
+    )
+    assert broken.proc.wait(timeout=300) == 1  # it exits, and says why
+    assert "vLLM's engine failed" in broken.log()
+    assert all(client.status(i).status in ("queued", "running") for i in ids)  # none lost
+    # Another worker takes everything over (echo: the takeover, not the model, is under test).
+    echo_args = ["--redis-url", redis_server.url, "--queue", queue, "--consumer", "e",
+                 "--engine", "echo", "--claim-idle-ms", "1000"]  # fmt: skip
+    echo = WorkerProcess(echo_args, tmp_path / "e.log")
+    try:
+        assert [r.status for r in client.results(ids, timeout=60)] == ["succeeded"] * 5
+    finally:
+        echo.stop()
+        client.close()
+
+
 def test_the_kv_cache_is_sized_from_the_token_budget() -> None:
     class Config:  # SmolLM2-135M's shape
         num_attention_heads = 9

@@ -33,6 +33,7 @@ from typing import Any
 
 import redis
 from genq.common.connection import (
+    MAX_BLOCK_MS,
     REDIS_ERRORS,
     connect,
     is_cluster,
@@ -242,7 +243,7 @@ class Worker:
         # Idle: a new entry wakes the read at once, but entries another worker hands back do
         # not (they are claimed, not added), so an idle worker looks again every tick.
         idle_ms = min(self.settings.read_block_ms, REDIS_TICK_MS)
-        block_ms = idle_ms if fill_wait_ms is None else fill_wait_ms
+        block_ms = idle_ms if fill_wait_ms is None else min(fill_wait_ms, MAX_BLOCK_MS)
         self.admit(self.queue.read(self.room(), block_ms=max(1, block_ms)))
 
     def room(self) -> dict[str, int]:
