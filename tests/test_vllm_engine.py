@@ -2,8 +2,8 @@
 
 One ``genq worker --engine vllm`` process serves the module (an engine start costs ~20 s on 2
 cores, with vLLM's compilation off: ``enforce_eager``, and its engine core in the worker's own
-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); the last test kills it mid-batch and a second
-worker takes over. vLLM runs in worker processes only, never in the test process: it binds
+process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); a later test kills it mid-batch and a second
+worker, with vLLM's engine core in a process of its own (vLLM's default), takes over. vLLM runs in worker processes only, never in the test process: it binds
 OpenMP threads and lowers torch's thread count for the whole process it runs in.
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import redis
 from genq.common.keys import Keys
@@ -42,13 +43,20 @@ COUNTING = "Count from 1 to 2000, separated by commas: 1, 2, 3,"
 """A prompt the model answers with a long run of numbers and no eos (hundreds of tokens)."""
 
 
-def start_vllm_worker(url: str, consumer: str, log: Path, *args: str) -> WorkerProcess:
-    worker = WorkerProcess(
-        ["--redis-url", url, "--queue", QUEUE, "--consumer", consumer, "--engine", "vllm",
-         "--model", "smollm2-135m", "--vllm-args", ENGINE_ARGS, "--max-batch-size", "8",
-         "--max-batch-tokens", str(BUDGET_TOKENS), "--max-wait-ms", "0", *args],
-        log,
-    )  # fmt: skip
+def start_vllm_worker(
+    url: str, consumer: str, log: Path, *args: str, engine_process: bool = False
+) -> WorkerProcess:
+    """A vLLM worker on QUEUE; ``engine_process``: vLLM's default, its engine core in a
+    process of its own (else in the worker's process, as the module sets it up)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if engine_process:
+            mp.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+        worker = WorkerProcess(
+            ["--redis-url", url, "--queue", QUEUE, "--consumer", consumer, "--engine", "vllm",
+             "--model", "smollm2-135m", "--vllm-args", ENGINE_ARGS, "--max-batch-size", "8",
+             "--max-batch-tokens", str(BUDGET_TOKENS), "--max-wait-ms", "0", *args],
+            log,
+        )  # fmt: skip
     r = redis.Redis.from_url(url)
     try:
         wait_until(lambda: r.exists(Keys(QUEUE).worker(consumer)) or worker.proc.poll() is not None,
@@ -176,8 +184,11 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
     served.kill()  # SIGKILL mid-batch: no drain
     unfinished = [i for i in ids if client.status(i).status in ("queued", "running")]
     assert unfinished
+    # The successor runs vLLM's engine core in a process of its own (vLLM's default).
     successor = start_vllm_worker(redis_server.url, "v1", tmp_path / "worker1.log",
-                                  "--claim-idle-ms", "1000")  # fmt: skip
+                                  "--claim-idle-ms", "1000", engine_process=True)  # fmt: skip
+    engine_processes = psutil.Process(successor.proc.pid).children(recursive=True)
+    assert engine_processes  # vLLM's engine core
     try:
         results = client.results(ids, timeout=180)
         assert [r.status for r in results] == ["succeeded"] * len(ids)
@@ -188,6 +199,8 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
         successor.proc.send_signal(signal.SIGTERM)
         assert successor.proc.wait(timeout=120) == 0
         assert [client.result(i, timeout=5).status for i in more] == ["succeeded"] * 3
+        _, alive = psutil.wait_procs(engine_processes, timeout=30)
+        assert alive == []  # no engine process outlives its worker
     finally:
         successor.stop()
     r = redis.Redis.from_url(redis_server.url)

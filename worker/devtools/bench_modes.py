@@ -54,8 +54,12 @@ def make_workload(engine: Engine, n: int, seed: int) -> list[BenchRequest]:
     for _ in range(n):
         target = int(min(400, max(8, rng.lognormvariate(4.0, 0.9))))
         words: list[str] = []
+        # Grow to the target in characters (one token each in a byte tokenizer), then in
+        # tokens: a real tokenizer packs ~4 characters into a token.
         while len(" ".join(words)) < target:
             words.append(rng.choice(WORDS.split()))
+        while len(engine.tokenize([" ".join(words)])[0]) < target:
+            words += [rng.choice(WORDS.split()) for _ in range(8)]
         text = " ".join(words)
         ids = engine.tokenize([text])[0]
         while len(ids) > target and len(text) > 1:  # trim to the target length in tokens

@@ -56,13 +56,13 @@ class EngineFailed(RuntimeError):
     """vLLM's engine raised during a step: it cannot be trusted with more work."""
 
 
-def set_vllm_environment(device: str) -> None:
-    """Defaults for vLLM's environment variables, unless the user set them: on CPU, OpenMP
-    threads bound to every core this process may use (vLLM's ``auto`` keeps one core back:
-    ~40% slower on 2 cores); on ``cuda:N``, that GPU alone; vLLM's logs at WARNING (its INFO
-    lines would drown the worker's)."""
+def set_vllm_environment(device: str, ranks: int = 1) -> None:
+    """Defaults for vLLM's environment variables, unless the user set them: on CPU with one
+    rank, OpenMP threads bound to every core this process may use (vLLM's ``auto`` keeps one
+    core back: ~40% slower on 2 cores; with more ranks, vLLM's own split); on ``cuda:N``, that
+    GPU alone; vLLM's logs at WARNING (its INFO lines would drown the worker's)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    if device == "cpu":
+    if device == "cpu" and ranks == 1:
         cores = sorted(os.sched_getaffinity(0))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     elif device.startswith("cuda:"):
@@ -141,7 +141,11 @@ class VllmEngine:
         vllm_args: Mapping[str, Any] | None = None,
     ) -> VllmEngine:
         """Start vLLM's engine on a model: a built-in name, a local directory or a hub id."""
-        set_vllm_environment(device)
+        extra = dict(vllm_args or {})
+        ranks = int(extra.get("tensor_parallel_size", 1)) * int(
+            extra.get("pipeline_parallel_size", 1)
+        )
+        set_vllm_environment(device, ranks)
         try:
             from vllm import EngineArgs, LLMEngine
         except ImportError as err:
@@ -164,7 +168,7 @@ class VllmEngine:
             max_batch_size=max_batch_size,
             max_context_tokens=context,
             kv_bytes_per_token=kv_bytes_per_token(hf_config, dtype),
-            extra=vllm_args or {},
+            extra=extra,
         )
         try:
             engine_arguments = EngineArgs(**args)
