@@ -3,8 +3,9 @@
 One ``genq worker --engine vllm`` process serves the module (an engine start costs ~20 s on 2
 cores, with vLLM's compilation off: ``enforce_eager``, and its engine core in the worker's own
 process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); a later test kills it mid-batch and a second
-worker, with vLLM's engine core in a process of its own (vLLM's default), takes over. vLLM runs in worker processes only, never in the test process: it binds
-OpenMP threads and lowers torch's thread count for the whole process it runs in.
+worker, with vLLM's engine core in a process of its own (vLLM's default), takes over. vLLM
+runs in worker processes only, never in the test process: it binds OpenMP threads and lowers
+torch's thread count for the whole process it runs in.
 """
 
 from __future__ import annotations
