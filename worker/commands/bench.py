@@ -67,8 +67,8 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
     type=click.Choice(["transformers", "vllm"]),
     default="transformers",
     show_default=True,
-    help="vllm: vLLM in-process against vLLM through the queue and the --queue-engine "
-    "(default: continuous and static) through the queue",
+    help="vllm: vLLM in-process against vLLM through the queue (runs alternating), and the "
+    "--queue-engine (a transformers engine) through the queue",
 )
 @click.option("--vllm-args", default=None, help="--engine vllm: JSON EngineArgs for every vLLM")
 def bench(
@@ -352,7 +352,7 @@ def _vllm_comparison(params: dict[str, Any]) -> None:
     from genq.worker.devtools.redis_server import RedisServer
 
     p = params
-    engines = ["continuous", "static"] if p["queue_engine"] == "continuous" else [p["queue_engine"]]
+    engines = [p["queue_engine"]]
     server = None if p["redis_url"] else RedisServer().start()
     try:
         res = bench_vllm.compare(

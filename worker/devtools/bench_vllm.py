@@ -6,9 +6,10 @@ vLLM binds OpenMP threads and lowers torch's thread count for the whole process 
 
 - ``vllm_in_process``: vLLM's own ``LLM.generate`` with every request at once (what a user gets
   running vLLM alone), with the engine settings a genq worker would use (same KV cache, same
-  batch size, same ``--vllm-args``);
+  batch size, same ``--vllm-args``); its runs alternate with ``queue_vllm``'s;
 - ``queue_vllm``: the same requests submitted through Redis to ``genq worker --engine vllm``;
-- ``queue_continuous`` and ``queue_static``: the same through genq's transformers engines.
+- ``queue_continuous`` (or the ``--queue-engine`` named): the same through genq's transformers
+  engine.
 
 Every mode gets the same token ids (greedy, eos on: the outputs, hence the token counts, are
 the same in every mode; the bench checks that useful tokens agree). Each process loads its model
@@ -61,8 +62,9 @@ def workload_for(model: str, n: int, seed: int) -> list[BenchRequest]:
     return make_workload(_Tokenizer(model), n, seed)  # type: ignore[arg-type]
 
 
-def in_process_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """(In a child process.) vLLM's ``LLM.generate`` over the workload, ``repeats`` times."""
+def in_process_child(spec: dict[str, Any]) -> None:
+    """(In a child process.) Load vLLM's ``LLM`` and warm it up, say ``READY``; then one timed
+    ``LLM.generate`` over the workload per ``run`` line on stdin, each result on stdout."""
     from genq.worker.engines.static import resolve_model
     from genq.worker.engines.vllm_engine import (
         engine_args,
@@ -73,21 +75,21 @@ def in_process_child(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    set_vllm_environment("cpu" if spec["device"] == "cpu" else spec["device"])
+    set_vllm_environment(spec["device"])
     path = resolve_model(spec["model"])
     config = AutoConfig.from_pretrained(path)
+    dtype = "float32" if spec["dtype"] == "auto" else spec["dtype"]
     args = engine_args(
         path,
-        dtype="float32" if spec["dtype"] == "auto" else spec["dtype"],
+        dtype=dtype,
         max_batch_tokens=spec["max_batch_tokens"],
         max_batch_size=spec["max_batch_size"],
         max_context_tokens=getattr(config, "max_position_embeddings", spec["max_batch_tokens"]),
-        kv_bytes_per_token=kv_bytes_per_token(config, "float32"),
+        kv_bytes_per_token=kv_bytes_per_token(config, dtype),
         extra=spec["vllm_args"],
     )
     t0 = time.perf_counter()
     llm = LLM(**args)
-    start_s = time.perf_counter() - t0
     tok = llm.get_tokenizer()
     prompts = [
         TokensPrompt(prompt_token_ids=tok(w["prompt"])["input_ids"]) for w in spec["workload"]
@@ -96,91 +98,110 @@ def in_process_child(spec: dict[str, Any]) -> dict[str, Any]:
         SamplingParams(temperature=0, max_tokens=w["max_new_tokens"]) for w in spec["workload"]
     ]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up, untimed
-    runs = []
-    for _ in range(spec["repeats"]):
+    print(RESULT_PREFIX + json.dumps({"engine_start_s": time.perf_counter() - t0}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall_s = time.perf_counter() - t0
         useful = sum(len(o.outputs[0].token_ids) for o in outs)
-        runs.append({"wall_s": wall_s, "useful_tokens": useful, "tokens_per_s": useful / wall_s})
-    return {"engine_start_s": start_s, "runs": runs}
+        run = {"wall_s": wall_s, "useful_tokens": useful, "tokens_per_s": useful / wall_s}
+        print(RESULT_PREFIX + json.dumps(run), flush=True)
 
 
-def run_in_process(spec: dict[str, Any]) -> dict[str, Any]:
-    """``in_process_child`` in a fresh Python process; its result."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "genq.worker.devtools.bench_vllm"],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
-            return result
-    raise RuntimeError(f"vLLM in-process bench failed: {proc.stderr[-3000:]}")
+class InProcess:
+    """``in_process_child`` in a fresh Python process, asked for one run at a time."""
 
-
-def run_queue(
-    workload: list[BenchRequest],
-    *,
-    redis_url: str,
-    engine: str,
-    spec: dict[str, Any],
-    queue: str,
-) -> dict[str, Any]:
-    """One ``genq worker --engine ENGINE``; the workload submitted at once, ``repeats`` times."""
-    from genq.common.connection import connect
-    from genq.producer import Client
-
-    r = connect(redis_url)
-    consumer = f"bench-{engine}-{int(time.time() * 1000)}"
-    settings: dict[str, Any] = {
-        "redis_url": redis_url,
-        "queue": queue,
-        "model": spec["model"],
-        "engine": engine,
-        "device": spec["device"],
-        "dtype": spec["dtype"],
-        "consumer": consumer,
-        "max_batch_tokens": spec["max_batch_tokens"],
-        "max_batch_size": spec["max_batch_size"],
-        "max_wait_ms": 0,
-    }
-    if engine == "vllm" and spec["vllm_args"]:
-        settings["vllm_args"] = json.dumps(spec["vllm_args"])
-    t0 = time.perf_counter()
-    proc = start_worker(log=subprocess.PIPE, **settings)
-    runs = []
-    try:
-        try:
-            wait_until_serving(r, queue, consumer, proc, timeout_s=900)
-        except RuntimeError as err:
-            stderr = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"bench worker: {err}: {stderr[-3000:]}") from None
-        start_s = time.perf_counter() - t0
-        client = Client(r, queue)
-        client.results(
-            client.submit_many(["warm up", "warm up too"], max_new_tokens=4), timeout=600
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "genq.worker.devtools.bench_vllm"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        requests = [{"prompt": w.prompt, "max_new_tokens": w.max_new_tokens} for w in workload]
-        for _ in range(spec["repeats"]):
-            t0 = time.perf_counter()
-            results = client.results(client.submit_many(requests), timeout=3600)
-            wall_s = time.perf_counter() - t0
-            bad = [x for x in results if x.status != "succeeded"]
-            if bad:
-                raise RuntimeError(f"bench: {len(bad)} requests did not succeed: {bad[0]}")
-            useful = sum(x.usage.completion_tokens for x in results)
-            runs.append(
-                {"wall_s": wall_s, "useful_tokens": useful, "tokens_per_s": useful / wall_s}
-            )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=120)
-        r.close()
-    return {"engine_start_s": start_s, "runs": runs}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(spec) + "\n")
+        self.proc.stdin.flush()
+        self.mode: dict[str, Any] = {**self._answer(), "runs": []}
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_PREFIX):
+                answer: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+                return answer
+        raise RuntimeError(f"vLLM in-process bench failed (status {self.proc.wait()})")
+
+    def run(self) -> None:
+        """One timed run, recorded in ``mode``."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        self.mode["runs"].append(self._answer())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+class QueueWorker:
+    """One ``genq worker --engine ENGINE``, warmed up; each ``run`` submits the workload at once
+    and waits for every result."""
+
+    def __init__(
+        self, workload: list[BenchRequest], *, redis_url: str, engine: str, spec: dict[str, Any]
+    ) -> None:
+        from genq.common.connection import connect
+        from genq.producer import Client
+
+        self.redis = connect(redis_url)
+        queue = f"bench-{engine}"
+        consumer = f"bench-{engine}-{int(time.time() * 1000)}"
+        settings: dict[str, Any] = {
+            "redis_url": redis_url,
+            "queue": queue,
+            "model": spec["model"],
+            "engine": engine,
+            "device": spec["device"],
+            "dtype": spec["dtype"],
+            "consumer": consumer,
+            "max_batch_tokens": spec["max_batch_tokens"],
+            "max_batch_size": spec["max_batch_size"],
+            "max_wait_ms": 0,
+        }
+        if engine == "vllm" and spec["vllm_args"]:
+            settings["vllm_args"] = json.dumps(spec["vllm_args"])
+        t0 = time.perf_counter()
+        self.proc = start_worker(log=subprocess.PIPE, **settings)
+        try:
+            wait_until_serving(self.redis, queue, consumer, self.proc, timeout_s=900)
+        except RuntimeError as err:
+            stderr = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            raise RuntimeError(f"bench worker: {err}: {stderr[-3000:]}") from None
+        self.client = Client(self.redis, queue)
+        self.client.results(self.client.submit_many(["warm up"] * 2, max_new_tokens=4), timeout=600)
+        self.mode: dict[str, Any] = {"engine_start_s": time.perf_counter() - t0, "runs": []}
+        self.requests = [{"prompt": w.prompt, "max_new_tokens": w.max_new_tokens} for w in workload]
+
+    def run(self) -> None:
+        """One timed run, recorded in ``mode``."""
+        t0 = time.perf_counter()
+        results = self.client.results(self.client.submit_many(self.requests), timeout=3600)
+        wall_s = time.perf_counter() - t0
+        bad = [x for x in results if x.status != "succeeded"]
+        if bad:
+            raise RuntimeError(f"bench: {len(bad)} requests did not succeed: {bad[0]}")
+        useful = sum(x.usage.completion_tokens for x in results)
+        self.mode["runs"].append(
+            {"wall_s": wall_s, "useful_tokens": useful, "tokens_per_s": useful / wall_s}
+        )
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+        self.redis.close()
 
 
 def median_run(mode: dict[str, Any]) -> dict[str, Any]:
@@ -216,11 +237,26 @@ def compare(
         "vllm_args": vllm_args,
         "workload": [{"prompt": w.prompt, "max_new_tokens": w.max_new_tokens} for w in workload],
     }
-    modes = {"vllm_in_process": run_in_process(spec)}
-    for i, engine in enumerate(["vllm", *queue_engines]):
-        modes[f"queue_{engine}"] = run_queue(
-            workload, redis_url=redis_url, engine=engine, spec=spec, queue=f"benchv{i}"
-        )
+    # vLLM alone and through the queue take turns, run by run: the machine's noise, which
+    # drifts over minutes, then falls on both alike.
+    alone = InProcess(spec)
+    queued = QueueWorker(workload, redis_url=redis_url, engine="vllm", spec=spec)
+    try:
+        for _ in range(repeats):
+            alone.run()
+            queued.run()
+    finally:
+        alone.close()
+        queued.close()
+    modes = {"vllm_in_process": alone.mode, "queue_vllm": queued.mode}
+    for engine in queue_engines:
+        worker = QueueWorker(workload, redis_url=redis_url, engine=engine, spec=spec)
+        try:
+            for _ in range(repeats):
+                worker.run()
+        finally:
+            worker.close()
+        modes[f"queue_{engine}"] = worker.mode
     for mode in modes.values():
         mode["median"] = median_run(mode)
     tokens = {name: m["median"]["useful_tokens"] for name, m in modes.items()}
@@ -300,4 +336,4 @@ def markdown(result: dict[str, Any], info: dict[str, str], command: str) -> str:
 
 
 if __name__ == "__main__":
-    print(RESULT_PREFIX + json.dumps(in_process_child(json.loads(sys.stdin.read()))), flush=True)
+    in_process_child(json.loads(sys.stdin.readline()))
