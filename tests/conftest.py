@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -95,24 +96,36 @@ class WorkerProcess:
         return self.proc.returncode
 
 
-@pytest.fixture()
-def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start ``genq worker`` processes: ``start_worker(queue, "--engine", "echo", ...)``.
-    All are stopped (SIGTERM) at the end of the test."""
+@contextlib.contextmanager
+def workers_on(
+    url: str, log_dir: Path, prefix: str = "w"
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """``start(queue, *args, fault=None)`` starts a ``genq worker`` on ``url`` (consumers
+    PREFIX0, PREFIX1, ...; ``fault``: a fault-injecting engine of tests/faults.py); all are
+    stopped (SIGTERM) on leaving."""
     started: list[WorkerProcess] = []
 
     def start(queue: str, *args: str, fault: str | None = None) -> WorkerProcess:
-        """``fault``: run the worker loop on a fault-injecting engine of tests/faults.py."""
         n = len(started)
         command = ("tests.faults", fault) if fault else ("genq.worker", "worker")
         w = WorkerProcess(
-            ["--redis-url", redis_url, "--queue", queue, "--consumer", f"w{n}", *args],
-            tmp_path / f"worker{n}.log",
+            ["--redis-url", url, "--queue", queue, "--consumer", f"{prefix}{n}", *args],
+            log_dir / f"worker{n}.log",
             command,
         )
         started.append(w)
         return w
 
-    yield start
-    for w in started:
-        w.stop()
+    try:
+        yield start
+    finally:
+        for w in started:
+            w.stop()
+
+
+@pytest.fixture()
+def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``genq worker`` processes: ``start_worker(queue, "--engine", "echo", ...)``.
+    All are stopped (SIGTERM) at the end of the test."""
+    with workers_on(redis_url, tmp_path) as start:
+        yield start

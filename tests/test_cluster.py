@@ -5,6 +5,7 @@ failover under load."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from genq.common.models import Result
 from genq.producer import AsyncClient, Client
 
 from tests.cluster import LocalCluster
-from tests.conftest import ROOT, WorkerProcess, wait_until
+from tests.conftest import ROOT, WorkerProcess, wait_until, workers_on
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-cli") is None, reason="redis-cli (Debian's redis-tools) is not installed"
@@ -39,20 +40,8 @@ def cluster() -> Iterator[LocalCluster]:
 def cluster_worker(
     cluster: LocalCluster, tmp_path: Path, queue: str
 ) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        n = len(started)
-        w = WorkerProcess(
-            ["--redis-url", cluster.url, "--queue", queue, "--consumer", f"c{n}", *args],
-            tmp_path / f"worker{n}.log",
-        )
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
+    with workers_on(cluster.url, tmp_path, prefix="c") as start:
+        yield functools.partial(start, queue)
 
 
 def test_the_whole_path_runs_on_a_redis_cluster(

@@ -18,7 +18,7 @@ from genq.producer import Client
 from genq.worker.devtools.redis_server import RedisServer
 from genq.worker.runtime.dead_letter import CUT_NOTE, MAX_JUNK_FIELDS_CHARS
 
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, wait_until, workers_on
 
 
 @pytest.fixture()
@@ -30,20 +30,8 @@ def server() -> Iterator[RedisServer]:
 @pytest.fixture()
 def worker(server: RedisServer, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start workers on this test's Redis; all are stopped at the end, pass or fail."""
-    started: list[WorkerProcess] = []
-
-    def start(queue: str, *args: str) -> WorkerProcess:
-        n = len(started)
-        w = WorkerProcess(
-            ["--redis-url", server.url, "--queue", queue, "--consumer", f"p{n}", *args],
-            tmp_path / f"worker{n}.log",
-        )
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
+    with workers_on(server.url, tmp_path, prefix="p") as start:
+        yield start
 
 
 def test_a_full_redis_with_work_in_hand_is_ridden_out(

