@@ -265,6 +265,18 @@ def test_vllm_args_must_be_a_json_object() -> None:
             WorkerSettings.build({"vllm_args": bad}, env={})
 
 
+@needs_vllm
+def test_an_unknown_vllm_argument_is_one_clear_line(redis_server: RedisServer) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_server.url,
+         "--engine", "vllm", "--model", "tiny", "--vllm-args", '{"no_such_argument": 1}'],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--vllm-args" in out.stderr and "no_such_argument" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_without_vllm_the_worker_says_what_to_install(tmp_path: Path) -> None:
     # A Python where `import vllm` fails: a module named vllm that raises on import.
     fake = tmp_path / "vllm.py"

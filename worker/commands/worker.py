@@ -25,7 +25,10 @@ def worker(**flags: Any) -> None:
     _check_redis(settings)
     if settings.gpus is not None:
         sys.exit(_launch(settings, flags))
-    engine = make_engine(settings)
+    try:
+        engine = make_engine(settings)
+    except ConfigError as err:  # a model, package or engine setting that cannot work
+        raise click.ClickException(str(err)) from None
     Worker(settings, engine).run()
 
 
