@@ -9,13 +9,17 @@ request must still finish well within ``claim_idle_ms``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import redis
+from genq.common.keys import Keys
+from genq.common.settings import WorkerSettings
 from genq.producer import Client
-from genq.worker.engines.base import Engine
+from genq.worker.engines.base import Engine, GenerationInput, GenerationOutput
 from genq.worker.engines.echo import EchoEngine
+from genq.worker.runtime.queue_io import READ_PACE_S, QueueIO
 
 from tests.conftest import wait_until
 from tests.test_request_lifecycle import worker_thread
@@ -77,3 +81,83 @@ def test_both_engines_run_behind_the_same_turn(redis_url: str, queue: str) -> No
             wait_until(lambda w=worker: w.counters.succeeded == 1)  # type: ignore[misc]
             c.close()
     client.close()
+
+
+class SlowIterationEngine(EchoEngine):
+    """An iteration-level engine that takes ``hold_s`` per request and no CPU: what the loop
+    does while a real engine computes is all there is to see."""
+
+    name = "slow-iteration"
+
+    def __init__(self, hold_s: float) -> None:
+        super().__init__()
+        self.hold_s = hold_s
+        self.due: dict[str, float] = {}
+
+    def submit(self, key: str, row: GenerationInput) -> None:
+        self.due[key] = time.monotonic() + self.hold_s
+
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
+        time.sleep(max(0.0, min(timeout_s, min(self.due.values(), default=0) - time.monotonic())))
+        done = [k for k, t in self.due.items() if t <= time.monotonic()]
+        for k in done:
+            del self.due[k]
+        return [(k, GenerationOutput(text="x", completion_tokens=1, finish_reason="length"))
+                for k in done]  # fmt: skip
+
+    def cancel(self, key: str) -> None:
+        self.due.pop(key, None)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_busy_worker_asks_an_empty_queue_at_most_every_read_pace(
+    redis_url: str, queue: str
+) -> None:
+    """While the engine runs and the queue is empty, the turn still goes round (results are
+    written the moment they finish) but asks Redis for new entries only every READ_PACE_S:
+    at 20 ms turns it asked three streams ~50 times a second, CPU taken from the model."""
+    client = Client.from_url(redis_url, queue)
+    engine = SlowIterationEngine(hold_s=2.0)
+    asks: list[float] = []
+    with running_worker(redis_url, queue, engine) as worker:
+        real = worker.queue._read
+
+        def counting(*args: Any) -> Any:
+            asks.append(time.monotonic())
+            return real(*args)
+
+        worker.queue._read = counting  # type: ignore[method-assign]
+        first = client.submit("running", max_new_tokens=4)
+        wait_until(lambda: worker.runner.busy)
+        asks.clear()
+        time.sleep(1.0)
+        busy_asks = len(asks)
+        late = client.submit("arrives while busy", max_new_tokens=4)
+        t0 = time.monotonic()
+        wait_until(lambda: len(worker.runner.running) == 2, timeout_s=5)
+        joined_s = time.monotonic() - t0
+        results = client.results([first, late], timeout=30)
+    assert [r.status for r in results] == ["succeeded", "succeeded"]
+    assert busy_asks <= 1.0 / READ_PACE_S + 2, busy_asks  # ~50 without pacing
+    assert busy_asks >= 5  # it does go on reading while busy
+    assert joined_s < 1.0  # a request arriving meanwhile joins within a pace (plus a turn)
+    client.close()
+
+
+def test_a_paced_read_waits_out_the_pace_after_finding_the_queue_empty(
+    r: redis.Redis, queue: str
+) -> None:
+    keys = Keys(queue)
+    settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
+    io = QueueIO(r=r, keys=keys, consumer="c", settings=settings)
+    io.ensure_groups()
+    room = dict.fromkeys(keys.streams(), 4)
+    assert io.read(room, block_ms=None) == [] and io.read_wait_s() > 0
+    Client(r, queue).submit("new", max_new_tokens=2)
+    assert io.read(room, block_ms=None, paced=True) == []  # found empty just now: not asked
+    assert io.read_wait_s() <= READ_PACE_S
+    time.sleep(io.read_wait_s())
+    assert len(io.read(room, block_ms=None, paced=True)) == 1  # the pace is over: asked
+    assert io.read_wait_s() == 0  # it found something: the next read asks at once

@@ -29,6 +29,11 @@ from genq.worker.runtime.dead_letter import add_to_pipeline
 log = logging.getLogger("genq.worker")
 
 DOORBELL_MAX = 64
+READ_PACE_S = 0.05
+"""While the engine is busy, how soon a queue found empty is asked again (a *paced* read). A
+request that arrives meanwhile waits at most this long to join the running batch; the loop
+stops asking Redis ~50 times a second for nothing while the engine computes (on a CPU, that
+work takes cores from the model). An engine that finishes a request does not shorten it."""
 """The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
 
 Delivered = list[tuple[Any, list[Any]]]
@@ -47,6 +52,8 @@ class QueueIO:
         self.settings = settings
         self._claim_cursors = dict.fromkeys(keys.streams(), "0-0")
         self._last_reclaim_s = 0.0
+        self._found_empty_s: float | None = None
+        """When a read last found nothing (None: the last read found entries)."""
         self.full_since: float | None = None
         """When Redis last refused a write for want of memory (None: it accepts writes)."""
 
@@ -182,7 +189,7 @@ class QueueIO:
                 out[request_id] = int(text.split(" ", 1)[0])
         return out
 
-    def read(self, room: dict[str, int], block_ms: int | None) -> Delivered:
+    def read(self, room: dict[str, int], block_ms: int | None, paced: bool = False) -> Delivered:
         """Entries for this worker, each stream up to its room.
 
         Non-blocking: one pipelined XREADGROUP per priority, each with a probe (XPENDING, one
@@ -190,12 +197,27 @@ class QueueIO:
         some does a second call (the TAKE_BACK script) claim them, up to the room again: they
         are older than anything new, and leaving them for later would let them wait behind
         newer work. Handed-back entries exist only where batches take long, so the hot path
-        stays plain reads. Blocking: one XREADGROUP over all streams, woken by the first new
-        entry (used only when idle)."""
+        stays plain reads. ``paced``: nothing, without asking, if a read found the queue empty
+        less than ``READ_PACE_S`` ago (see ``read_wait_s``). Blocking: one XREADGROUP over all
+        streams, woken by the first new entry (used only when idle)."""
         asked = [s for s, n in room.items() if n > 0]
+        if not asked or (paced and block_ms is None and self.read_wait_s() > 0):
+            if block_ms is not None:
+                time.sleep(block_ms / 1000)
+            return []
+        delivered = self._read(asked, room, block_ms)
+        self._found_empty_s = None if delivered else time.monotonic()
+        return delivered
+
+    def read_wait_s(self) -> float:
+        """How long until a paced read asks Redis again (0: it would ask now)."""
+        if self._found_empty_s is None:
+            return 0.0
+        return max(0.0, self._found_empty_s + READ_PACE_S - time.monotonic())
+
+    def _read(self, asked: list[str], room: dict[str, int], block_ms: int | None) -> Delivered:
+        """``read`` on the streams in ``asked`` (each with room)."""
         if block_ms is None:
-            if not asked:
-                return []
             pipe = self.redis.pipeline(transaction=False)
             for s in asked:
                 pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
@@ -204,9 +226,6 @@ class QueueIO:
             fresh = [x for resp in replies[1::2] for x in (resp or [])]
             back = [s for s, probe in zip(asked, replies[0::2], strict=True) if probe]
             return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
-        if not asked:
-            time.sleep(block_ms / 1000)
-            return []
         doorbell = self.keys.doorbell
         resp: Any = self.redis.xreadgroup(
             GROUP,

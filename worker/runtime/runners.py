@@ -28,7 +28,8 @@ from genq.worker.runtime.outcomes import Outcome, Outcomes
 log = logging.getLogger("genq.worker")
 
 POLL_S = 0.02
-"""How long a turn waits for a running request to finish before checking Redis again."""
+"""How long a turn waits, at least, for a running request to finish before checking Redis
+again (longer while its next read is paced: ``queue_io.READ_PACE_S``)."""
 FIRST_BATCH_GUESS_MS = 1000.0
 """What a static worker takes its first batch to last, before it has measured one: a real
 model's batch takes about this long, and guessing long only costs one hand-back."""

@@ -222,12 +222,12 @@ class Worker:
         self.heartbeat()
         if reading:
             self.reclaim()
-            self.admit(self.queue.read(self.room(), block_ms=None))
+            self.admit(self.queue.read(self.room(), block_ms=None, paced=self.runner.busy))
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         if decision.batch:
             self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
             self.starter.hand_back(self.lookahead, self.runner)
-        self.write(self.runner.collect(POLL_S if self.runner.busy else 0.0))
+        self.write(self.runner.collect(max(POLL_S, self.queue.read_wait_s())))
         self.write(self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired())
         if reading and not decision.batch and not self.runner.busy:
             self.idle(decision.wait_ms if self.lookahead.waiting else None)
