@@ -112,3 +112,24 @@ def test_the_ideal_central_queue_batches_the_oldest_on_the_fastest_free_server()
     assert ideal_central_queue([0.0, 0.0], [1.0, 0.5], 1) == [0.0, 0.0]
     assert _ideal_burst_makespan(48, [0.5, 1.0], 8) == 2.0  # fast: 4 batches, slow: 2
     assert _ideal_burst_makespan(96, [0.5] * 3, 8) == 2.0
+
+
+def test_vllm_bench_ratios_are_of_medians_and_of_each_pair() -> None:
+    """The goal's ratio both ways: medians of each mode, and the median of run-by-run pairs
+    (each queue run against the vLLM-alone run beside it)."""
+    from genq.worker.devtools.bench_vllm import median_run, ratios
+
+    def mode(*tps: float) -> dict[str, object]:
+        m: dict[str, object] = {"runs": [{"tokens_per_s": t} for t in tps]}
+        m["median"] = median_run(m)
+        return m
+
+    result = {"modes": {
+        "vllm_in_process": mode(100, 200, 100),
+        "queue_vllm": mode(90, 210, 96),
+        "queue_continuous": mode(30, 30, 30),
+    }}  # fmt: skip
+    got = ratios(result)
+    assert got["queue_vllm / vllm_in_process"] == pytest.approx(96 / 100)
+    assert got["queue_vllm / vllm_in_process, run by run"] == pytest.approx(0.96)  # 0.9, 1.05, 0.96
+    assert got["queue_vllm / queue_continuous"] == pytest.approx(96 / 30)
