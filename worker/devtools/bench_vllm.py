@@ -237,8 +237,8 @@ def compare(
     queued = QueueWorker(workload, redis_url=redis_url, engine="vllm", spec=spec)
     try:
         for i in range(repeats):
-            for mode in (alone, queued) if i % 2 == 0 else (queued, alone):
-                mode.run()
+            for server in (alone, queued) if i % 2 == 0 else (queued, alone):
+                server.run()
     finally:
         alone.close()
         queued.close()
