@@ -6,15 +6,15 @@ vLLM binds OpenMP threads and lowers torch's thread count for the whole process 
 
 - ``vllm_in_process``: vLLM's own ``LLM.generate`` with every request at once (what a user gets
   running vLLM alone), with the engine settings a genq worker would use (same KV cache, same
-  batch size, same ``--vllm-args``); its runs alternate with ``queue_vllm``'s;
+  batch size, same ``--vllm-args``);
 - ``queue_vllm``: the same requests submitted through Redis to ``genq worker --engine vllm``;
 - ``queue_continuous`` (or the ``--queue-engine`` named): the same through genq's transformers
   engine.
 
 Every mode gets the same token ids (greedy, eos on: the outputs, hence the token counts, are
 the same in every mode; the bench checks that useful tokens agree). Each process loads its model
-and warms up before any timed run; each mode is run ``repeats`` times on the same process and the
-median run is reported.
+and warms up before any timed run; then the modes take turns, ``repeats`` runs each on the same
+process, and the median run is reported.
 """
 
 from __future__ import annotations
@@ -230,27 +230,25 @@ def compare(
         "vllm_args": vllm_args,
         "workload": [{"prompt": w.prompt, "max_new_tokens": w.max_new_tokens} for w in workload],
     }
-    # vLLM alone and through the queue take turns, run by run, and which goes first swaps
-    # every pair (A B, B A, ...): the machine's noise, which drifts over minutes, then falls
-    # on both alike, and neither always runs right after the other's heavy run.
-    alone = InProcess(spec)
-    queued = QueueWorker(workload, redis_url=redis_url, engine="vllm", spec=spec)
+    # Every mode takes its turn, run by run, and which goes first rotates (A B C, B C A, ...):
+    # the machine's noise, which drifts over minutes, then falls on all alike, and no mode
+    # always runs right after another's. Idle, the others wait without computing.
+    servers: dict[str, InProcess | QueueWorker] = {}
     try:
+        servers["vllm_in_process"] = InProcess(spec)
+        for engine in ["vllm", *queue_engines]:
+            servers[f"queue_{engine}"] = QueueWorker(
+                workload, redis_url=redis_url, engine=engine, spec=spec
+            )
+        order = list(servers.values())
         for i in range(repeats):
-            for server in (alone, queued) if i % 2 == 0 else (queued, alone):
+            k = i % len(order)
+            for server in order[k:] + order[:k]:
                 server.run()
     finally:
-        alone.close()
-        queued.close()
-    modes = {"vllm_in_process": alone.mode, "queue_vllm": queued.mode}
-    for engine in queue_engines:
-        worker = QueueWorker(workload, redis_url=redis_url, engine=engine, spec=spec)
-        try:
-            for _ in range(repeats):
-                worker.run()
-        finally:
-            worker.close()
-        modes[f"queue_{engine}"] = worker.mode
+        for server in servers.values():
+            server.close()
+    modes = {name: server.mode for name, server in servers.items()}
     for mode in modes.values():
         mode["median"] = median_run(mode)
     tokens = {name: m["median"]["useful_tokens"] for name, m in modes.items()}
