@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
+from statistics import median_high
 from typing import Any
 
 from genq.worker.devtools.bench_modes import BenchRequest, make_workload
@@ -269,11 +270,9 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     modes = result["modes"]
     tps = {name: m["median"]["tokens_per_s"] for name, m in modes.items()}
     out = {"queue_vllm / vllm_in_process": tps["queue_vllm"] / tps["vllm_in_process"]}
-    pairs = sorted(
-        q["tokens_per_s"] / a["tokens_per_s"]
-        for q, a in zip(modes["queue_vllm"]["runs"], modes["vllm_in_process"]["runs"], strict=True)
-    )
-    out["queue_vllm / vllm_in_process, run by run"] = pairs[len(pairs) // 2]
+    pairs = zip(modes["queue_vllm"]["runs"], modes["vllm_in_process"]["runs"], strict=True)
+    by_run = [q["tokens_per_s"] / a["tokens_per_s"] for q, a in pairs]
+    out["queue_vllm / vllm_in_process, run by run"] = median_high(by_run)  # as median_run
     for name in tps:
         if name.startswith("queue_") and name != "queue_vllm":
             out[f"queue_vllm / {name}"] = tps["queue_vllm"] / tps[name]

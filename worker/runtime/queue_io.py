@@ -29,12 +29,12 @@ from genq.worker.runtime.dead_letter import add_to_pipeline
 log = logging.getLogger("genq.worker")
 
 DOORBELL_MAX = 64
+"""The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
 READ_PACE_S = 0.05
 """While the engine is busy, how soon a queue found empty is asked again (a *paced* read). A
 request that arrives meanwhile waits at most this long to join the running batch; the loop
 stops asking Redis ~50 times a second for nothing while the engine computes (on a CPU, that
 work takes cores from the model). An engine that finishes a request does not shorten it."""
-"""The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
