@@ -133,3 +133,27 @@ def test_vllm_bench_ratios_are_of_medians_and_of_each_pair() -> None:
     assert got["queue_vllm / vllm_in_process"] == pytest.approx(96 / 100)
     assert got["queue_vllm / vllm_in_process, run by run"] == pytest.approx(0.96)  # 0.9, 1.05, 0.96
     assert got["queue_vllm / queue_continuous"] == pytest.approx(96 / 30)
+
+
+def test_the_queue_modes_worker_gets_the_benchs_device_dtype_and_engine(redis_url: str) -> None:
+    """A queue mode on --device cuda must measure a worker on the GPU, not on the CPU: the
+    worker is started with the bench's own settings (here: a device that does not exist
+    reaches the worker, which refuses it by name)."""
+    from genq.worker.devtools.bench_modes import queue_worker_settings, run_through_queue
+    from genq.worker.devtools.worker_process import worker_args
+
+    settings = queue_worker_settings(
+        model="tiny",
+        engine="static",
+        device="cuda:1",
+        dtype="bfloat16",
+        max_batch_tokens=512,
+        max_batch_size=4,
+    )
+    args = worker_args(**settings)
+    for flag, value in [("--device", "cuda:1"), ("--dtype", "bfloat16"), ("--engine", "static")]:
+        assert args[args.index(flag) + 1] == value
+    workload = make_workload(EchoEngine(), 2, seed=0)
+    wrong = {**settings, "device": "no-such-device"}
+    with pytest.raises(RuntimeError, match="device 'no-such-device' is not one of"):
+        run_through_queue(workload, redis_url=redis_url, worker=wrong, queue="bench-device")

@@ -110,3 +110,32 @@ def test_bad_gpu_lists_get_a_clear_error() -> None:
             parse_gpus(spec, needs_cuda=False)
     with pytest.raises(ConfigError, match="visible CUDA GPU"):
         parse_gpus(str(visible_gpus()), needs_cuda=True)  # one index past the last GPU
+
+
+def test_genq_gpus_in_the_environment_starts_one_launcher_not_a_chain(
+    redis_url: str, queue: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """Compose files and Kubernetes set GENQ_GPUS: the children it starts must be workers, not
+    launchers that start launchers."""
+    import psutil
+
+    env = {**os.environ, "GENQ_GPUS": "0", "GENQ_REDIS_URL": redis_url, "GENQ_QUEUE": queue}
+    log = (tmp_path / "launcher.log").open("wb")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "genq.worker", "worker", "--engine", "echo", "--consumer", "env"],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: worker_pid(r, queue, "env-gpu0"), timeout_s=60)
+        client = Client.from_url(redis_url, queue)
+        assert client.generate("hello", max_new_tokens=2, timeout=30).status == "succeeded"
+        family = psutil.Process(launcher.pid).children(recursive=True)
+        assert [p.pid for p in family] == [worker_pid(r, queue, "env-gpu0")]
+        assert "GENQ_GPUS" not in family[0].environ()
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 0
+        log.close()

@@ -122,6 +122,8 @@ def bench(
         engine,
         workload,
         model=model,
+        device=device,
+        dtype=dtype,
         repeats=repeats,
         fifo_batch_size=fifo_batch_size,
         max_batch_tokens=max_batch_tokens,
@@ -146,6 +148,8 @@ def _run_modes(
     workload: list[Any],
     *,
     model: str,
+    device: str,
+    dtype: str,
     repeats: int,
     fifo_batch_size: int,
     max_batch_tokens: int,
@@ -179,19 +183,19 @@ def _run_modes(
     continuous.close()
     if queue_engine == "none":
         return runs
+    worker = b.queue_worker_settings(
+        model=model,
+        engine=queue_engine,
+        device=device,
+        dtype=dtype,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=max_batch_size,
+    )
     server = None if redis_url else RedisServer().start()
     url = server.url if server else str(redis_url)
     try:
         for i in range(repeats):
-            res = b.run_through_queue(
-                workload,
-                redis_url=url,
-                model=model,
-                engine=queue_engine,
-                max_batch_tokens=max_batch_tokens,
-                max_batch_size=max_batch_size,
-                queue=f"bench{i}",
-            )
+            res = b.run_through_queue(workload, redis_url=url, worker=worker, queue=f"bench{i}")
             runs.setdefault(res.mode, []).append(res)
     finally:
         if server is not None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from genq.worker.devtools.worker_process import start_worker, wait_until_serving
+from genq.worker.devtools.worker_process import start_worker, wait_until_serving, worker_args
 from genq.worker.engines.base import (
     BatchReport,
     Engine,
@@ -216,33 +216,51 @@ def run_in_process(
     ] + ([_run_continuous(continuous, rows)] if continuous is not None else [])
 
 
+def queue_worker_settings(
+    *,
+    model: str,
+    engine: str,
+    device: str,
+    dtype: str,
+    max_batch_tokens: int,
+    max_batch_size: int,
+) -> dict[str, object]:
+    """The one place the bench says how its ``genq worker`` runs: the bench's own model,
+    engine, device, dtype and limits (so a queue mode on ``--device cuda`` measures the GPU,
+    not a CPU worker), and no wait to fill a batch."""
+    return {
+        "model": model,
+        "engine": engine,
+        "device": device,
+        "dtype": dtype,
+        "max_batch_tokens": max_batch_tokens,
+        "max_batch_size": max_batch_size,
+        "max_wait_ms": 0,
+    }
+
+
 def run_through_queue(
     workload: list[BenchRequest],
     *,
     redis_url: str,
-    model: str,
-    engine: str,
-    max_batch_tokens: int,
-    max_batch_size: int,
+    worker: dict[str, object],
     queue: str = "bench",
 ) -> ModeResult:
-    """Mode 4: submit everything through Redis to a ``genq worker`` subprocess and wait."""
+    """Mode 4: submit everything through Redis to a ``genq worker`` subprocess started with
+    ``worker`` (``queue_worker_settings``) and wait."""
     from genq.common.connection import connect
     from genq.common.keys import Keys
     from genq.producer import Client
 
     r = connect(redis_url)
     consumer = f"bench-{int(time.time() * 1000)}"
+    engine = str(worker["engine"])
     proc = start_worker(
         log=subprocess.PIPE,
+        extra_args=tuple(worker_args(**worker)),
         redis_url=redis_url,
         queue=queue,
-        model=model,
-        engine=engine,
         consumer=consumer,
-        max_batch_tokens=max_batch_tokens,
-        max_batch_size=max_batch_size,
-        max_wait_ms=0,
     )
     try:
         try:
@@ -260,8 +278,11 @@ def run_through_queue(
         )
         results = client.results(ids, timeout=3600)
         wall_s = time.perf_counter() - t0
-        # Counters go out in the same round trip as results: no need to wait for a heartbeat.
-        after = _counters(r, Keys(queue).worker(consumer))
+        # The counters go out in the same pipeline as the results, but not in one transaction:
+        # they can land a moment after the last result. Wait until they count every request.
+        key, want = Keys(queue).worker(consumer), before.get("succeeded", 0) + len(ids)
+        _wait_for(lambda: _counters(r, key).get("succeeded", 0) >= want, timeout_s=30)
+        after = _counters(r, key)
         stats = {k: after[k] - before.get(k, 0) for k in after}
     finally:
         proc.terminate()

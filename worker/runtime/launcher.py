@@ -16,11 +16,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
 from genq.common.errors import ConfigError
+from genq.common.settings import WorkerSettings
 
 log = logging.getLogger("genq.launcher")
 
@@ -28,6 +29,16 @@ POLL_S = 0.2
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
+
+
+def child_env(parent: Mapping[str, str], gpu: int) -> dict[str, str]:
+    """A child's environment: the launcher's, pinned to one GPU, and without ``GENQ_GPUS``: a
+    child that inherited it would be a launcher itself, and so on without end (compose files
+    and Kubernetes set exactly this variable)."""
+    gpus_env = WorkerSettings.env_var("gpus")
+    env = {k: v for k, v in parent.items() if k != gpus_env}
+    env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
 
 
 def visible_gpus() -> int:
@@ -103,7 +114,7 @@ class Launcher:
         return self._shutdown()
 
     def _start(self, c: Child) -> None:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(c.gpu)}
+        env = child_env(os.environ, c.gpu)
         args = [
             sys.executable,
             "-m",
