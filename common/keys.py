@@ -16,6 +16,10 @@ key                    type    written by                  read by             T
 ``genq:{Q}:config``    hash    worker at start             client (in the      none (one small
                                (``max_queue_depth``);      submit script)      hash per queue)
                                submit script (``groups``)
+``genq:{Q}:tenants``   hash    ``genq tenants set``        workers, gateways,  none (one small
+                               (tenant -> JSON: weight,    ``genq tenants      hash per queue)
+                               tokens_per_minute,          list``, stats
+                               max_queued)
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
 ``genq:{Q}:sub:ID``    string  client (submit script;      client (submit      result_ttl_s
@@ -122,6 +126,12 @@ class Keys:
     def config(self) -> str:
         """The queue's limits that producers enforce (``max_queue_depth``)."""
         return f"{self._base}:config"
+
+    @property
+    def tenants(self) -> str:
+        """Each tenant's settings (weight, tokens per minute, most queued) as JSON, by name;
+        a tenant not in it has the defaults (``genq.common.tenants``)."""
+        return f"{self._base}:tenants"
 
     def submitted(self, request_id: str) -> str:
         """Redis Cluster only: the id was submitted to this queue (in the queue's slot, where

@@ -6,6 +6,7 @@ can decode, and a limit is written once. JSON is the only encoding (never pickle
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Annotated, Literal
@@ -33,6 +34,22 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled", "expir
 FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 
 FinishReason = Literal["stop", "length"]
+
+#: A tenant: whom a request belongs to (a team, an app). Part of key names, so a safe alphabet.
+TENANT_CHARS = r"[A-Za-z0-9._\-]{1,64}"
+"""What a tenant name may be: 1-64 letters, digits, '.', '_' or '-'."""
+TenantName = Annotated[str, StringConstraints(pattern=f"^{TENANT_CHARS}$")]
+DEFAULT_TENANT = "default"
+"""The tenant of a request that names none (and of an entry from an older client)."""
+_TENANT = re.compile(TENANT_CHARS)
+
+
+def tenant_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as a tenant name, or None if nothing is."""
+    if isinstance(name, str) and _TENANT.fullmatch(name):
+        return None
+    return f"tenant {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-'"
+
 
 #: Request ids become part of Redis key names, so they are kept to a safe alphabet.
 REQUEST_ID_CHARS = r"[A-Za-z0-9_.:\-]{1,128}"
@@ -117,6 +134,10 @@ class RequestBody(_Strict):
         default_factory=dict
     )
     """Free-form data the client wants back with the result; genq does not read it."""
+    tenant: TenantName = DEFAULT_TENANT
+    """Whom the request belongs to (1-64 of ``A-Za-z0-9._-``): its share of the fleet, quotas
+    and, at ``genq serve``, who may see it. Set by the gateway from the API key; producers that
+    talk to Redis directly are trusted to name their own."""
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> RequestBody:
@@ -178,6 +199,8 @@ class Result(_Strict):
     status: Status
     """queued, running, succeeded, failed, cancelled or expired (the last four are final)."""
     priority: Priority | None = None
+    tenant: TenantName = DEFAULT_TENANT
+    """The tenant the request belongs to (``default`` when it named none)."""
     text: str | None = None
     """The generated text (without the prompt and without a matched stop string)."""
     finish_reason: FinishReason | None = None

@@ -33,7 +33,7 @@ from typing import Any
 
 from genq.common.connection import is_cluster
 from genq.common.keys import GROUP, Keys
-from genq.common.models import FINAL_STATUSES, PRIORITIES
+from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES, PRIORITIES
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
 
 QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
@@ -114,9 +114,15 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
       return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the body must be a JSON '
         .. 'object')
     end
+    local tenant = doc['tenant'] == nil and '{DEFAULT_TENANT}' or doc['tenant']
+    if type(tenant) ~= 'string' or #tenant > 64 or not string.match(tenant, '^[A-Za-z0-9._%-]+$')
+    then
+      return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the tenant must be 1-64 '
+        .. 'letters, digits, . _ or -')
+    end
     local meta = type(doc['metadata']) == 'table' and cjson.encode(doc['metadata']) or '{{}}'
     queued[i] = '{{"id":"' .. id .. '","status":"queued","priority":"' .. priority
-      .. '","metadata":' .. meta .. '}}'
+      .. '","tenant":"' .. tenant .. '","metadata":' .. meta .. '}}'
   end
 end
 -- The consumer groups exist from a queue's first submission, so a queue no worker has served

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from genq.common.models import FINAL_STATUSES, Result
+from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES, Result
 
 Metadata = Mapping[str, Any]
 
@@ -27,9 +27,19 @@ def _dump(state: dict[str, Any]) -> str:
     return orjson.dumps(state).decode()
 
 
-def queued(*, request_id: str, priority: str, metadata: Metadata) -> str:
+def queued(
+    *, request_id: str, priority: str, metadata: Metadata, tenant: str = DEFAULT_TENANT
+) -> str:
     """The state the submit script writes: waiting for a worker."""
-    return _dump({"id": request_id, "status": "queued", "priority": priority, "metadata": metadata})
+    return _dump(
+        {
+            "id": request_id,
+            "status": "queued",
+            "priority": priority,
+            "tenant": tenant,
+            "metadata": metadata,
+        }
+    )
 
 
 def with_entry(queued_state: str, entry: str) -> str:
@@ -44,6 +54,7 @@ def running(
     *,
     request_id: str,
     priority: str,
+    tenant: str,
     metadata: Metadata,
     queued_ms: int,
     started_ms: int,
@@ -55,6 +66,7 @@ def running(
             "id": request_id,
             "status": "running",
             "priority": priority,
+            "tenant": tenant,
             "timings": {"queued_unix_ms": queued_ms, "started_unix_ms": started_ms},
             "worker": worker,
             "metadata": metadata,
@@ -66,6 +78,7 @@ def succeeded(
     *,
     request_id: str,
     priority: str,
+    tenant: str,
     metadata: Metadata,
     text: str,
     finish_reason: str,
@@ -85,6 +98,7 @@ def succeeded(
             "id": request_id,
             "status": "succeeded",
             "priority": priority,
+            "tenant": tenant,
             "text": text,
             "finish_reason": finish_reason,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
@@ -108,6 +122,7 @@ def ended(
     request_id: str,
     status: str,
     priority: str,
+    tenant: str,
     metadata: Metadata,
     code: str,
     message: str,
@@ -124,6 +139,7 @@ def ended(
             "id": request_id,
             "status": status,
             "priority": priority,
+            "tenant": tenant,
             "error": {"code": code, "message": message},
             "timings": {
                 "queued_unix_ms": queued_ms,

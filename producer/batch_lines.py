@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genq.common.errors import InvalidRequest
-from genq.common.models import Request, Result
+from genq.common.models import DEFAULT_TENANT, Request, Result
 from genq.producer.building import build_request
 
 COMPLETIONS = "/v1/completions"
@@ -106,7 +106,12 @@ def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_line(
-    n: int, text: str, batch_id: str, priority: str = "normal", endpoint: str | None = None
+    n: int,
+    text: str,
+    batch_id: str,
+    priority: str = "normal",
+    endpoint: str | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> BatchLine:
     """Line ``n`` of an OpenAI batch file as a request; raise InvalidRequest saying why not.
     With ``endpoint``, a line for another URL is refused (OpenAI: one endpoint per batch)."""
@@ -130,7 +135,7 @@ def parse_line(
     if body.get("stream"):
         raise InvalidRequest("stream = true is not supported in a batch")
     body = {k: v for k, v in body.items() if k != "stream"}
-    args = {"priority": priority, **request_args(url, body)}
+    args = {"priority": priority, "tenant": tenant, **request_args(url, body)}
     request = build_request(
         **args, request_id=f"{batch_id}-{n}", metadata={"custom_id": custom_id, "batch": batch_id}
     )
@@ -159,7 +164,11 @@ def _custom_id(text: str) -> str | None:
 
 
 def parse_file(
-    lines: Iterable[str], batch_id: str, priority: str = "normal", endpoint: str | None = None
+    lines: Iterable[str],
+    batch_id: str,
+    priority: str = "normal",
+    endpoint: str | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> tuple[list[BatchLine], list[RejectedLine]]:
     """Every line of a batch file: the valid ones, and each invalid one with its number."""
     good: list[BatchLine] = []
@@ -169,7 +178,7 @@ def parse_file(
         if not text.strip():
             continue
         try:
-            item = parse_line(n, text, batch_id, priority, endpoint)
+            item = parse_line(n, text, batch_id, priority, endpoint, tenant)
             if item.custom_id in seen:
                 raise InvalidRequest(f"custom_id {item.custom_id!r} appears twice")
             seen.add(item.custom_id)

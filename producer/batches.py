@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from genq.common.errors import RequestNotFound, ResultTimeout, SubmitFailed
-from genq.common.models import FINAL_STATUSES, Result
+from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout, SubmitFailed
+from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES, Result, tenant_problem
 from genq.common.wire import as_text
 from genq.producer.batch_lines import (
     BatchLine,
@@ -73,16 +73,20 @@ def submit_batch(
     endpoint: str | None = None,
     metadata: Mapping[str, str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> SubmittedBatch:
     """Parse an OpenAI batch file, record the batch and enqueue its valid lines (in chunks;
     ``progress(done, total)`` after each). ``source`` is the input's name (a file name, or
     the uploaded file's id). If the queue (or Redis) fills up on the way, the lines not enqueued are
     refused with that reason (they appear in the error file): the batch never waits for
-    requests that do not exist."""
+    requests that do not exist. Every request, and the batch, belongs to ``tenant``."""
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        raise InvalidRequest(problem)
     bid = batch_id or new_batch_id()
-    good, bad = parse_file(lines, bid, priority, endpoint)
+    good, bad = parse_file(lines, bid, priority, endpoint, tenant)
     url = endpoint or (good[0].url if good else "/v1/completions")
-    _record(client, bid, good, bad, source=source, endpoint=url, metadata=metadata)
+    _record(client, bid, good, bad, source=source, endpoint=url, metadata=metadata, tenant=tenant)
     done = 0
     for start in range(0, len(good), SUBMIT_CHUNK):
         part = good[start : start + SUBMIT_CHUNK]
@@ -110,6 +114,7 @@ def _record(
     source: str,
     endpoint: str,
     metadata: Mapping[str, str] | None,
+    tenant: str,
 ) -> None:
     """Remember the batch: its request ids in input order, refused lines, when it was made."""
     keys, ttl_s = client.keys, client.result_ttl_s
@@ -126,6 +131,7 @@ def _record(
         keys.batch(batch_id),
         mapping={
             "queue": keys.queue,
+            "tenant": tenant,
             "created_at": now,
             "expires_at": now + ttl_s,
             "total": len(items),
@@ -186,17 +192,18 @@ class BatchView:
         return self.completed + self.failed == self.total
 
 
-def read_batch(client: Client, batch_id: str) -> BatchView:
-    """The batch's record, requests and their states now; RequestNotFound if there is none."""
+def read_batch(client: Client, batch_id: str, *, tenant: str | None = None) -> BatchView:
+    """The batch's record, requests and their states now; RequestNotFound if there is none,
+    or (with ``tenant``) if it belongs to another tenant: the same error, no hint it exists."""
     keys = client.keys
     pipe = client.redis.pipeline(transaction=False)
     pipe.hgetall(keys.batch(batch_id))
     pipe.lrange(keys.batch_items(batch_id), 0, -1)
     pipe.lrange(keys.batch_rejected(batch_id), 0, -1)
     info, raw_items, raw_rejected = pipe.execute()
-    if not info:
-        raise RequestNotFound(f"no batch {batch_id!r} (never submitted, or expired)")
-    record = {as_text(k): as_text(v) for k, v in info.items()}
+    record = {as_text(k): as_text(v) for k, v in (info or {}).items()}
+    if not record or (tenant is not None and record.get("tenant", DEFAULT_TENANT) != tenant):
+        raise _no_batch(batch_id)
     items = [tuple(as_text(r).split(" ", 1)) for r in raw_items]
     ids = [rid for rid, _ in items]
     states: list[Result | None] = []
@@ -212,10 +219,14 @@ def read_batch(client: Client, batch_id: str) -> BatchView:
     )
 
 
-def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
+def _no_batch(batch_id: str) -> RequestNotFound:
+    return RequestNotFound(f"no batch {batch_id!r} (never submitted, or expired)")
+
+
+def batch_status(client: Client, batch_id: str, *, tenant: str | None = None) -> dict[str, Any]:
     """The batch as OpenAI's Batch object (``openai.types.Batch`` validates it), plus genq's
-    ``queue``."""
-    return status_object(read_batch(client, batch_id))
+    ``queue``. With ``tenant``: only a batch of that tenant (see ``read_batch``)."""
+    return status_object(read_batch(client, batch_id, tenant=tenant))
 
 
 def status_object(view: BatchView) -> dict[str, Any]:
@@ -273,9 +284,10 @@ def _errors(view: BatchView) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-def cancel_batch(client: Client, batch_id: str) -> int:
-    """Cancel every request of the batch that is not final yet; return how many."""
-    view = read_batch(client, batch_id)
+def cancel_batch(client: Client, batch_id: str, *, tenant: str | None = None) -> int:
+    """Cancel every request of the batch that is not final yet; return how many. With
+    ``tenant``: only a batch of that tenant (see ``read_batch``)."""
+    view = read_batch(client, batch_id, tenant=tenant)
     client.redis.hset(
         client.keys.batch(batch_id), mapping={"cancelled": 1, "cancelled_at": int(time.time())}
     )
@@ -329,17 +341,40 @@ def _final(state: Result | None) -> bool:
     return state is not None and state.is_final
 
 
-def list_batches(client: Client, *, after: str | None, limit: int) -> tuple[list[str], bool]:
+def list_batches(
+    client: Client, *, after: str | None, limit: int, tenant: str | None = None
+) -> tuple[list[str], bool]:
     """The queue's batch ids, newest first, after the batch ``after`` (a page of ``limit``);
-    and whether more follow. Batches past their TTL are dropped from the index here."""
+    and whether more follow. With ``tenant``, only that tenant's (``after`` another tenant's
+    batch: RequestNotFound, as for an unknown one). Batches past their TTL are dropped from the
+    index here."""
     r, keys = client.redis, client.keys
     r.zremrangebyscore(keys.batches, "-inf", int(time.time()) - client.result_ttl_s)
     start = 0
     if after is not None:
         rank: Any = r.zrevrank(keys.batches, after)
-        if rank is None:
-            raise RequestNotFound(f"no batch {after!r} (never submitted, or expired)")
+        owner: Any = r.hget(keys.batch(after), "tenant")
+        if rank is None or (tenant is not None and as_text(owner or DEFAULT_TENANT) != tenant):
+            raise _no_batch(after)
         start = rank + 1
-    ids: Any = r.zrevrange(keys.batches, start, start + limit)
-    names = [as_text(i) for i in ids]
+    names: list[str] = []
+    page = max(limit + 1, 100)
+    while len(names) <= limit:  # a tenant's batches among everyone's: read on until a page fills
+        ids: Any = r.zrevrange(keys.batches, start, start + page - 1)
+        if not ids:
+            break
+        start += len(ids)
+        batch_ids = [as_text(i) for i in ids]
+        if tenant is None:
+            names += batch_ids
+            continue
+        pipe = r.pipeline(transaction=False)
+        for b in batch_ids:
+            pipe.hget(keys.batch(b), "tenant")
+        owners = pipe.execute()
+        names += [
+            b
+            for b, o in zip(batch_ids, owners, strict=True)
+            if as_text(o or DEFAULT_TENANT) == tenant
+        ]
     return names[:limit], len(names) > limit

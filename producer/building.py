@@ -17,10 +17,12 @@ from genq.common.errors import InvalidRequest
 from genq.common.models import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PRIORITY,
+    DEFAULT_TENANT,
     MAX_PROMPT_CHARS,
     Priority,
     Request,
     new_request_id,
+    tenant_problem,
 )
 from genq.common.wire import BODY_FIELD, describe_validation_error, encode_request
 from pydantic import ValidationError
@@ -41,12 +43,17 @@ def build_request(
     metadata: Mapping[str, Any] | None = None,
     request_id: str | None = None,
     stream: bool = False,
+    tenant: str = DEFAULT_TENANT,
 ) -> Request:
     """Validate the arguments into a Request; raise InvalidRequest saying what is wrong. Give a
     ``prompt`` to continue, or chat ``messages`` (``[{"role": ..., "content": ...}]``) that the
-    worker renders with the model's chat template."""
+    worker renders with the model's chat template. ``tenant`` (1-64 of ``A-Za-z0-9._-``) is
+    whom the request belongs to."""
     if isinstance(stop, str):
         stop = [stop]
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        raise InvalidRequest(problem)
     deadline_in_ms = None
     if deadline_in_s is not None:
         if not isinstance(deadline_in_s, int | float) or not math.isfinite(deadline_in_s):
@@ -68,6 +75,7 @@ def build_request(
         "deadline_in_ms": deadline_in_ms,
         "metadata": dict(metadata or {}),
         "stream": stream,
+        "tenant": tenant,
     }
     try:
         return Request.model_validate(fields)
@@ -91,7 +99,12 @@ def prepare(request: Request) -> Prepared:
         request.id,
         request.priority,
         encode_request(request)[BODY_FIELD],
-        states.queued(request_id=request.id, priority=request.priority, metadata=request.metadata),
+        states.queued(
+            request_id=request.id,
+            priority=request.priority,
+            metadata=request.metadata,
+            tenant=request.tenant,
+        ),
     )
 
 
@@ -123,7 +136,12 @@ def prepare_many(
             shared = orjson.loads(encode_request(template)[BODY_FIELD])
             del shared["prompt"]
             priority = template.priority
-            queued = states.queued(request_id="", priority=priority, metadata=template.metadata)
+            queued = states.queued(
+                request_id="",
+                priority=priority,
+                metadata=template.metadata,
+                tenant=template.tenant,
+            )
             queued_tail = queued[len('{"id":""') :]
         request_id = next(ids)
         if shared is not None and 0 < len(item) <= MAX_PROMPT_CHARS:

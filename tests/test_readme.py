@@ -56,7 +56,13 @@ def test_readme_redis_functions_example_runs(redis_server: RedisServer) -> None:
     assert re.fullmatch(r"\d+-\d+", lines[1])  # the new entry's id
     queued = json.loads(lines[2])
     assert queued.pop("entry") == f"high/{lines[1]}"  # the entry that owns the id
-    assert queued == {"id": "r2", "status": "queued", "priority": "high", "metadata": {}}
+    assert queued == {
+        "id": "r2",
+        "status": "queued",
+        "priority": "high",
+        "tenant": "team-a",
+        "metadata": {},
+    }
     assert lines[3] == "1"  # cancelled
 
 
@@ -95,9 +101,22 @@ def test_the_documented_acl_line_is_the_tested_one() -> None:
 
 
 def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
+    import inspect
+
     from genq.common.keys import Keys
 
     k = Keys("Q")
-    for key in [*k.streams(), k.dead_letter, k.config, k.worker("C"), k.result("ID"),
-                k.events("ID"), k.attempts("ID"), k.batch("B"), k.batch_items("B")]:  # fmt: skip
+    # The README's placeholder for each argument a key method takes.
+    placeholder = {"request_id": "ID", "consumer": "C", "batch_id": "B", "file_id": "F"}
+    found = [*k.streams()]
+    for name, member in inspect.getmembers(Keys):
+        if name.startswith("_") or name in {"stream", "streams", "priority_of"}:
+            continue
+        if isinstance(member, property):
+            found.append(getattr(k, name))
+        elif callable(member):
+            [arg] = inspect.signature(getattr(k, name)).parameters
+            found.append(getattr(k, name)(placeholder[arg]))
+    assert len(found) >= 14
+    for key in found:
         assert f"`{key}`" in README, key

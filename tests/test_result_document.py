@@ -14,7 +14,7 @@ from genq.common.wire import decode_result
 
 
 def built() -> dict[str, str]:
-    common = {"priority": "high", "metadata": {"k": 1}}
+    common = {"priority": "high", "tenant": "team-a", "metadata": {"k": 1}}
     return {
         "queued": states.queued(request_id="q1", **common),  # type: ignore[arg-type]
         "running": states.running(request_id="r1", queued_ms=1, started_ms=5, worker="w", **common),  # type: ignore[arg-type]
@@ -52,7 +52,7 @@ def test_every_built_state_is_a_strict_result_read_first_by_its_status(status: s
     raw = built()[status]
     result = decode_result(raw)
     assert result.status == status and result.priority == "high"
-    assert result.metadata == {"k": 1}
+    assert result.metadata == {"k": 1} and result.tenant == "team-a"
     assert raw.startswith('{"id":"') and states.status_of(raw) == status
     assert states.is_final(raw) == (status in {"succeeded", "failed"})
 
@@ -89,7 +89,13 @@ def test_apply_answers_are_the_named_ones() -> None:
     queued = states.queued(request_id="p1", priority="normal", metadata={})
     r.set(keys.result("p1"), queued)
     running = states.running(
-        request_id="p1", priority="normal", metadata={}, queued_ms=1, started_ms=2, worker="w"
+        request_id="p1",
+        priority="normal",
+        tenant="default",
+        metadata={},
+        queued_ms=1,
+        started_ms=2,
+        worker="w",
     )
     answers = [
         apply(r, keys, 60, "running", [("p1", None, "", running)], max_attempts=2, token=t)[0]

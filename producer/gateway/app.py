@@ -2,53 +2,17 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from genq.producer.aio import AsyncClient
 from genq.producer.client import Client
-from genq.producer.gateway import openai_errors
+from genq.producer.gateway import batch_routes, completions, files, openai_errors
+from genq.producer.gateway.context import Gateway, callers, check_key, gateway
 from genq.producer.gateway.fleet import Fleet
-from genq.producer.gateway.openai_errors import ApiError
 from genq.producer.gateway.settings import GatewaySettings
-
-
-@dataclass
-class Gateway:
-    """What every route uses: the settings, an asyncio client for completions, a plain one for
-    batches and files (run in threads: they are not on the hot path), the fleet's models."""
-
-    settings: GatewaySettings
-    client: AsyncClient
-    sync_client: Client
-    fleet: Fleet
-
-
-def gateway(request: Request) -> Gateway:
-    """The app's Gateway (a FastAPI dependency)."""
-    gw: Gateway = request.app.state.gateway
-    return gw
-
-
-async def check_key(request: Request) -> None:
-    """401 unless the request carries one of the configured keys (none configured: open)."""
-    keys = request.app.state.gateway.settings.api_keys
-    if not keys or request.url.path == "/health":  # a load balancer's probe needs no key
-        return
-    header = request.headers.get("authorization", "")
-    given = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
-        raise ApiError(
-            401,
-            "Incorrect API key provided: pass one of genq serve's --api-key values as "
-            "'Authorization: Bearer KEY'",
-            type_="invalid_request_error",
-            code="invalid_api_key",
-        )
 
 
 def _model(gw: Gateway, model: str) -> dict[str, Any]:
@@ -57,8 +21,9 @@ def _model(gw: Gateway, model: str) -> dict[str, Any]:
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
-    """The OpenAI-compatible app for ``settings.queue``."""
-    from genq.producer.gateway import batch_routes, completions, files
+    """The OpenAI-compatible app for ``settings.queue``. Raises ConfigError for a bad
+    ``--api-key``."""
+    keys = callers(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,7 +34,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             settings.redis_url, settings.queue, result_ttl_s=settings.result_ttl_s
         )
         fleet = Fleet(client.redis, client.keys, settings.models_cache_s)
-        app.state.gateway = Gateway(settings, client, sync_client, fleet)
+        app.state.gateway = Gateway(settings, client, sync_client, fleet, keys)
         try:
             yield
         finally:

@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from genq.producer import batches
 from genq.producer.batch_lines import ENDPOINTS
-from genq.producer.gateway.app import gateway
 from genq.producer.gateway.completions import json_object
+from genq.producer.gateway.context import caller, gateway
 from genq.producer.gateway.files import stored_file
 from genq.producer.gateway.openai_errors import invalid
 from starlette.concurrency import run_in_threadpool
@@ -36,7 +36,8 @@ async def create(request: Request) -> dict[str, Any]:
         isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
     ):
         raise invalid("metadata must be an object of strings", param="metadata")
-    info, content = await stored_file(gw, file_id, content=True)
+    who = caller(request)
+    info, content = await stored_file(gw, who, file_id, content=True)
     if info["purpose"] != "batch":
         raise invalid(f"file {file_id!r} is not a batch input file", param="input_file_id")
     try:
@@ -52,6 +53,7 @@ async def create(request: Request) -> dict[str, Any]:
             priority=priority,
             endpoint=endpoint,
             metadata=metadata,
+            tenant=who.tenant,
         )
         return batches.batch_status(gw.sync_client, done.id)
 
@@ -60,16 +62,20 @@ async def create(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/batches/{batch_id}")
 async def retrieve(batch_id: str, request: Request) -> dict[str, Any]:
-    gw = gateway(request)
-    return await run_in_threadpool(batches.batch_status, gw.sync_client, batch_id)
+    gw, tenant = gateway(request), caller(request).scope
+
+    def run() -> dict[str, Any]:
+        return batches.batch_status(gw.sync_client, batch_id, tenant=tenant)
+
+    return await run_in_threadpool(run)
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel(batch_id: str, request: Request) -> dict[str, Any]:
-    gw = gateway(request)
+    gw, tenant = gateway(request), caller(request).scope
 
     def run() -> dict[str, Any]:
-        batches.cancel_batch(gw.sync_client, batch_id)
+        batches.cancel_batch(gw.sync_client, batch_id, tenant=tenant)
         return batches.batch_status(gw.sync_client, batch_id)
 
     return await run_in_threadpool(run)
@@ -77,12 +83,12 @@ async def cancel(batch_id: str, request: Request) -> dict[str, Any]:
 
 @router.get("/v1/batches")
 async def list_all(request: Request, after: str | None = None, limit: int = 20) -> dict[str, Any]:
-    gw = gateway(request)
+    gw, tenant = gateway(request), caller(request).scope
     if not 1 <= limit <= 100:
         raise invalid("limit must be 1-100", param="limit")
 
     def run() -> dict[str, Any]:
-        ids, more = batches.list_batches(gw.sync_client, after=after, limit=limit)
+        ids, more = batches.list_batches(gw.sync_client, after=after, limit=limit, tenant=tenant)
         data = [batches.batch_status(gw.sync_client, b) for b in ids]
         first, last = (ids[0], ids[-1]) if ids else (None, None)
         return {

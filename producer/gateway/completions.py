@@ -20,7 +20,7 @@ from genq.common.errors import GenqError, InvalidRequest, ResultTimeout
 from genq.common.models import Result
 from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args, response_body, usage_of
 from genq.producer.building import build_request
-from genq.producer.gateway.app import Gateway, gateway
+from genq.producer.gateway.context import Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import (
     ApiError,
     error_for_result,
@@ -62,7 +62,7 @@ async def _complete(request: Request, url: str) -> Response:
     model = await _served_model(gw, body.get("model"))
     args = request_args(url, body)
     try:
-        req = build_request(**args, stream=stream, metadata=metadata)
+        req = build_request(**args, stream=stream, metadata=metadata, tenant=caller(request).tenant)
     except TypeError as err:
         raise InvalidRequest(f"invalid request: {err}") from None
     [request_id] = await gw.client.submit_requests([req])

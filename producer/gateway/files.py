@@ -11,10 +11,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from genq.common.errors import RequestNotFound
 from genq.common.keys import Keys
 from genq.producer import batches
-from genq.producer.gateway.app import Gateway, gateway
-from genq.producer.gateway.openai_errors import invalid, not_found
+from genq.producer.gateway.context import Caller, Gateway, caller, gateway
+from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
@@ -63,7 +64,7 @@ async def upload(request: Request) -> dict[str, Any]:
     }
     key = Keys.file(file_id)
     pipe = gw.client.redis.pipeline(transaction=True)
-    stored: Any = {**info, "content": content}
+    stored: Any = {**info, "content": content, "tenant": caller(request).tenant}
     pipe.hset(key, mapping=stored)
     pipe.expire(key, gw.settings.result_ttl_s)
     await pipe.execute()
@@ -78,13 +79,23 @@ def _output_of(file_id: str) -> tuple[str, str] | None:
     return None
 
 
-def _render(gw: Gateway, file_id: str) -> tuple[dict[str, Any], bytes]:
+def _missing(file_id: str) -> ApiError:
+    """What a file that is not there answers; and one of another tenant (no hint it exists)."""
+    return not_found(f"no file {file_id!r} (never uploaded, or expired)")
+
+
+def _render(gw: Gateway, who: Caller, file_id: str) -> tuple[dict[str, Any], bytes]:
     """A batch output or error file: its details and content, from the batch's results now."""
     found = _output_of(file_id)
     if found is None:
-        raise not_found(f"no file {file_id!r} (never uploaded, or expired)")
+        raise _missing(file_id)
     batch_id, kind = found
-    view = batches.read_batch(gw.sync_client, batch_id)
+    try:
+        view = batches.read_batch(
+            gw.sync_client, batch_id, tenant=None if who.admin else who.tenant
+        )
+    except RequestNotFound:
+        raise _missing(file_id) from None
     ok, failed, _ = batches.output_files(view)
     lines = ok if kind == "output" else failed
     content = "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -98,29 +109,34 @@ def _render(gw: Gateway, file_id: str) -> tuple[dict[str, Any], bytes]:
     return info, content
 
 
-async def stored_file(gw: Gateway, file_id: str, *, content: bool) -> tuple[dict[str, Any], bytes]:
-    """An uploaded file's details (and its content if asked), or a rendered batch output."""
+async def stored_file(
+    gw: Gateway, who: Caller, file_id: str, *, content: bool
+) -> tuple[dict[str, Any], bytes]:
+    """An uploaded file's details (and its content if asked), or a rendered batch output; 404
+    if there is none that ``who`` may see."""
     key = Keys.file(file_id)
-    fields = ["bytes", "created_at", "expires_at", "filename", "purpose"]
+    fields = ["bytes", "created_at", "expires_at", "filename", "purpose", "tenant"]
     values: Any = await gw.client.redis.hmget(key, [*fields, "content"] if content else fields)
     if values[0] is None:
-        return await run_in_threadpool(_render, gw, file_id)
+        return await run_in_threadpool(_render, gw, who, file_id)
     info: dict[str, Any] = {
         f: (v.decode() if isinstance(v, bytes) else v) for f, v in zip(fields, values, strict=False)
     }
+    if not who.sees(info.pop("tenant")):
+        raise _missing(file_id)
     info["expires_at"] = int(info["expires_at"]) if info.get("expires_at") else None
     return info, (bytes(values[-1]) if content else b"")
 
 
 @router.get("/v1/files/{file_id}")
 async def retrieve(file_id: str, request: Request) -> dict[str, Any]:
-    info, _ = await stored_file(gateway(request), file_id, content=False)
+    info, _ = await stored_file(gateway(request), caller(request), file_id, content=False)
     return _file_object(file_id, info)
 
 
 @router.get("/v1/files/{file_id}/content")
 async def file_content(file_id: str, request: Request) -> Response:
-    _, content = await stored_file(gateway(request), file_id, content=True)
+    _, content = await stored_file(gateway(request), caller(request), file_id, content=True)
     return Response(content, media_type="application/jsonl")
 
 
@@ -128,6 +144,7 @@ async def file_content(file_id: str, request: Request) -> Response:
 async def delete(file_id: str, request: Request) -> dict[str, Any]:
     """Delete an uploaded file (a batch that used it keeps its requests)."""
     gw = gateway(request)
+    await stored_file(gw, caller(request), file_id, content=False)  # 404 if not the caller's
     if not await gw.client.redis.delete(Keys.file(file_id)):
-        raise not_found(f"no file {file_id!r} (never uploaded, already deleted, or expired)")
+        raise _missing(file_id)
     return {"id": file_id, "object": "file", "deleted": True}

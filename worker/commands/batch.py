@@ -8,7 +8,7 @@ import click
 from genq.common.errors import GenqError
 from genq.common.models import DEFAULT_PRIORITY
 from genq.producer.batch_lines import ENDPOINTS
-from genq.worker.commands.options import PRIORITY_CHOICE, redis_options
+from genq.worker.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
 from rich.console import Console
 
 
@@ -21,6 +21,7 @@ def batch() -> None:
 @redis_options
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("--priority", type=PRIORITY_CHOICE, default=DEFAULT_PRIORITY)
+@tenant_option
 @click.option("--batch-id", default=None, help="reuse a batch id: its lines are not enqueued twice")
 @click.option(
     "--endpoint",
@@ -33,6 +34,7 @@ def batch_submit(
     queue: str,
     path: str,
     priority: str,
+    tenant: str,
     batch_id: str | None,
     endpoint: str | None,
 ) -> None:
@@ -59,6 +61,7 @@ def batch_submit(
                 source=os.path.basename(path),
                 batch_id=batch_id,
                 priority=priority,
+                tenant=tenant,
                 endpoint=endpoint,
                 progress=lambda n, total: progress.update(task, completed=n, total=total),
             )

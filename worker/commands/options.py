@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from genq.common.models import PRIORITIES
+from genq.common.models import DEFAULT_TENANT, PRIORITIES, tenant_problem
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_REDIS_URL, EngineName, WorkerSettings
 
 F = Callable[..., Any]
@@ -18,6 +18,26 @@ PRIORITY_CHOICE = click.Choice(list(PRIORITIES))
 ENGINE_CHOICE = click.Choice(list(typing.get_args(EngineName)))
 QUEUE_ENV = WorkerSettings.env_var("queue")
 REDIS_URL_ENV = WorkerSettings.env_var("redis_url")
+TENANT_ENV = "GENQ_TENANT"
+
+
+def _tenant_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    problem = tenant_problem(value)
+    if problem is not None:
+        raise click.BadParameter(problem)
+    return value
+
+
+def tenant_option(func: F) -> F:
+    """``--tenant``: whom the submitted requests belong to (checked before anything is sent)."""
+    return click.option(
+        "--tenant",
+        envvar=TENANT_ENV,
+        default=DEFAULT_TENANT,
+        show_default=True,
+        callback=_tenant_name,
+        help=f"the tenant the requests belong to (1-64 of A-Za-z0-9._-) [env: {TENANT_ENV}]",
+    )(func)
 
 
 def settings_options(func: F) -> F:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from genq.common.errors import ConfigError
 from genq.producer.gateway.settings import ENV, GatewaySettings
 from genq.worker.commands.options import redis_options
 
@@ -30,8 +31,16 @@ _DEFAULTS = GatewaySettings()
     "--api-key",
     "api_keys",
     multiple=True,
-    help=f"accepted 'Authorization: Bearer' key; repeat for several [env: {ENV['api_keys']}, "
-    "comma-separated]; none: no key needed",
+    help="accepted 'Authorization: Bearer' key, as KEY=TENANT (a bare KEY: tenant default): "
+    "the key's requests belong to TENANT and it sees only TENANT's files and batches; repeat "
+    f"for several [env: {ENV['api_keys']}, comma-separated]; none: no key needed",
+)
+@click.option(
+    "--admin-key",
+    "admin_keys",
+    multiple=True,
+    help="a key that sees every tenant's files and batches (operators); repeat for several "
+    f"[env: {ENV['admin_keys']}, comma-separated]",
 )
 @click.option(
     "--request-timeout-s",
@@ -56,6 +65,7 @@ def serve(
     host: str,
     port: int,
     api_keys: tuple[str, ...],
+    admin_keys: tuple[str, ...],
     request_timeout_s: float,
     max_file_bytes: int,
 ) -> None:
@@ -71,14 +81,22 @@ def serve(
         raise click.ClickException(
             f"genq serve needs the serve extra ({err}): pip install 'genq[serve]'"
         ) from None
-    keys = api_keys or tuple(k for k in os.environ.get(ENV["api_keys"], "").split(",") if k)
+
+    def listed(given: tuple[str, ...], env: str) -> tuple[str, ...]:
+        return given or tuple(k for k in os.environ.get(ENV[env], "").split(",") if k)
+
     settings = GatewaySettings(
         redis_url=redis_url,
         queue=queue,
         host=host,
         port=port,
-        api_keys=keys,
+        api_keys=listed(api_keys, "api_keys"),
+        admin_keys=listed(admin_keys, "admin_keys"),
         request_timeout_s=request_timeout_s,
         max_file_bytes=max_file_bytes,
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", access_log=False)
+    try:
+        app = create_app(settings)
+    except ConfigError as err:
+        raise click.UsageError(str(err)) from None
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

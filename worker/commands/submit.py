@@ -8,7 +8,7 @@ from typing import Any
 import click
 from genq.common.errors import GenqError
 from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRIORITY
-from genq.worker.commands.options import PRIORITY_CHOICE, redis_options
+from genq.worker.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
 from rich.console import Console
 
 
@@ -24,6 +24,7 @@ from rich.console import Console
 )
 @click.option("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, show_default=True)
 @click.option("--priority", type=PRIORITY_CHOICE, default=DEFAULT_PRIORITY)
+@tenant_option
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="a stop string (repeatable)")
@@ -37,6 +38,7 @@ def submit(
     path: str | None,
     max_new_tokens: int,
     priority: str,
+    tenant: str,
     temperature: float,
     seed: int | None,
     stop: tuple[str, ...],
@@ -53,6 +55,7 @@ def submit(
     options = {
         "max_new_tokens": max_new_tokens,
         "priority": priority,
+        "tenant": tenant,
         "temperature": temperature,
         "seed": seed,
         "stop": list(stop),
@@ -63,14 +66,7 @@ def submit(
     prompt = prompt or ""  # given: checked above
     with Client.from_url(redis_url, queue) as client:
         try:
-            request_id = client.submit(
-                prompt,
-                max_new_tokens=max_new_tokens,
-                priority=priority,
-                temperature=temperature,
-                seed=seed,
-                stop=list(stop),
-            )
+            request_id = client.submit(prompt, **options)
             if no_wait:
                 click.echo(request_id)
                 return

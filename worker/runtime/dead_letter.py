@@ -19,6 +19,7 @@ request limits bound its size.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +27,12 @@ import redis
 from genq.common import states
 from genq.common.connection import is_cluster
 from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, Keys
-from genq.common.models import now_ms
+from genq.common.models import DEFAULT_TENANT, TENANT_CHARS, now_ms
 
 MAX_JUNK_FIELDS_CHARS = 16_000
 """Most characters of field names and values kept from an entry that is not a request."""
 CUT_NOTE = "genq:cut"
+_TENANT = re.compile(TENANT_CHARS)
 """The field that says what was left out of a dead-lettered entry's fields."""
 
 
@@ -99,6 +101,16 @@ class DeadLetter:
     worker: str
     at_unix_ms: int
 
+    @property
+    def tenant(self) -> str:
+        """The tenant its body names (``default`` if none, or no body to read)."""
+        try:
+            body = json.loads(self.fields.get("body", "{}"))
+        except ValueError:
+            return DEFAULT_TENANT
+        tenant = body.get("tenant") if isinstance(body, dict) else None
+        return tenant if isinstance(tenant, str) and _TENANT.fullmatch(tenant) else DEFAULT_TENANT
+
 
 def list_dead(r: redis.Redis, keys: Keys, count: int = 100) -> list[DeadLetter]:
     """The oldest ``count`` dead-letter entries."""
@@ -139,7 +151,10 @@ def retry_dead(
         pipe = r.pipeline(transaction=not is_cluster(r))
         if d.request_id:
             queued = states.queued(
-                request_id=d.request_id, priority=keys.priority_of(d.stream), metadata={}
+                request_id=d.request_id,
+                priority=keys.priority_of(d.stream),
+                metadata={},
+                tenant=d.tenant,
             )
             pipe.set(keys.result(d.request_id), queued, ex=result_ttl_s)
             pipe.delete(keys.events(d.request_id))  # its old final event is no longer final

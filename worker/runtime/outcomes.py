@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from genq.common import states
 from genq.common.errors import GenqError
 from genq.common.keys import Keys
-from genq.common.models import Request
+from genq.common.models import DEFAULT_TENANT, Request
 from genq.worker.engines.base import GenerationOutput
 from genq.worker.policy.admission import entry_time_ms
 from genq.worker.policy.lookahead import Held
@@ -62,6 +62,7 @@ class Outcomes:
         state = states.succeeded(
             request_id=r.id,
             priority=r.priority,
+            tenant=r.tenant,
             metadata=r.metadata,
             text=out.text,
             finish_reason=out.finish_reason,
@@ -174,6 +175,7 @@ class Outcomes:
             request_id=request_id,
             status=status,
             priority=priority,
+            tenant=request.tenant if request else DEFAULT_TENANT,
             metadata=request.metadata if request else {},
             code=code,
             message=message,

@@ -67,6 +67,7 @@ class Starter:
         return states.running(
             request_id=h.request.id,
             priority=h.request.priority,
+            tenant=h.request.tenant,
             metadata=h.request.metadata,
             queued_ms=h.enqueued_ms,
             started_ms=started_ms,

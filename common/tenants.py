@@ -1,0 +1,97 @@
+"""Tenants' settings: weight, tokens per minute and most requests queued, per tenant of a queue,
+kept in Redis (``Keys.tenants``: a hash, one JSON object per tenant) so that every worker and
+gateway reads the same, and ``genq tenants set`` changes them at run time with no restart.
+
+A tenant with no entry has the defaults (``TenantSettings()``): weight 1, no limits. The
+settings are read by ``genq tenants list``, ``genq stats`` and the queue's scheduling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+from genq.common.errors import ConfigError
+from genq.common.keys import Keys
+from genq.common.models import tenant_problem
+from genq.common.wire import as_text
+
+MAX_WEIGHT = 1_000_000.0
+"""The largest weight a tenant may have (the smallest is anything above 0)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantSettings:
+    """One tenant's settings (the defaults: weight 1, no limits)."""
+
+    weight: float = 1.0
+    """Its share of the fleet against other backlogged tenants of the same priority: a tenant
+    of weight 3 is served three times the tokens of one of weight 1."""
+    tokens_per_minute: int = 0
+    """Most tokens served to it in any 60 s (0: no limit). Requests over it wait; they do not
+    fail."""
+    max_queued: int = 0
+    """Most of its requests waiting at once (0: no limit); beyond it its submits raise
+    QueueFull (HTTP 429)."""
+
+    def __post_init__(self) -> None:
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
+            raise ConfigError(f"weight must be a number above 0, got {w!r}")
+        if not 0 < w <= MAX_WEIGHT:
+            raise ConfigError(f"weight must be above 0 and at most {MAX_WEIGHT:g}, got {w!r}")
+        for name in ("tokens_per_minute", "max_queued"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(
+                    f"{name} must be a whole number >= 0 (0: no limit), got {value!r}"
+                )
+
+    def to_json(self) -> str:
+        """The stored form."""
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> TenantSettings:
+        """The stored form back; fields it does not know are left out (a newer genq's)."""
+        doc: Any = orjson.loads(raw)
+        known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a valid tenant name, else ConfigError saying why."""
+    problem = tenant_problem(name)
+    if problem is not None:
+        raise ConfigError(problem)
+    return name
+
+
+def read_all(r: Any, keys: Keys) -> dict[str, TenantSettings]:
+    """Every tenant with settings of its own, by name (one HGETALL). An entry that cannot be
+    read (written by hand) is left out: the tenant has the defaults."""
+    out: dict[str, TenantSettings] = {}
+    for name, raw in (r.hgetall(keys.tenants) or {}).items():
+        try:
+            out[as_text(name)] = TenantSettings.from_json(raw)
+        except (ConfigError, orjson.JSONDecodeError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def update(r: Any, keys: Keys, name: str, **changes: Any) -> TenantSettings:
+    """Set some of a tenant's settings (the others keep their values, or the defaults) and
+    return them all. Raises ConfigError for a bad name or value, writing nothing."""
+    check_name(name)
+    raw = r.hget(keys.tenants, name)
+    current = asdict(TenantSettings.from_json(raw)) if raw else {}
+    settings = TenantSettings(**{**current, **{k: v for k, v in changes.items() if v is not None}})
+    r.hset(keys.tenants, name, settings.to_json())
+    return settings
+
+
+def delete(r: Any, keys: Keys, name: str) -> bool:
+    """Back to the defaults: whether the tenant had settings of its own."""
+    return bool(r.hdel(keys.tenants, check_name(name)))

@@ -1,0 +1,91 @@
+"""What every route of the gateway uses: the ``Gateway`` (settings, clients, fleet, keys), and
+who sent a request (``Caller``: its API key's tenant, or an admin), checked by ``check_key``."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from fastapi import Request
+from genq.common.models import DEFAULT_TENANT
+from genq.producer.aio import AsyncClient
+from genq.producer.client import Client
+from genq.producer.gateway.fleet import Fleet
+from genq.producer.gateway.openai_errors import ApiError
+from genq.producer.gateway.settings import GatewaySettings, key_tenants
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent an HTTP request, by its API key: the tenant its submissions belong to, and
+    whether it sees every tenant (an admin key, or a gateway with no keys at all)."""
+
+    tenant: str
+    admin: bool
+
+    @property
+    def scope(self) -> str | None:
+        """The one tenant whose things this caller sees (None: every tenant's)."""
+        return None if self.admin else self.tenant
+
+    def sees(self, tenant: str | None) -> bool:
+        """Whether this caller may see (read, list, cancel, delete) what ``tenant`` owns
+        (None: a record from before tenants, which is tenant ``default``)."""
+        return self.admin or (tenant or DEFAULT_TENANT) == self.tenant
+
+
+OPEN = Caller(DEFAULT_TENANT, admin=True)
+"""The caller of a gateway with no keys configured."""
+
+
+@dataclass
+class Gateway:
+    """What every route uses: the settings, an asyncio client for completions, a plain one for
+    batches and files (run in threads: they are not on the hot path), the fleet's models."""
+
+    settings: GatewaySettings
+    client: AsyncClient
+    sync_client: Client
+    fleet: Fleet
+    keys: dict[str, Caller]
+    """Every accepted key, and who it stands for."""
+
+
+def gateway(request: Request) -> Gateway:
+    """The app's Gateway (a FastAPI dependency)."""
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+def callers(settings: GatewaySettings) -> dict[str, Caller]:
+    """Every accepted key and who it stands for (raises ConfigError on a bad ``--api-key``)."""
+    keys = {k: Caller(t, admin=False) for k, t in key_tenants(settings.api_keys).items()}
+    return {**keys, **{k: OPEN for k in settings.admin_keys}}
+
+
+async def check_key(request: Request) -> None:
+    """401 unless the request carries one of the configured keys (none configured: open);
+    the caller it stands for goes to ``request.state.caller``."""
+    keys: dict[str, Caller] = request.app.state.gateway.keys
+    request.state.caller = OPEN
+    if not keys or request.url.path == "/health":  # a load balancer's probe needs no key
+        return
+    header = request.headers.get("authorization", "")
+    given = (header[7:].strip() if header.lower().startswith("bearer ") else "").encode()
+    # Every key is compared (in constant time each): how long it takes says nothing of which.
+    found = [c for k, c in keys.items() if hmac.compare_digest(given, k.encode())]
+    if not found:
+        raise ApiError(
+            401,
+            "Incorrect API key provided: pass one of genq serve's --api-key values as "
+            "'Authorization: Bearer KEY'",
+            type_="invalid_request_error",
+            code="invalid_api_key",
+        )
+    request.state.caller = found[0]
+
+
+def caller(request: Request) -> Caller:
+    """Who sent ``request`` (set by ``check_key``)."""
+    who: Caller = request.state.caller
+    return who

@@ -1,0 +1,95 @@
+"""``genq tenants set | list | delete``: each tenant's weight and limits, kept in Redis and
+seen by every worker and gateway of the queue without a restart."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+from genq.common.errors import ConfigError
+from genq.worker.commands.options import redis_options
+from rich.console import Console
+from rich.table import Table
+
+
+@click.group()
+def tenants() -> None:
+    """Tenants' weights and limits (a tenant with none set: weight 1, no limits)."""
+
+
+@tenants.command("set")
+@redis_options
+@click.argument("name")
+@click.option("--weight", type=float, default=None, help="share against other tenants (> 0)")
+@click.option(
+    "--tokens-per-minute", type=int, default=None, help="most tokens served in any 60 s (0: none)"
+)
+@click.option("--max-queued", type=int, default=None, help="most requests waiting (0: no limit)")
+def tenants_set(
+    redis_url: str,
+    queue: str,
+    name: str,
+    weight: float | None,
+    tokens_per_minute: int | None,
+    max_queued: int | None,
+) -> None:
+    """Set NAME's weight and limits (those not given keep their values); print them all."""
+    from genq.common import tenants as registry
+    from genq.common.connection import connect
+    from genq.common.keys import Keys
+
+    with connect(redis_url) as r:
+        try:
+            settings = registry.update(
+                r,
+                Keys(queue),
+                name,
+                weight=weight,
+                tokens_per_minute=tokens_per_minute,
+                max_queued=max_queued,
+            )
+        except ConfigError as err:
+            raise click.UsageError(f"tenant {name!r}: {err}") from None
+    click.echo(json.dumps({"name": name, **dataclasses.asdict(settings)}))
+
+
+@tenants.command("list")
+@redis_options
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def tenants_list(redis_url: str, queue: str, as_json: bool) -> None:
+    """Every tenant with settings of its own (all others: weight 1, no limits)."""
+    from genq.common import tenants as registry
+    from genq.common.connection import connect
+    from genq.common.keys import Keys
+
+    with connect(redis_url) as r:
+        found = registry.read_all(r, Keys(queue))
+    rows = [{"name": n, **dataclasses.asdict(s)} for n, s in sorted(found.items())]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title=f"tenants of queue {queue!r} (others: weight 1, no limits)")
+    for col in ("tenant", "weight", "tokens/min", "max queued"):
+        t.add_column(col, justify="left" if col == "tenant" else "right")
+    for row in rows:
+        limits = [str(row[k]) if row[k] else "-" for k in ("tokens_per_minute", "max_queued")]
+        t.add_row(row["name"], f"{row['weight']:g}", *limits)
+    Console().print(t)
+
+
+@tenants.command("delete")
+@redis_options
+@click.argument("name")
+def tenants_delete(redis_url: str, queue: str, name: str) -> None:
+    """Put NAME back to the defaults (weight 1, no limits)."""
+    from genq.common import tenants as registry
+    from genq.common.connection import connect
+    from genq.common.keys import Keys
+
+    with connect(redis_url) as r:
+        try:
+            had = registry.delete(r, Keys(queue), name)
+        except ConfigError as err:
+            raise click.UsageError(str(err)) from None
+    click.echo(f"tenant {name!r}: " + ("back to the defaults" if had else "had no settings"))
