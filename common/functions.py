@@ -33,8 +33,9 @@ from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 log = logging.getLogger("genq")
 
 LIBRARY = "genq"
-VERSION = 1
-"""Raised whenever a function's arguments or answers change."""
+VERSION = 2
+"""Raised whenever a function's arguments or answers change (2: genq_submit indexes each request
+under its tenant and may answer GENQ_TENANT_FULL)."""
 
 CANCEL = (
     IS_FINAL_LUA

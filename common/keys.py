@@ -20,6 +20,17 @@ key                    type    written by                  read by             T
                                (tenant -> JSON: weight,    ``genq tenants      hash per queue)
                                tokens_per_minute,          list``, stats
                                max_queued)
+``genq:{Q}:idx:P:T``  list    submit script (new ids,     workers (PULL)      none
+                               delivered to genq.queued);
+                               hand-back (at the front)
+``genq:{Q}:active:P``  set     submit, PULL scripts        PULL, stats         none
+``genq:{Q}:vtc``       zset    PULL (charges), workers     PULL, SUBMIT        none
+                               (refunds)
+``genq:{Q}:window:T``  hash    PULL, workers (tokens per   PULL (tokens per    120 s
+                               Unix second)                minute), stats
+``genq:{Q}:served``    hash    workers (tokens, requests)  ``genq stats``      none
+``genq:{Q}:waiting``   list    SUBMIT (+1 per request),    KEDA (LLEN), stats  none
+                               PULL (-1 per request)
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
 ``genq:{Q}:sub:ID``    string  client (submit script;      client (submit      result_ttl_s
@@ -69,6 +80,10 @@ from genq.common.models import PRIORITIES, Priority
 PREFIX = "genq"
 GROUP = "workers"
 """The consumer group every worker of a queue joins, on each priority stream."""
+QUEUED = "genq.queued"
+"""The consumer that holds every entry waiting for a worker: the submit script delivers each new
+entry to it at once and appends its id to its tenant's index, and a worker's read claims the
+next ids of the tenant with the least service (see ``scripts.PULL``). Not a process."""
 RETURNED = "genq.returned"
 """The consumer that holds entries a worker handed back unstarted (it was about to be busy for
 a while): every worker takes these first when it reads. Not a process: no heartbeat."""
@@ -132,6 +147,43 @@ class Keys:
         """Each tenant's settings (weight, tokens per minute, most queued) as JSON, by name;
         a tenant not in it has the defaults (``genq.common.tenants``)."""
         return f"{self._base}:tenants"
+
+    @property
+    def base(self) -> str:
+        """``genq:{Q}``: the scripts build the per-tenant keys below from it (their names are
+        dynamic: one per tenant), exactly as these methods do (a test compares them)."""
+        return self._base
+
+    def tenant_index(self, priority: Priority, tenant: str) -> str:
+        """The ids of a tenant's waiting entries of one priority, oldest first (a list)."""
+        return f"{self._base}:idx:{priority}:{tenant}"
+
+    def active(self, priority: Priority) -> str:
+        """The tenants with waiting entries of one priority (a set)."""
+        return f"{self._base}:active:{priority}"
+
+    @property
+    def vtc(self) -> str:
+        """Each tenant's weighted tokens served (prompt + 2 x generated; a sorted set): the
+        next read serves the active tenant with the least per unit of weight."""
+        return f"{self._base}:vtc"
+
+    def window(self, tenant: str) -> str:
+        """Tokens served to a tenant per second of the last minute (a hash: Unix second ->
+        tokens), for its tokens-per-minute limit and ``genq stats``."""
+        return f"{self._base}:window:{tenant}"
+
+    @property
+    def served(self) -> str:
+        """Tokens (prompt + generated) and requests served per tenant in all (a hash:
+        ``TENANT`` and ``TENANT:requests``)."""
+        return f"{self._base}:served"
+
+    @property
+    def waiting(self) -> str:
+        """One item per request waiting for a worker (a list; its length is the queue's
+        backlog, what an autoscaler reads)."""
+        return f"{self._base}:waiting"
 
     def submitted(self, request_id: str) -> str:
         """Redis Cluster only: the id was submitted to this queue (in the queue's slot, where

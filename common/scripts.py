@@ -32,13 +32,16 @@ from enum import IntEnum
 from typing import Any
 
 from genq.common.connection import is_cluster
-from genq.common.keys import GROUP, Keys
-from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES, PRIORITIES
+from genq.common.fair_share import DOORBELL_MAX, PRIORITY_LUA, TENANTS_LUA
+from genq.common.keys import GROUP, QUEUED, Keys
+from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
 
 QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
 """Start of the error SUBMIT returns when the queue is full (the client raises QueueFull)."""
 INVALID_PREFIX = "GENQ_INVALID"
+TENANT_FULL_PREFIX = "GENQ_TENANT_FULL"
+"""Start of the error SUBMIT returns when a tenant has ``max_queued`` requests waiting."""
 """Start of the error SUBMIT returns for a call it cannot take (a bad id, priority or body)."""
 MAX_QUEUE_DEPTH_FIELD = "max_queue_depth"
 """The field of the queue's config hash holding its maximum depth (0 or absent: no limit)."""
@@ -78,15 +81,19 @@ local function is_final(raw)
 end
 """
 
-SUBMIT = f"""
+SUBMIT = (
+    TENANTS_LUA
+    + f"""
 -- KEYS: config, stream high, stream normal, stream low, then per request its state key (on a
 --       Redis Cluster: the queue's submitted marker for the id)
 -- ARGV: ttl_s, then per request: id, priority (high, normal or low), body JSON, queued state
 --       JSON ('' to build it here from the body)
 -- Returns per request the new entry's id, or 0 if the id already has a state (not enqueued
 -- again). Errors, for the whole call (nothing enqueued): {QUEUE_FULL_PREFIX} DEPTH LIMIT, or
--- {INVALID_PREFIX} why. The queued state records the entry that owns the id ("entry":
--- "PRIORITY/ENTRY_ID", right after the status): another entry with the id is a duplicate.
+-- {INVALID_PREFIX} why, or {TENANT_FULL_PREFIX} TENANT WAITING LIMIT (that tenant's max_queued).
+-- The queued state records the entry that owns the id ("entry": "PRIORITY/ENTRY_ID", right
+-- after the status): another entry with the id is a duplicate. Each new entry is delivered to
+-- {QUEUED} at once and its id appended to its tenant's index (TENANTS_LUA: ``sweep``).
 local ttl = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 4
 if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + n or not ttl or ttl < 1 then
@@ -95,7 +102,7 @@ if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + n or not ttl or ttl < 1 then
     .. 'per request')
 end
 local STREAM = {{high = 2, normal = 3, low = 4}}
-local queued = {{}}
+local queued, tenant_of = {{}}, {{}}
 for i = 1, n do  -- everything is checked before anything is written: all or nothing
   local a = 2 + (i - 1) * 4
   local id, priority, body = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -124,6 +131,12 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
     queued[i] = '{{"id":"' .. id .. '","status":"queued","priority":"' .. priority
       .. '","tenant":"' .. tenant .. '","metadata":' .. meta .. '}}'
   end
+  -- The client's queued state names the tenant before anything the request wrote (metadata).
+  tenant_of[i] = string.match(queued[i], '"tenant":"([^"]*)"') or '{DEFAULT_TENANT}'
+  if not tenant_ok(tenant_of[i]) then
+    return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the tenant must be 1-64 '
+      .. 'letters, digits, . _ or -')
+  end
 end
 -- The consumer groups exist from a queue's first submission, so a queue no worker has served
 -- yet already shows its lag (XINFO GROUPS): an autoscaler at zero workers sees the work.
@@ -143,7 +156,20 @@ if max_depth > 0 then
     return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
   end
 end
-local out = {{}}
+local fresh_of = {{}}  -- per tenant with a max_queued: its requests this call adds
+for i = 1, n do
+  local t = tenant_of[i]
+  if settings(t)[3] > 0 and redis.call('EXISTS', KEYS[4 + i]) == 0 then
+    fresh_of[t] = (fresh_of[t] or 0) + 1
+  end
+end
+for t, fresh in pairs(fresh_of) do
+  local waiting, limit = waiting_of(t), settings(t)[3]
+  if waiting + fresh > limit then
+    return redis.error_reply('{TENANT_FULL_PREFIX} ' .. t .. ' ' .. waiting .. ' ' .. limit)
+  end
+end
+local out, known, touched = {{}}, {{}}, {{}}
 for i = 1, n do
   local a = 2 + (i - 1) * 4
   local id, priority = ARGV[a], ARGV[a + 1]
@@ -158,16 +184,22 @@ for i = 1, n do
   end
   if redis.call('SET', KEYS[4 + i], q, 'NX', 'EX', ttl) then
     out[i] = entry
+    known[entry] = tenant_of[i]
+    touched[STREAM[priority]] = priority
   else
     redis.call('XDEL', stream, entry)
     out[i] = 0
   end
 end
+for s, p in pairs(touched) do sweep(s, p, known) end
+-- Wake an idle worker (it blocks on the doorbell): only where workers made it.
+if next(touched) ~= nil and redis.call('EXISTS', BASE .. ':doorbell') == 1 then
+  redis.call('XADD', BASE .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', n)
+end
 return out
 """
+)
 
-PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in PRIORITIES) + "}"
-"""The priorities in stream order, as a Lua table (APPLY's stream numbers index it)."""
 
 APPLY = (
     IS_FINAL_LUA

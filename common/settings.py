@@ -79,6 +79,11 @@ class WorkerSettings(BaseModel):
         description="most requests a free static worker reads per priority stream to choose "
         "its batch from (a continuous worker reads only what it can start)",
     )
+    tenant_policy: Literal["fair", "fifo"] = Field(
+        "fair",
+        description="within a priority, serve the tenant with the least weighted tokens served "
+        "(fair) or the oldest request whoever sent it (fifo); quotas hold either way",
+    )
     hand_back_after_ms: Annotated[int, Field(ge=0)] = Field(
         50,
         description="a static worker about to run a batch expected to take this long or more "

@@ -12,7 +12,7 @@ from genq.common import states
 from genq.common.errors import QueueFull, RequestNotFound, SubmitFailed
 from genq.common.keys import Keys
 from genq.common.models import now_ms
-from genq.common.scripts import QUEUE_FULL_PREFIX, Applied, apply_args
+from genq.common.scripts import QUEUE_FULL_PREFIX, TENANT_FULL_PREFIX, Applied, apply_args
 from genq.producer.building import Prepared
 from genq.producer.waiting import parse_stored
 
@@ -96,6 +96,15 @@ def submit_outcome(requests: Sequence[Prepared], replies: Sequence[Any]) -> list
     if first is None:
         return done
     went_in = f"{len(done)} of {len(requests)} were enqueued (the error's .submitted)"
+    if TENANT_FULL_PREFIX in str(first):
+        tenant, waiting, limit = str(first).split()[-3:]
+        raise QueueFull(
+            f"tenant {tenant!r} has {waiting} requests waiting, its limit is {limit} "
+            f"(max_queued); {went_in}. Retry later, or raise it with genq tenants set "
+            f"{tenant} --max-queued N",
+            submitted=done,
+            not_submitted=missed,
+        )
     if QUEUE_FULL_PREFIX in str(first):
         _, depth, limit = str(first).split()[-3:]
         raise QueueFull(

@@ -44,6 +44,7 @@ def test_the_metrics_endpoint_counts_requests_batches_and_waits(
     wait_until(lambda: _ready(port))
     text = scrape(port)
     assert metric(text, "genq_requests_total", status="succeeded", priority="high") == 10
+    assert metric(text, "genq_requests_total", status="succeeded", tenant="default") == 10
     assert metric(text, "genq_requests_total", status="failed", priority="normal") == 1
     assert metric(text, "genq_queue_wait_seconds_count", priority="high") == 10
     assert metric(text, "genq_generated_tokens_total", queue=queue) == 10 * 2  # "mN" is 2 bytes

@@ -107,16 +107,23 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
 
     k = Keys("Q")
     # The README's placeholder for each argument a key method takes.
-    placeholder = {"request_id": "ID", "consumer": "C", "batch_id": "B", "file_id": "F"}
+    placeholder = {
+        "request_id": "ID",
+        "consumer": "C",
+        "batch_id": "B",
+        "file_id": "F",
+        "tenant": "T",
+        "priority": "P",
+    }
     found = [*k.streams()]
     for name, member in inspect.getmembers(Keys):
-        if name.startswith("_") or name in {"stream", "streams", "priority_of"}:
+        if name.startswith("_") or name in {"stream", "streams", "priority_of", "base"}:
             continue
         if isinstance(member, property):
             found.append(getattr(k, name))
         elif callable(member):
-            [arg] = inspect.signature(getattr(k, name)).parameters
-            found.append(getattr(k, name)(placeholder[arg]))
+            args = inspect.signature(getattr(k, name)).parameters
+            found.append(getattr(k, name)(*(placeholder[a] for a in args)))
     assert len(found) >= 14
     for key in found:
         assert f"`{key}`" in README, key

@@ -197,7 +197,8 @@ def test_no_key_is_left_without_a_ttl_but_the_queues_own(
     start_worker(queue, "--engine", "echo")
     client.results([*ids, cancelled], timeout=30)
     wait_until(lambda: r.xlen(keys.dead_letter) == 1)
-    queue_own = {*keys.streams(), keys.dead_letter, keys.config}
+    # The queue's own, and its tenants' service and totals (one member or field per tenant).
+    queue_own = {*keys.streams(), keys.dead_letter, keys.config, keys.vtc, keys.served}
     mine = [k.decode() for k in r.scan_iter(match=f"genq:*{{{queue}}}*")]
     mine += [k.decode() for i in [*ids, cancelled] for k in r.scan_iter(match=f"genq:*:{{{i}}}")]
     assert mine

@@ -18,10 +18,11 @@ from tests.conftest import WorkerProcess
 # The ACL line the README documents (tests/test_readme.py checks they are the same).
 GENQ_ACL = (
     "on >genq-secret ~genq:* resetchannels -@all +@connection "
-    "+get +set +mget +del +exists +expire +hset +hget +hgetall +eval "
+    "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +eval "
     "+fcall +function|load +time "
-    "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim +xautoclaim "
-    "+xgroup|create +xinfo|groups +xinfo|consumers"
+    "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
+    "+xgroup|create +xinfo|groups +xinfo|consumers "
+    "+rpush +lpop +llen +lindex +sadd +srem +smembers +sismember +zadd +zscore +zincrby"
 )
 SECRET_PROMPT = "the secret prompt 7f3a"
 

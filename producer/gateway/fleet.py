@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
-from genq.common.keys import GROUP, RETURNED, Keys
+from genq.common.keys import GROUP, QUEUED, RETURNED, Keys
 from genq.common.wire import as_text
 
 
@@ -30,7 +30,8 @@ class Fleet:
             consumers: Any = await self._redis.xinfo_consumers(self._keys.stream("normal"), GROUP)
         except aioredis.ResponseError:  # no stream or group yet: no worker ever ran
             consumers = []
-        names = [as_text(c["name"]) for c in consumers if as_text(c["name"]) != RETURNED]
+        placeholders = {RETURNED, QUEUED}  # not processes
+        names = [as_text(c["name"]) for c in consumers if as_text(c["name"]) not in placeholders]
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.hmget(self._keys.worker(name), "model", "started_unix_ms")

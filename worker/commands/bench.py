@@ -53,12 +53,13 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
 )
 @click.option(
     "--scenario",
-    type=click.Choice(["modes", "priority", "fleet", "gateway"]),
+    type=click.Choice(["modes", "priority", "fleet", "gateway", "tenants"]),
     default="modes",
     show_default=True,
     help="priority: waits per priority under a low-priority backlog; fleet: simulated GPU "
     "workers (echo, mixed speeds) under bursts and Poisson arrivals, against the ideal; "
-    "gateway: genq serve's added latency and requests/s against the Python client",
+    "gateway: genq serve's added latency and requests/s against the Python client; tenants: "
+    "a flood beside a trickle, service gaps, weights and a quota, fair against first-come",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
@@ -103,6 +104,9 @@ def bench(
         return
     if scenario == "gateway":
         _gateway_scenario(redis_url, quick=quick, as_json=as_json)
+        return
+    if scenario == "tenants":
+        _tenants_scenario(redis_url, quick=quick, as_json=as_json)
         return
 
     from genq.worker.devtools import bench_modes as b
@@ -326,6 +330,26 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
         click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
         click.echo("")
         click.echo(fleet_markdown(results))
+
+
+def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
+    from genq.worker.devtools.bench_modes import machine_info
+    from genq.worker.devtools.bench_tenants import as_dict, run_tenants, tenants_markdown
+    from genq.worker.devtools.redis_server import RedisServer
+
+    server = None if redis_url else RedisServer().start()
+    try:
+        report = run_tenants(server.url if server else str(redis_url), quick=quick)
+    finally:
+        if server is not None:
+            server.stop()
+    if as_json:
+        click.echo(json.dumps({"machine": machine_info(), **as_dict(report)}, indent=2))
+        return
+    click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
+    click.echo("")
+    click.echo(tenants_markdown(report))
 
 
 def _gateway_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:

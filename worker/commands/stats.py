@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 import redis
-from genq.common.keys import GROUP, RETURNED, Keys
+from genq.common.keys import GROUP, QUEUED, RETURNED, Keys
 from genq.common.models import PRIORITIES, now_ms
 from genq.worker.commands.options import WIDE, redis_options
 from genq.worker.runtime.heartbeat import derived
@@ -49,10 +49,60 @@ def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
     return {
         "queue": queue,
         "streams": streams,
+        "tenants": tenants_info(r, keys, now // 1000, workers),
         "dead_letter": int(r.xlen(keys.dead_letter)),
         "workers": workers,
         "redis": redis_memory(r),
     }
+
+
+def tenants_info(
+    r: redis.Redis, keys: Keys, now_s: int, workers: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per tenant: its settings, requests waiting and running, tokens served in the last
+    minute and in all, whether it is over its tokens per minute (``throttled``). Every tenant
+    with settings, waiting work, or service on record; two round trips."""
+    from genq.common.tenants import read_all
+
+    settings = read_all(r, keys)
+    served: Any = r.hgetall(keys.served)
+    pipe = r.pipeline(transaction=False)
+    for p in PRIORITIES:
+        pipe.smembers(keys.active(p))
+    names = set(settings) | {_s(k).split(":")[0] for k in served}
+    for members in pipe.execute():
+        names |= {_s(m) for m in members}
+    running: dict[str, int] = {}
+    for w in workers:
+        for tenant, n in json.loads(str(w.get("in_flight_by_tenant") or "{}")).items():
+            running[tenant] = running.get(tenant, 0) + int(n)
+    names |= set(running)
+    ordered = sorted(names)
+    pipe = r.pipeline(transaction=False)
+    for t in ordered:
+        for p in PRIORITIES:
+            pipe.llen(keys.tenant_index(p, t))
+        pipe.hgetall(keys.window(t))
+    replies = pipe.execute()
+    out: dict[str, dict[str, Any]] = {}
+    for i, t in enumerate(ordered):
+        row = replies[i * 4 : i * 4 + 4]
+        window = row[3] or {}
+        last_minute = sum(int(v) for k, v in window.items() if int(k) > now_s - 60)
+        s = settings.get(t)
+        weight, per_minute = (s.weight, s.tokens_per_minute) if s else (1.0, 0)
+        out[t] = {
+            "waiting": sum(int(x) for x in row[:3]),
+            "running": running.get(t, 0),
+            "tokens_last_minute": max(0, last_minute),
+            "tokens_total": int(_s(served.get(t.encode(), b"0"))),
+            "requests_total": int(_s(served.get(f"{t}:requests".encode(), b"0"))),
+            "weight": weight,
+            "tokens_per_minute": per_minute,
+            "max_queued": s.max_queued if s else 0,
+            "throttled": bool(per_minute) and last_minute >= per_minute,
+        }
+    return out
 
 
 def _age_ms(now: int, entry_id: Any) -> int:
@@ -74,13 +124,13 @@ def _stream_info(
     info["lag"] = group.get("lag")
     nxt: Any = r.xrange(key, min=f"({_s(group['last-delivered-id'])}", count=1)
     info["oldest_waiting_ms"] = _age_ms(now, nxt[0][0]) if nxt else 0
-    info["handed_back"] = 0
+    info["handed_back"] = info["waiting"] = 0
     group_consumers: Any = r.xinfo_consumers(key, GROUP)
     for c in group_consumers:
         name = _s(c["name"])
-        if name == RETURNED:  # entries handed back, waiting for the next free worker
-            info["handed_back"] = int(c["pending"])
-            first: Any = r.xpending_range(key, GROUP, "-", "+", 1, consumername=RETURNED)
+        if name in (RETURNED, QUEUED):  # handed back, or waiting: for the next free worker
+            info["handed_back" if name == RETURNED else "waiting"] = int(c["pending"])
+            first: Any = r.xpending_range(key, GROUP, "-", "+", 1, consumername=name)
             if first:
                 age = _age_ms(now, first[0]["message_id"])
                 info["oldest_waiting_ms"] = max(info["oldest_waiting_ms"], age)
@@ -143,7 +193,7 @@ def print_stats(snapshot: dict[str, Any], console: Console) -> None:
 
 
 def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
-    """A stats snapshot as two tables: streams by priority, and workers."""
+    """A stats snapshot as three tables: streams by priority, tenants, and workers."""
 
     mem = snapshot.get("redis") or {}
     title = f"queue {snapshot['queue']!r}"
@@ -154,12 +204,21 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
         if mem["full"]:
             title += " REDIS IS FULL: writes are refused; workers hold results and wait"
     t = Table(title=title)
-    for col in ("priority", "length", "pending", "handed back", "lag", "oldest waiting ms"):
+    for col in (
+        "priority",
+        "length",
+        "waiting",
+        "pending",
+        "handed back",
+        "lag",
+        "oldest waiting ms",
+    ):
         t.add_column(col, justify="right")
     for priority, s in snapshot["streams"].items():
         t.add_row(
             priority,
             str(s["length"]),
+            str(s.get("waiting", 0)),
             str(s["pending"]),
             str(s.get("handed_back", 0)),
             str(s["lag"]),
@@ -199,7 +258,27 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
             f"{d['padding_fraction']:.1%}",
             f"{d['tokens_per_s']:.0f}",
         )
-    return [t, w]
+    return [t, tenants_table(snapshot.get("tenants", {})), w]
+
+
+def tenants_table(tenants: dict[str, dict[str, Any]]) -> Table:
+    """The tenants of a stats snapshot."""
+    t = Table(title="tenants (weight 1 and no limits unless set with genq tenants set)")
+    cols = ("tenant", "weight", "waiting", "running", "tokens last min", "tokens total")
+    for col in (*cols, "tokens/min limit", "throttled"):
+        t.add_column(col, justify="left" if col == "tenant" else "right")
+    for name, x in tenants.items():
+        t.add_row(
+            name,
+            f"{x['weight']:g}",
+            str(x["waiting"]),
+            str(x["running"]),
+            str(x["tokens_last_minute"]),
+            str(x["tokens_total"]),
+            str(x["tokens_per_minute"] or "-"),
+            "yes" if x["throttled"] else "no",
+        )
+    return t
 
 
 @click.command()

@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 from genq.producer import Client
-from genq.worker.devtools.worker_process import start_worker, wait_until_serving
+from genq.worker.devtools.worker_process import start_worker, wait_until_serving, worker_args
 
 MAX_NEW_TOKENS = 100
 """Every request's length in decode steps (a batch takes step_ms x this)."""
@@ -78,7 +78,8 @@ def _pct(values: Sequence[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
 
-def _redis_counters(r: redis.Redis) -> tuple[int, float]:
+def redis_counters(r: redis.Redis) -> tuple[int, float]:
+    """Redis' commands run and CPU seconds used so far (INFO commandstats, INFO cpu)."""
     stats: Any = r.info("commandstats")
     calls = sum(int(v["calls"]) for v in stats.values())
     cpu: Any = r.info("cpu")
@@ -89,10 +90,17 @@ class Fleet:
     """Echo workers with the given step times on one queue, started and stopped together."""
 
     def __init__(
-        self, redis_url: str, queue: str, step_ms: Sequence[float], batch_size: int
+        self,
+        redis_url: str,
+        queue: str,
+        step_ms: Sequence[float],
+        batch_size: int,
+        **settings: object,
     ) -> None:
+        """``settings``: more ``genq worker`` settings for every worker."""
         self.redis_url, self.queue = redis_url, queue
         self.step_ms, self.batch_size = list(step_ms), batch_size
+        self.settings = settings
         self.procs: list[Any] = []
 
     def __enter__(self) -> Fleet:
@@ -105,6 +113,7 @@ class Fleet:
                 consumer=f"w{i:02d}-{step:g}ms",
                 echo_step_ms=step,
                 max_batch_size=self.batch_size,
+                extra_args=tuple(worker_args(**self.settings)),
             )
             self.procs.append(proc)
         for i, (proc, step) in enumerate(zip(self.procs, self.step_ms, strict=True)):
@@ -126,12 +135,12 @@ def run_burst(
     queue = f"fleet-{name}-{int(time.time() * 1000)}"
     r = redis.Redis.from_url(redis_url)
     with Fleet(redis_url, queue, step_ms, batch_size), Client(r, queue) as client:
-        calls0, cpu0 = _redis_counters(r)
+        calls0, cpu0 = redis_counters(r)
         t0 = time.perf_counter()
         ids = client.submit_many([f"burst {i}" for i in range(n)], max_new_tokens=MAX_NEW_TOKENS)
         results = client.results(ids, timeout=600)
         makespan = time.perf_counter() - t0
-        calls1, cpu1 = _redis_counters(r)
+        calls1, cpu1 = redis_counters(r)
     batch_s = [s * MAX_NEW_TOKENS / 1000 for s in step_ms]
     ideal = _ideal_burst_makespan(n, batch_s, batch_size)
     return FleetResult(
@@ -182,7 +191,7 @@ def run_poisson(
     queue = f"fleet-{name}-{int(time.time() * 1000)}"
     r = redis.Redis.from_url(redis_url)
     with Fleet(redis_url, queue, step_ms, batch_size), Client(r, queue) as client:
-        calls0, cpu0 = _redis_counters(r)
+        calls0, cpu0 = redis_counters(r)
         t0 = time.perf_counter()
         ids: list[str] = []
         for at in arrivals:
@@ -191,7 +200,7 @@ def run_poisson(
                 time.sleep(delay)
             ids.append(client.submit(f"poisson {len(ids)}", max_new_tokens=MAX_NEW_TOKENS))
         results = client.results(ids, timeout=600)
-        calls1, cpu1 = _redis_counters(r)
+        calls1, cpu1 = redis_counters(r)
     waits = [float(x.timings.queue_wait_ms or 0) for x in results]
     starts = ideal_central_queue(arrivals, batch_s, batch_size)
     ideal = [(s - a) * 1000 for s, a in zip(starts, arrivals, strict=True)]

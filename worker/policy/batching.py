@@ -6,9 +6,13 @@ The rule, in order:
 
 1. **Who goes first.** Each request has a priority rank (high 0, normal 1, low 2). Waiting raises
    it: the *effective rank* is ``rank - wait_ms // priority_aging_ms`` (never below 0). The most
-   urgent request (lowest effective rank, then oldest) is the batch's *anchor*: it always runs
-   in this batch. So a request waits at most ``2 * priority_aging_ms`` before it ranks with
-   ``high``, and from then on only requests older than it go ahead: low priority cannot starve.
+   urgent request (lowest effective rank, then oldest) names the priority that goes now: a
+   request waits at most ``2 * priority_aging_ms`` before it ranks with ``high``, and from then
+   on only requests older than it go ahead: low priority cannot starve. Within that priority,
+   the *anchor* (it always runs in this batch) is the request of the tenant with the least
+   service (``shares``: ``fairness.TenantShares``), then the oldest: aging orders priorities,
+   never one tenant's flood ahead of another tenant's request of the same priority. With no
+   shares it is the most urgent request itself.
 2. **Who goes with it.** Other requests join by effective rank, best first; within a rank, the
    ones closest in length to the anchor (``|prompt tokens difference| + |max_new_tokens
    difference|``) first, because padding and wasted decode steps grow with those differences.
@@ -21,10 +25,11 @@ The rule, in order:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+from genq.worker.policy.fairness import Shares
 
 
 @dataclass(slots=True, unsafe_hash=True, kw_only=True)
@@ -45,6 +50,8 @@ class Candidate:
     """0 = high, 1 = normal, 2 = low."""
     compat: Hashable = None
     """Requests with different values never share a batch."""
+    tenant: str = "default"
+    """Whom it belongs to: the tenant with the least service anchors its priority's batch."""
 
     @property
     def cost_tokens(self) -> int:
@@ -92,8 +99,14 @@ def effective_rank(c: Candidate, now_ms: int, priority_aging_ms: int) -> int:
     return max(0, c.priority_rank - waited_ms // priority_aging_ms)
 
 
-def next_batch(candidates: Sequence[Candidate], now_ms: int, policy: BatchPolicy) -> Decision:
-    """Decide the next batch among ``candidates`` (see the module docstring for the rule)."""
+def next_batch(
+    candidates: Sequence[Candidate],
+    now_ms: int,
+    policy: BatchPolicy,
+    shares: Shares | None = None,
+) -> Decision:
+    """Decide the next batch among ``candidates`` (see the module docstring for the rule);
+    ``shares``: each tenant's service so far (less goes first within a priority)."""
     if not candidates:
         return Decision(reason="empty")
     # effective_rank and the length distance, inlined: this runs over the whole look-ahead
@@ -103,6 +116,14 @@ def next_batch(candidates: Sequence[Candidate], now_ms: int, policy: BatchPolicy
         c.key: max(0, c.priority_rank - max(0, now_ms - c.enqueued_ms) // aging) for c in candidates
     }
     anchor = min(candidates, key=lambda c: (ranks[c.key], c.enqueued_ms, c.key))
+    if shares:
+        level = [c for c in candidates if c.priority_rank == anchor.priority_rank]
+        waiting = Counter(c.tenant for c in level)  # a tie goes to the one with fewer waiting
+        service = shares.service
+        anchor = min(
+            level,
+            key=lambda c: (service.get(c.tenant, 0.0), waiting[c.tenant], c.enqueued_ms, c.key),
+        )
     prompt, new = anchor.prompt_tokens, anchor.max_new_tokens
     others = sorted(
         (c for c in candidates if c is not anchor and c.compat == anchor.compat),
@@ -113,6 +134,8 @@ def next_batch(candidates: Sequence[Candidate], now_ms: int, policy: BatchPolicy
             c.key,
         ),
     )
+    if shares:
+        others = _fair_order(anchor, others, ranks, shares, policy.max_batch_size)
     batch = [anchor]
     tokens = anchor.cost_tokens
     # The anchor runs even if it alone is over budget: refusing such requests is admission's job,
@@ -135,3 +158,31 @@ def next_batch(candidates: Sequence[Candidate], now_ms: int, policy: BatchPolicy
     if anchor_waited_ms < policy.max_wait_ms:
         return Decision(wait_ms=policy.max_wait_ms - anchor_waited_ms, reason="waiting")
     return Decision(batch=batch, reason="waited")
+
+
+def _fair_order(
+    anchor: Candidate,
+    others: list[Candidate],
+    ranks: dict[str, int],
+    shares: Shares,
+    max_batch_size: int,
+) -> list[Candidate]:
+    """``others`` (sorted by rank, then length distance) in the order a fair batch takes them:
+    by rank, then the tenant with the least service counting what this batch already gives it
+    (VTC within the batch), then as sorted. Only the first ``2 x max_batch_size`` are chosen
+    this way (a batch takes no more, bar ones over the budget); the rest follow as sorted."""
+    acc = dict(shares.service)
+    acc[anchor.tenant] = acc.get(anchor.tenant, 0.0) + shares.cost(
+        anchor.tenant, anchor.prompt_tokens, anchor.max_new_tokens
+    )
+    pool, out = list(others), list[Candidate]()
+    while pool and len(out) < 2 * max_batch_size:
+        i = min(
+            range(len(pool)), key=lambda j: (ranks[pool[j].key], acc.get(pool[j].tenant, 0.0), j)
+        )
+        c = pool.pop(i)
+        out.append(c)
+        acc[c.tenant] = acc.get(c.tenant, 0.0) + shares.cost(
+            c.tenant, c.prompt_tokens, c.max_new_tokens
+        )
+    return out + pool

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -200,6 +201,7 @@ def stats_fields(
         "held": len(waiting),
         "oldest_held_unix_ms": json.dumps(oldest),
         "in_flight": len(in_flight),
+        "in_flight_by_tenant": json.dumps(Counter(h.request.tenant for h in in_flight)),
         "in_flight_tokens": sum(h.cost_tokens for h in in_flight),
         "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
         "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,

@@ -21,6 +21,7 @@ from genq.worker.policy.admission import (
     judge_entry,
     judge_prompt,
 )
+from genq.worker.policy.fairness import charge
 from genq.worker.policy.lookahead import Held, entry_key
 from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.outcomes import Outcome, Outcomes
@@ -61,7 +62,7 @@ class Intake:
     ) -> Admitted:
         """The verdicts on ``delivered``."""
         out = Admitted()
-        runnable: list[tuple[str, str, Request]] = []
+        runnable: list[tuple[str, str, Request, tuple[int, int]]] = []
         for raw_stream, entries in delivered:
             stream = _text(raw_stream)
             priority = self.keys.priority_of(stream)
@@ -71,11 +72,14 @@ class Intake:
                     continue
                 decoded = decode_request(priority, fields or {})
                 verdict = judge_entry(decoded, now_ms, entry_time_ms(entry_id))
+                charged = charge(body_of(fields))
                 if verdict.action is Action.RUN and isinstance(decoded, Request):
-                    runnable.append((stream, entry_id, decoded))
+                    runnable.append((stream, entry_id, decoded, charged))
                 elif verdict.action is Action.EXPIRE and isinstance(decoded, Request):
                     out.outcomes.append(
-                        self.outcomes.expired(stream=stream, entry_id=entry_id, request=decoded)
+                        self.outcomes.expired(
+                            stream=stream, entry_id=entry_id, request=decoded, charge=charged
+                        )
                     )
                 elif verdict.action is Action.FAIL and verdict.error and verdict.request_id:
                     out.outcomes.append(
@@ -99,11 +103,13 @@ class Intake:
             self._tokenize(runnable, out)
         return out
 
-    def _tokenize(self, runnable: list[tuple[str, str, Request]], out: Admitted) -> None:
+    def _tokenize(
+        self, runnable: list[tuple[str, str, Request, tuple[int, int]]], out: Admitted
+    ) -> None:
         """Cost each runnable request in the engine's tokenizer (one call for all), then check
         it against the limits."""
-        texts = [prompt_text(r, self._tokenizer) for _, _, r in runnable]
-        for (stream, entry_id, request), ids in zip(
+        texts = [prompt_text(r, self._tokenizer) for _, _, r, _ in runnable]
+        for (stream, entry_id, request, charged), ids in zip(
             runnable, self.engine.tokenize(texts), strict=True
         ):
             verdict = judge_prompt(request, len(ids), self.limits)
@@ -115,6 +121,7 @@ class Intake:
                         request_id=request.id,
                         error=verdict.error,
                         request=request,
+                        charge=charged,
                     )
                 )
                 continue
@@ -125,6 +132,7 @@ class Intake:
                     request=request,
                     prompt_ids=ids,
                     enqueued_ms=entry_time_ms(entry_id),
+                    charge=charged,
                 )
             )
 
@@ -136,6 +144,18 @@ def as_dict(fields: Any) -> dict[Any, Any]:
     if isinstance(fields, dict):
         return fields
     return dict(zip(fields[::2], fields[1::2], strict=True))
+
+
+def body_of(fields: Any) -> bytes:
+    """An entry's ``body`` field as bytes (empty if it has none)."""
+    if isinstance(fields, list):
+        if len(fields) >= 4 and fields[2] == b"body":  # the common shape: id, then body
+            value = fields[3]
+        else:
+            value = as_dict(fields).get(b"body", b"")
+    else:
+        value = (fields or {}).get(b"body", (fields or {}).get("body", b""))
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _text(value: Any) -> str:

@@ -1,19 +1,21 @@
 """``genq worker --metrics-port N``: a Prometheus endpoint with the worker's own metrics.
 
 Names follow Prometheus conventions (base units, ``_total`` for counters). Every metric carries
-the worker's ``queue`` label; requests also carry ``priority`` and ``status``.
+the worker's ``queue`` label; requests also carry ``priority``, ``status`` and ``tenant``, and
+generated tokens ``tenant``. Cardinality: one series per tenant (x status x priority) per
+metric; a fleet with thousands of tenants should scrape ``genq stats --json`` instead.
 
 =====================================  =========  =============================================
 metric                                 type       what
 =====================================  =========  =============================================
-``genq_requests_total``                counter    requests ended, by status and priority
+``genq_requests_total``                counter    requests ended, by status, priority, tenant
 ``genq_queue_wait_seconds``            histogram  enqueue to start, by priority
 ``genq_generation_seconds``            histogram  engine time per static batch, or per request
                                                   (continuous)
 ``genq_batch_size``                    histogram  requests per batch (static) or running at a
                                                   start (continuous)
 ``genq_batch_tokens``                  histogram  prompt + completion tokens per batch
-``genq_generated_tokens_total``        counter    completion tokens returned
+``genq_generated_tokens_total``        counter    completion tokens returned, by tenant
 ``genq_in_flight_requests``            gauge      requests this worker holds (waiting + running)
 ``genq_padding_ratio``                 gauge      padded prompt positions / all, since start
 =====================================  =========  =============================================
@@ -36,6 +38,9 @@ class Ended(Protocol):
     queue_wait_ms: int | None
     completion_tokens: int
 
+    @property
+    def tenant(self) -> str: ...
+
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -57,7 +62,7 @@ class Metrics:
         self.requests = pc.Counter(
             "genq_requests_total",
             "Requests ended, by final status",
-            [*q, "status", "priority"],
+            [*q, "status", "priority", "tenant"],
             registry=self.registry,
         )
         self.wait = pc.Histogram(
@@ -89,7 +94,10 @@ class Metrics:
             registry=self.registry,
         )
         self.tokens = pc.Counter(
-            "genq_generated_tokens", "Completion tokens returned", q, registry=self.registry
+            "genq_generated_tokens",
+            "Completion tokens returned",
+            [*q, "tenant"],
+            registry=self.registry,
         )
         self.in_flight = pc.Gauge(
             "genq_in_flight_requests",
@@ -111,17 +119,20 @@ class Metrics:
         if not self.enabled:
             return
         # One label lookup per label set, not per request: a batch is hundreds of requests.
-        counts = Counter((o.status, o.priority) for o in outcomes)
-        for (status, priority), n in counts.items():
-            self.requests.labels(self.queue, status, priority).inc(n)
+        counts = Counter((o.status, o.priority, o.tenant) for o in outcomes)
+        for (status, priority, tenant), n in counts.items():
+            self.requests.labels(self.queue, status, priority, tenant).inc(n)
         for priority in {o.priority for o in outcomes}:
             wait = self.wait.labels(self.queue, priority)
             for o in outcomes:
                 if o.priority == priority and o.queue_wait_ms is not None:
                     wait.observe(o.queue_wait_ms / 1000)
-        tokens = sum(o.completion_tokens for o in outcomes)
-        if tokens:
-            self.tokens.labels(self.queue).inc(tokens)
+        tokens: Counter[str] = Counter()
+        for o in outcomes:
+            tokens[o.tenant] += o.completion_tokens
+        for tenant, n in tokens.items():
+            if n:
+                self.tokens.labels(self.queue, tenant).inc(n)
 
     def batch(self, size: int, tokens: int, seconds: float | None) -> None:
         """Record one batch (static) or one started set (continuous)."""

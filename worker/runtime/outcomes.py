@@ -14,6 +14,7 @@ from genq.common.keys import Keys
 from genq.common.models import DEFAULT_TENANT, Request
 from genq.worker.engines.base import GenerationOutput
 from genq.worker.policy.admission import entry_time_ms
+from genq.worker.policy.fairness import Refund
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime.clock import now_ms
 
@@ -37,6 +38,13 @@ class Outcome:
     queue_wait_ms: int | None = None
     """Enqueue to start, for the wait percentiles and metrics (None: it never started)."""
     completion_tokens: int = 0
+    refund: Refund | None = None
+    """What goes back to its tenant's share (None: no tenant known, nothing was charged)."""
+
+    @property
+    def tenant(self) -> str:
+        """Whom the request belonged to (``default`` when its body could not be read)."""
+        return self.refund.tenant if self.refund is not None else DEFAULT_TENANT
 
 
 class Outcomes:
@@ -85,6 +93,12 @@ class Outcomes:
             state_json=state,
             queue_wait_ms=max(0, started_ms - held.enqueued_ms),
             completion_tokens=out.completion_tokens,
+            refund=Refund(
+                tenant=r.tenant,
+                charged=held.charge,
+                prompt_tokens=len(held.prompt_ids),
+                completion_tokens=out.completion_tokens,
+            ),
         )
 
     def failed(
@@ -96,6 +110,7 @@ class Outcomes:
         error: GenqError,
         request: Request | None = None,
         started_ms: int | None = None,
+        charge: tuple[int, int] = (0, 0),
     ) -> Outcome:
         """A request that failed, with an error a person can act on."""
         log.info("request %s failed: %s", request_id, error)
@@ -108,6 +123,7 @@ class Outcomes:
             code=error.code,
             message=str(error),
             started_ms=started_ms,
+            charge=charge,
         )
 
     def failed_held(self, held: Held, error: GenqError, started_ms: int | None = None) -> Outcome:
@@ -119,9 +135,12 @@ class Outcomes:
             error=error,
             request=held.request,
             started_ms=started_ms,
+            charge=held.charge,
         )
 
-    def expired(self, *, stream: str, entry_id: str, request: Request) -> Outcome:
+    def expired(
+        self, *, stream: str, entry_id: str, request: Request, charge: tuple[int, int] = (0, 0)
+    ) -> Outcome:
         """A request whose deadline passed before it started."""
         return self._ended(
             stream=stream,
@@ -132,6 +151,7 @@ class Outcomes:
             code="expired",
             message="the request's deadline passed before it started",
             started_ms=None,
+            charge=charge,
         )
 
     def expired_running(self, held: Held, started_ms: int) -> Outcome:
@@ -155,6 +175,7 @@ class Outcomes:
             code=status,
             message=message,
             started_ms=started_ms,
+            charge=held.charge,
         )
 
     def _ended(
@@ -168,6 +189,7 @@ class Outcomes:
         code: str,
         message: str,
         started_ms: int | None,
+        charge: tuple[int, int] = (0, 0),
     ) -> Outcome:
         queued_ms = entry_time_ms(entry_id)
         priority = request.priority if request else self.keys.priority_of(stream)
@@ -193,4 +215,5 @@ class Outcomes:
             priority=priority,
             state_json=state,
             queue_wait_ms=wait_ms,
+            refund=Refund(tenant=request.tenant, charged=charge) if request else None,
         )

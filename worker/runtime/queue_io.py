@@ -18,23 +18,30 @@ from typing import Any
 import redis
 from genq.common import functions, states
 from genq.common.connection import REDIS_ERRORS, TRANSIENT_ERRORS, refresh_cluster_view
+from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
 from genq.common.settings import WorkerSettings
+from genq.common.tenants import TenantSettings
 from genq.common.wire import encode_delta_event
+from genq.worker.policy.fairness import Refund, merged
 from genq.worker.policy.lookahead import Held
-from genq.worker.runtime import recovery
+from genq.worker.runtime import clock, recovery
 from genq.worker.runtime.dead_letter import add_to_pipeline
+from genq.worker.runtime.outcomes import Outcome
 
 log = logging.getLogger("genq.worker")
 
-DOORBELL_MAX = 64
-"""The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
 READ_PACE_S = 0.05
 """While the engine is busy, how soon a queue found empty is asked again (a *paced* read). A
 request that arrives meanwhile waits at most this long to join the running batch; the loop
 stops asking Redis ~50 times a second for nothing while the engine computes (on a CPU, that
 work takes cores from the model). An engine that finishes a request does not shorten it."""
+
+WEIGHTS_EVERY_S = 1.0
+"""How often a worker reads the tenants' weights again (changes reach it within this)."""
+WINDOW_TTL_S = 120
+"""A tenant's per-second token counts live this long (its limit looks back 60 s)."""
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
@@ -50,8 +57,9 @@ class QueueIO:
         self.keys = keys
         self.consumer = consumer
         self.settings = settings
-        self._claim_cursors = dict.fromkeys(keys.streams(), "0-0")
         self._last_reclaim_s = 0.0
+        self.weights = TenantWeights(keys)
+        """The tenants' weights (the look-ahead orders what it holds by weighted service)."""
         self._found_empty_s: float | None = None
         """When a read last found nothing (None: the last read found entries)."""
         self.full_since: float | None = None
@@ -162,15 +170,9 @@ class QueueIO:
         for stream, n in room.items():
             if n <= 0:
                 continue
-            cursor, entries = recovery.autoclaim(
-                self.redis,
-                stream,
-                self.consumer,
-                min_idle_ms=self.settings.claim_idle_ms,
-                count=n,
-                cursor=self._claim_cursors[stream],
+            entries = recovery.claim_idle(
+                self.redis, stream, self.consumer, min_idle_ms=self.settings.claim_idle_ms, count=n
             )
-            self._claim_cursors[stream] = cursor
             if entries:
                 log.info("took over %d entries of %s from dead workers", len(entries), stream)
                 taken.append((stream, entries))
@@ -192,20 +194,22 @@ class QueueIO:
     def read(self, room: dict[str, int], block_ms: int | None, paced: bool = False) -> Delivered:
         """Entries for this worker, each stream up to its room.
 
-        Non-blocking: one pipelined XREADGROUP per priority, each with a probe (XPENDING, one
-        row) of the entries other workers handed back (``RETURNED``). Only when a probe finds
-        some does a second call (the TAKE_BACK script) claim them, up to the room again: they
-        are older than anything new, and leaving them for later would let them wait behind
-        newer work. Handed-back entries exist only where batches take long, so the hot path
-        stays plain reads. ``paced``: nothing, without asking, if a read found the queue empty
-        less than ``READ_PACE_S`` ago (see ``read_wait_s``). Blocking: one XREADGROUP over all
-        streams, woken by the first new entry (used only when idle)."""
+        One round trip: the PULL script, which takes from each priority the entries of the
+        tenants with the least service (``policy/fairness.py``), and a probe (XPENDING, one
+        row) per priority of the entries other workers handed back (``RETURNED``). Only when a
+        probe finds some does a second call (the TAKE_BACK script) claim them, up to the room
+        again: they are older than anything new, and leaving them for later would let them
+        wait behind newer work. ``paced``: nothing, without asking, if a read found the queue
+        empty less than ``READ_PACE_S`` ago (see ``read_wait_s``). ``block_ms`` (idle): first
+        wait up to that long on the doorbell, which a submission rings."""
         asked = [s for s, n in room.items() if n > 0]
         if not asked or (paced and block_ms is None and self.read_wait_s() > 0):
             if block_ms is not None:
                 time.sleep(block_ms / 1000)
             return []
-        delivered = self._read(asked, room, block_ms)
+        if block_ms is not None:
+            self.wait_for_doorbell(block_ms)
+        delivered = self._read(asked, room)
         self._found_empty_s = None if delivered else time.monotonic()
         return delivered
 
@@ -215,34 +219,35 @@ class QueueIO:
             return 0.0
         return max(0.0, self._found_empty_s + READ_PACE_S - time.monotonic())
 
-    def _read(self, asked: list[str], room: dict[str, int], block_ms: int | None) -> Delivered:
-        """``read`` on the streams in ``asked`` (each with room)."""
-        if block_ms is None:
-            pipe = self.redis.pipeline(transaction=False)
-            for s in asked:
-                pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
-                pipe.xreadgroup(GROUP, self.consumer, {s: ">"}, count=room[s])
-            replies = pipe.execute()
-            fresh = [x for resp in replies[1::2] for x in (resp or [])]
-            back = [s for s, probe in zip(asked, replies[0::2], strict=True) if probe]
-            return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
+    def wait_for_doorbell(self, block_ms: int) -> None:
+        """Block until the doorbell rings (a submission, or entries handed back) or
+        ``block_ms`` passes; the rings heard are acknowledged and deleted. Each ring wakes one
+        idle worker of the group."""
         doorbell = self.keys.doorbell
         resp: Any = self.redis.xreadgroup(
-            GROUP,
-            self.consumer,
-            {**dict.fromkeys(asked, ">"), doorbell: ">"},
-            count=min(room[s] for s in asked),
-            block=block_ms,
+            GROUP, self.consumer, {doorbell: ">"}, count=DOORBELL_MAX, block=block_ms
         )
-        work = [x for x in resp or [] if _text(x[0]) != doorbell]
-        rung = [e[0] for x in resp or [] if _text(x[0]) == doorbell for e in x[1]]
-        if rung:  # someone handed entries back: take them now
+        rung = [e[0] for x in resp or [] for e in x[1]]
+        if rung:
             pipe = self.redis.pipeline(transaction=False)
             pipe.xack(doorbell, GROUP, *rung)
             pipe.xdel(doorbell, *rung)
             pipe.execute()
-            return self.take_back(room) + work
-        return work
+
+    def _read(self, asked: list[str], room: dict[str, int]) -> Delivered:
+        """``read`` on the streams in ``asked`` (each with room)."""
+        streams = self.keys.streams()
+        pipe = self.redis.pipeline(transaction=False)
+        for s in asked:
+            pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
+        rooms = [room.get(s, 0) if s in asked else 0 for s in streams]
+        policy, now_s = self.settings.tenant_policy, clock.now_ms() // 1000
+        args = [self.keys.config, *streams, self.consumer, policy, now_s, *rooms]
+        pipe.execute_command("EVAL", PULL, 4, *args)  # type: ignore[no-untyped-call]
+        replies = self.weights.read_with(pipe)
+        fresh: Delivered = replies[-1] or []
+        back = [s for s, probe in zip(asked, replies[:-1], strict=True) if probe]
+        return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
 
     def take_back(self, room: dict[str, int]) -> Delivered:
         """Claim entries other workers handed back, up to ``room`` per stream (one script)."""
@@ -251,17 +256,12 @@ class QueueIO:
         return reply or []
 
     def hand_back(self, held: Sequence[Held], *, rings: int) -> None:
-        """Give these entries (read, not started) back to the group: pending for ``RETURNED``,
-        with their delivery counts unchanged (JUSTID), for whichever worker reads next; and
-        ring the doorbell ``rings`` times, which wakes as many idle workers."""
-        by_stream: dict[str, list[str]] = {}
-        for h in held:
-            by_stream.setdefault(h.stream, []).append(h.entry_id)
+        """Give these entries (read, not started) back to the waiting, at the front of their
+        tenants' indexes, with their charges returned (GIVE_BACK), for whichever worker reads
+        next; and ring the doorbell ``rings`` times, which wakes as many idle workers."""
+        args = give_back_args(self.keys, held, rings)
         pipe = self.redis.pipeline(transaction=False)
-        for stream, ids in by_stream.items():
-            pipe.xclaim(stream, GROUP, RETURNED, 0, ids, justid=True)  # type: ignore[arg-type]
-        for _ in range(rings):
-            pipe.xadd(self.keys.doorbell, {"n": len(held)}, maxlen=DOORBELL_MAX, approximate=True)
+        pipe.execute_command("EVAL", GIVE_BACK, 4, *args)  # type: ignore[no-untyped-call]
         pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
         pipe.execute()
 
@@ -280,17 +280,28 @@ class QueueIO:
             token=token,
         )
 
-    def write_final(
-        self,
-        items: Sequence[ApplyItem],
-        also: Callable[[Any], None],
-        unstarted: Sequence[bool] = (),
-    ) -> list[int]:
-        """Write final states with their events and acknowledge their entries (one APPLY
-        call), with ``also(pipe)``'s commands in the same round trip. ``unstarted``: per
-        item, whether this worker never started it (it then proves it owns its id)."""
+    def write_final(self, outcomes: Sequence[Outcome], also: Callable[[Any], None]) -> list[int]:
+        """Write these final states with their events and acknowledge their entries (one
+        APPLY call), with ``also(pipe)``'s commands and the tenants' refunds in the same round
+        trip. One this worker never started proves it owns its id first (expired, malformed);
+        one it started was checked then."""
+        items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in outcomes]
+        unstarted = [o.queue_wait_ms is None for o in outcomes]
+        refunds = [o.refund for o in outcomes if o.refund is not None]
+
+        def extra(pipe: Any) -> None:
+            also(pipe)
+            add_refunds(pipe, self.keys, refunds)
+
         ttl_s = self.settings.result_ttl_s
-        return apply(self.redis, self.keys, ttl_s, "final", items, also=also, unstarted=unstarted)
+        return apply(self.redis, self.keys, ttl_s, "final", items, also=extra, unstarted=unstarted)
+
+    def refund(self, refunds: Sequence[Refund]) -> None:
+        """``add_refunds`` now (requests that ended without an outcome of this worker's)."""
+        if refunds:
+            pipe = self.redis.pipeline(transaction=False)
+            add_refunds(pipe, self.keys, refunds)
+            pipe.execute()
 
     def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
         """Add ``record`` to the dead-letter stream; with ``ack``, also drop its work entry (an
@@ -334,6 +345,56 @@ class QueueIO:
     def leave(self) -> None:
         """Delete this worker's stats hash (else it expires on its own)."""
         self.redis.delete(self.keys.worker(self.consumer))
+
+
+class TenantWeights:
+    """Each tenant's weight (``genq tenants``) as this worker knows it: read again in the
+    round trip of a read, at most every ``WEIGHTS_EVERY_S``."""
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+        self.now: dict[str, float] = {}
+        self._read_s = -WEIGHTS_EVERY_S
+
+    def read_with(self, pipe: Any) -> list[Any]:
+        """Execute ``pipe``, reading the weights too if they are due; its other replies."""
+        now_s = time.monotonic()
+        due = now_s - self._read_s >= WEIGHTS_EVERY_S
+        if due:
+            pipe.hgetall(self.keys.tenants)
+        replies: list[Any] = pipe.execute()
+        if due:
+            self._read_s = now_s
+            found = replies.pop()
+            self.now = {_text(k): TenantSettings.from_json(v).weight for k, v in found.items()}
+        return replies
+
+
+def give_back_args(keys: Keys, held: Sequence[Held], rings: int) -> list[str | int]:
+    """KEYS and ARGV (after the key count) of the GIVE_BACK call for ``held``."""
+    streams = keys.streams()
+    args: list[str | int] = [keys.config, *streams, rings, clock.now_ms() // 1000]
+    for h in held:
+        est, max_new = h.charge
+        args += [streams.index(h.stream) + 1, h.entry_id, h.request.tenant]
+        args += [est + 2 * max_new, est + max_new]
+    return args
+
+
+def add_refunds(pipe: Any, keys: Keys, refunds: Sequence[Refund]) -> None:
+    """Queue on ``pipe`` what goes back to each tenant when these requests end: the charge of
+    the read less what they used, to its weighted service and its last minute; and what they
+    used, to its total (``policy/fairness.py``). One set of commands per tenant."""
+    second = str(clock.now_ms() // 1000)
+    for tenant, (weighted, tokens, used, requests) in merged(list(refunds)).items():
+        if weighted:
+            pipe.zincrby(keys.vtc, -weighted, tenant)
+        if tokens:
+            pipe.hincrby(keys.window(tenant), second, -tokens)
+            pipe.expire(keys.window(tenant), WINDOW_TTL_S)
+        if used:
+            pipe.hincrby(keys.served, tenant, used)
+            pipe.hincrby(keys.served, f"{tenant}:requests", requests)
 
 
 def raw_read_reply(response: Any, **options: Any) -> Any:

@@ -9,10 +9,12 @@ holder, its idle time and its delivery count. genq recovers with three rules:
    the main thread is inside a long ``generate`` call. So a live worker's entries never look idle
    for ``claim_idle_ms``, however long its generations run.
 2. **Entries idle for ``claim_idle_ms`` belong to a dead worker**, and any live worker takes them
-   with ``XAUTOCLAIM`` (checked every ``claim_idle_ms / 4``). A dead worker's entries are
-   therefore taken over within about ``1.25 x claim_idle_ms`` of its death (plus the batch a
-   busy taker is running). ``XAUTOCLAIM`` also drops from the pending list entries that no
-   longer exist in the stream (Redis >= 7), so a trimmed or deleted entry never comes back empty.
+   (``claim_idle``: XPENDING with IDLE per consumer, then XCLAIM; checked every
+   ``claim_idle_ms / 4``), except the waiting entries the placeholder consumer ``QUEUED``
+   holds, which are read in their tenants' fair order. A dead worker's entries are therefore
+   taken over within about ``1.25 x claim_idle_ms`` of its death (plus the batch a busy taker
+   is running). XCLAIM drops from the pending list entries that no longer exist in the stream
+   (Redis >= 7), so a trimmed or deleted entry never comes back empty.
 3. **A request started before runs alone** (counted at each start, in ``genq:att:{ID}``,
    which is read for every entry delivered again): its worker died running it, and if it is
    what kills workers it must not take batch-mates with it. **A request started
@@ -33,7 +35,7 @@ from typing import Any
 
 import redis
 from genq.common.connection import REDIS_ERRORS, refresh_cluster_view
-from genq.common.keys import GROUP, Keys
+from genq.common.keys import GROUP, QUEUED, Keys
 
 log = logging.getLogger("genq.worker")
 
@@ -57,15 +59,27 @@ def own_pending(r: redis.Redis, stream: str, consumer: str) -> list[str]:
         start = "(" + ids[-1]
 
 
-def autoclaim(
-    r: redis.Redis, stream: str, consumer: str, *, min_idle_ms: int, count: int, cursor: str
-) -> tuple[str, list[Any]]:
-    """Take up to ``count`` entries idle for ``min_idle_ms`` on ``stream``; (next cursor,
-    entries). Entries deleted from the stream are dropped from the pending list by Redis."""
-    resp: Any = r.xautoclaim(stream, GROUP, consumer, min_idle_ms, start_id=cursor, count=count)
-    next_cursor = resp[0].decode() if isinstance(resp[0], bytes) else str(resp[0])
-    entries = [e for e in resp[1] if e is not None and e[1]]
-    return next_cursor, entries
+def claim_idle(
+    r: redis.Redis, stream: str, consumer: str, *, min_idle_ms: int, count: int
+) -> list[Any]:
+    """Take up to ``count`` entries idle for ``min_idle_ms`` on ``stream``, from any consumer
+    but ``QUEUED`` (which holds the waiting entries: they are read in their tenants' fair
+    order, never taken over by age). Entries deleted from the stream are dropped from the
+    pending list by Redis."""
+    taken: list[Any] = []
+    consumers: Any = r.xinfo_consumers(stream, GROUP)
+    for c in consumers:
+        name = c["name"].decode() if isinstance(c["name"], bytes) else str(c["name"])
+        if name == QUEUED or not int(c["pending"]) or len(taken) >= count:
+            continue
+        rows: Any = r.xpending_range(
+            stream, GROUP, "-", "+", count - len(taken), consumername=name, idle=min_idle_ms
+        )
+        ids = [row["message_id"] for row in rows]
+        if ids:
+            claimed: Any = r.xclaim(stream, GROUP, consumer, min_idle_ms, ids)
+            taken += [e for e in claimed if e is not None and e[1]]
+    return taken
 
 
 class ClaimKeeper(threading.Thread):

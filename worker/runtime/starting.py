@@ -18,6 +18,7 @@ from genq.common.errors import PoisonRequest
 from genq.common.scripts import Applied
 from genq.common.wire import encode_request
 from genq.worker.policy.admission import deadline_passed
+from genq.worker.policy.fairness import Refund
 from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.dead_letter import dead_letter_fields
@@ -57,6 +58,14 @@ class Starter:
         answers = self.queue.mark_running(items, token=f"{self.queue.consumer}:{started_ms}")
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
         poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
+        gone = (Applied.ALREADY_FINAL, Applied.DUPLICATE)  # acknowledged: nothing runs
+        self.queue.refund(
+            [
+                Refund(tenant=h.request.tenant, charged=h.charge)
+                for h, a in zip(todo, answers, strict=True)
+                if a in gone
+            ]
+        )
         self.counters.count_answers(answers)
         ended = [
             outcomes.expired(stream=h.stream, entry_id=h.entry_id, request=h.request) for h in late
@@ -118,7 +127,7 @@ class Starter:
         busy_ms = runner.expected_busy_ms()
         if busy_ms is None or busy_ms < self.queue.settings.hand_back_after_ms:
             return
-        batch = lookahead.take(list(lookahead.waiting))
+        batch = lookahead.take(list(lookahead.waiting), to_run=False)
         rings = min(MAX_RINGS, -(-len(batch) // self.queue.settings.max_batch_size))
         try:
             self.queue.hand_back(batch, rings=rings)

@@ -88,7 +88,7 @@ class Worker:
         self.queue = QueueIO(r=r, keys=keys, consumer=consumer, settings=settings)
         self.counters = Counters()
         self.metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
-        self.lookahead = Lookahead(streams=keys.streams(), max_per_stream=settings.max_lookahead)
+        self.lookahead = Lookahead.for_settings(settings, keys.streams())
         self.budget = AdaptiveBudget(
             full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s
         )
@@ -311,6 +311,7 @@ class Worker:
             running_tokens=sum(h.cost_tokens for h in running),
             wait_to_fill=wait_to_fill,
             arrivals=self.arrivals,
+            shares=self.lookahead.shares(self.queue.weights.now),
         )
 
     def start(self, batch: list[Held]) -> list[Outcome]:
@@ -343,9 +344,7 @@ class Worker:
     def _write_now(self, batch: list[Outcome]) -> list[int]:
         """The writer thread's call: one APPLY over ``batch`` plus the latest stats; then the
         Prometheus metrics (thread-safe) of the requests it ended."""
-        items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in batch]
-        unstarted = [o.queue_wait_ms is None for o in batch]
-        answers = self.queue.write_final(items, also=self.stats.add_latest, unstarted=unstarted)
+        answers = self.queue.write_final(batch, also=self.stats.add_latest)
         self.metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
         return answers
 

@@ -1,0 +1,274 @@
+"""The Lua of tenants' fair share, beside ``scripts.py``: the per-tenant indexes the submit
+script fills (``TENANTS_LUA``, which SUBMIT includes), a worker's read (``PULL``) and its
+hand-back (``GIVE_BACK``). The rule itself, and what is charged and refunded:
+``genq.worker.policy.fairness``.
+
+Keys: ``Keys.tenant_index``, ``active``, ``vtc``, ``window``, ``waiting``, ``tenants``,
+``doorbell``. Their names hold a tenant, so the scripts build them from the queue's base
+``genq:{Q}`` (the config key, the scripts' first KEY, less ``:config``) exactly as ``keys.py``
+does; a test compares the two. All share the queue's hash tag, so a script's keys stay in one
+Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+from genq.common.keys import GROUP, QUEUED
+from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TENANT, PRIORITIES
+from genq.common.wire import BODY_FIELD
+
+DOORBELL_MAX = 64
+"""The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
+
+PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in PRIORITIES) + "}"
+"""The priorities in stream order, as a Lua table (APPLY's stream numbers index it)."""
+
+TENANTS_LUA = f"""
+-- Tenants (SUBMIT and PULL). BASE is the queue's 'genq:{{Q}}' (its config key less ':config');
+-- the per-tenant keys are built from it exactly as keys.py builds them (a test compares).
+local PRI = {PRIORITY_LUA}
+local BASE = string.sub(KEYS[1], 1, #KEYS[1] - #':config')
+local function tenant_ok(t)
+  return type(t) == 'string' and #t >= 1 and #t <= 64
+    and string.match(t, '^[A-Za-z0-9._%-]+$') ~= nil
+end
+local settings_cache = {{}}
+local function settings(t)  -- weight, tokens per minute, max queued (genq:{{Q}}:tenants)
+  local c = settings_cache[t]
+  if c == nil then
+    c = {{1, 0, 0}}
+    local raw = redis.call('HGET', BASE .. ':tenants', t)
+    if raw then
+      local ok, d = pcall(cjson.decode, raw)
+      if ok and type(d) == 'table' then
+        local w = tonumber(d['weight']) or 1
+        c = {{w > 0 and w or 1, tonumber(d['tokens_per_minute']) or 0,
+          tonumber(d['max_queued']) or 0}}
+      end
+    end
+    settings_cache[t] = c
+  end
+  return c
+end
+local function waiting_of(t)  -- a tenant's requests waiting for a worker
+  local n = 0
+  for _, p in ipairs(PRI) do n = n + redis.call('LLEN', BASE .. ':idx:' .. p .. ':' .. t) end
+  return n
+end
+local function lift(t)
+  -- A tenant back from idle gets no credit for its idle time: its count of weighted tokens
+  -- served is lifted to the lowest of the active tenants (per unit of weight), as in VTC.
+  local seen, lowest = {{}}, nil
+  for _, p in ipairs(PRI) do
+    for _, other in ipairs(redis.call('SMEMBERS', BASE .. ':active:' .. p)) do
+      if other ~= t and not seen[other] then
+        seen[other] = true
+        local v = tonumber(redis.call('ZSCORE', BASE .. ':vtc', other) or '0') / settings(other)[1]
+        if lowest == nil or v < lowest then lowest = v end
+      end
+    end
+  end
+  if lowest ~= nil then
+    local floor = lowest * settings(t)[1]
+    if tonumber(redis.call('ZSCORE', BASE .. ':vtc', t) or '0') < floor then
+      redis.call('ZADD', BASE .. ':vtc', floor, t)
+    end
+  end
+end
+local function index(p, t, ids, front)
+  -- These waiting entries of tenant t, priority p, after the others (``front``: before them,
+  -- in their order: entries handed back keep their place).
+  local active = false
+  for _, q in ipairs(PRI) do
+    if redis.call('SISMEMBER', BASE .. ':active:' .. q, t) == 1 then active = true end
+  end
+  if not active then lift(t) end
+  if front then
+    local reversed = {{}}
+    for k = #ids, 1, -1 do table.insert(reversed, ids[k]) end
+    ids = reversed
+  end
+  for j = 1, #ids, 1000 do  -- unpack's limit
+    local slice = {{unpack(ids, j, math.min(j + 999, #ids))}}
+    redis.call(front and 'LPUSH' or 'RPUSH', BASE .. ':idx:' .. p .. ':' .. t, unpack(slice))
+    local ones = {{}}
+    for k = 1, #slice do ones[k] = 1 end
+    redis.call('RPUSH', BASE .. ':waiting', unpack(ones))
+  end
+  redis.call('SADD', BASE .. ':active:' .. p, t)
+end
+local function body_tenant(fields)  -- an entry's tenant, from its body ('default': none)
+  for j = 1, #fields, 2 do
+    if fields[j] == '{BODY_FIELD}' then
+      local ok, d = pcall(cjson.decode, fields[j + 1])
+      if ok and type(d) == 'table' and tenant_ok(d['tenant']) then return d['tenant'] end
+    end
+  end
+  return '{DEFAULT_TENANT}'
+end
+local function sweep(s, p, known)
+  -- Deliver the stream's undelivered entries to {QUEUED} and index them by tenant: the ones
+  -- this call added (``known``: entry id -> tenant) and any a plain XADD added.
+  local by_tenant = {{}}
+  for _ = 1, 10 do  -- at most 5,000 a call: a long backlog of plain XADDs takes a few calls
+    local got = redis.call('XREADGROUP', 'GROUP', '{GROUP}', '{QUEUED}', 'COUNT', 500,
+      'STREAMS', KEYS[s], '>')
+    local entries = got and got[1] and got[1][2] or {{}}
+    for _, e in ipairs(entries) do
+      local t = known[e[1]] or body_tenant(e[2])
+      by_tenant[t] = by_tenant[t] or {{}}
+      table.insert(by_tenant[t], e[1])
+    end
+    if #entries < 500 then break end
+  end
+  for t, ids in pairs(by_tenant) do index(p, t, ids, false) end
+end
+"""
+
+PULL = (
+    TENANTS_LUA
+    + f"""
+-- KEYS: config, stream high, stream normal, stream low
+-- ARGV: this consumer, the policy ('fair' or 'fifo'), the Unix second now (the worker's view
+--       of Redis' clock: it needs no TIME), then per stream: how many entries at most
+-- A worker's read: per priority, the waiting entries of the active tenants, fairly: each next
+-- entry is the oldest of the tenant with the least weighted tokens served per unit of weight
+-- (VTC; 'fifo': the oldest waiting entry, whoever sent it) among those under their
+-- tokens-per-minute, claimed from {QUEUED} (JUSTID) for this consumer. Each is charged at
+-- once, by an estimate from its body (PROMPT_EST = body bytes / 4 + 1, and its
+-- max_new_tokens: 'charge' below, ``policy.fairness.charge`` in Python): weighted
+-- PROMPT_EST + 2 x max_new_tokens to the tenant's service, PROMPT_EST + max_new_tokens to its
+-- last minute; the worker refunds what was not used when the request ends. Entries a plain
+-- XADD added are swept into the indexes first. Returns XREADGROUP's shape.
+local me, fifo, now_s = ARGV[1], ARGV[2] == 'fifo', tonumber(ARGV[3])
+local function head(p, t)  -- fifo: the tenant's oldest waiting entry's id, as {{ms, seq}}
+  local id = redis.call('LINDEX', BASE .. ':idx:' .. p .. ':' .. t, 0)
+  if not id then return {{0, 0}} end
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return {{tonumber(ms), tonumber(seq)}}
+end
+local function charge(body)
+  local m = tonumber(string.match(body, '"max_new_tokens":%s*(%d+)') or '')
+    or {DEFAULT_MAX_NEW_TOKENS}
+  return math.floor(#body / 4) + 1, m
+end
+local window_cache = {{}}
+local function last_minute(t)  -- tokens charged to t in the last 60 s (older seconds dropped)
+  if window_cache[t] == nil then
+    local key, sum = BASE .. ':window:' .. t, 0
+    local flat = redis.call('HGETALL', key)
+    for j = 1, #flat, 2 do
+      if tonumber(flat[j]) > now_s - 60 then sum = sum + tonumber(flat[j + 1])
+      else redis.call('HDEL', key, flat[j]) end
+    end
+    window_cache[t] = sum
+  end
+  return window_cache[t]
+end
+local function backlog(p, t)
+  return redis.call('LLEN', BASE .. ':idx:' .. p .. ':' .. t)
+end
+local function better(p, t, per, best, best_v)  -- per: {{service per weight, 0}} or {{ms, seq}}
+  if best_v == nil then return true end
+  if per[1] ~= best_v[1] then return per[1] < best_v[1] end
+  if fifo then return per[2] < best_v[2] end
+  -- A tie (a tenant just lifted to the lowest) goes to the one with fewer waiting.
+  return backlog(p, t) < backlog(p, best)
+end
+local out, charged, popped = {{}}, {{}}, 0
+for s = 2, 4 do
+  local room, p = tonumber(ARGV[s + 2]), PRI[s - 1]
+  if room > 0 then
+    sweep(s, p, {{}})
+    local active = BASE .. ':active:' .. p
+    local score = {{}}
+    for _, t in ipairs(redis.call('SMEMBERS', active)) do
+      score[t] = tonumber(redis.call('ZSCORE', BASE .. ':vtc', t) or '0')
+    end
+    local got = {{}}
+    while #got < room do
+      local best, best_v = nil, nil
+      for t, v in pairs(score) do
+        local c = settings(t)
+        if c[2] <= 0 or last_minute(t) < c[2] then
+          local per = fifo and head(p, t) or {{v / c[1], 0}}
+          if better(p, t, per, best, best_v) then best, best_v = t, per end
+        end
+      end
+      if best == nil then break end  -- none, or every active tenant is over its limit
+      local id = redis.call('LPOP', BASE .. ':idx:' .. p .. ':' .. best)
+      if not id then
+        redis.call('SREM', active, best)
+        score[best] = nil
+      else
+        popped = popped + 1
+        -- XCLAIM answers only an entry still pending (a cancelled one is, until a worker
+        -- acknowledges it; one acknowledged and deleted is not), with its fields.
+        local found = redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, id)
+        if #found > 0 and found[1] then
+          table.insert(got, found[1])
+          local body = ''
+          for j = 1, #found[1][2], 2 do
+            if found[1][2][j] == '{BODY_FIELD}' then body = found[1][2][j + 1] end
+          end
+          local est, max_new = charge(body)
+          score[best] = score[best] + est + 2 * max_new
+          window_cache[best] = last_minute(best) + est + max_new
+          local c = charged[best] or {{0, 0}}
+          charged[best] = {{c[1] + est + 2 * max_new, c[2] + est + max_new}}
+        end
+      end
+    end
+    if #got > 0 then table.insert(out, {{KEYS[s], got}}) end
+  end
+end
+for t, c in pairs(charged) do  -- once per tenant: the service and the last minute
+  redis.call('ZINCRBY', BASE .. ':vtc', c[1], t)
+  redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, c[2])
+  redis.call('EXPIRE', BASE .. ':window:' .. t, 120)
+end
+if popped > 0 then redis.call('LPOP', BASE .. ':waiting', popped) end
+return out
+"""
+)
+"""A worker's read (see the comment at its top). Its per-tenant keys: ``Keys.tenant_index``,
+``active``, ``vtc``, ``window``, ``waiting``."""
+
+GIVE_BACK = (
+    TENANTS_LUA
+    + f"""
+-- KEYS: config, stream high, stream normal, stream low
+-- ARGV: rings, the Unix second now, then per entry: its stream (1 high, 2 normal, 3 low), entry
+--       id, tenant, and the weighted and plain tokens it was charged when read
+-- Gives entries this worker read and did not start back to the waiting: pending for {QUEUED}
+-- again (JUSTID: delivery counts unchanged), at the front of their tenant's index so they keep
+-- their place, their charge returned (the next read charges them again); then rings the
+-- doorbell ``rings`` times, which wakes as many idle workers.
+local rings, now_s = tonumber(ARGV[1]), tonumber(ARGV[2])
+local groups, order = {{}}, {{}}
+for a = 3, #ARGV, 5 do
+  local s, id, t = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
+  local weighted, tokens = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  redis.call('XCLAIM', KEYS[1 + s], '{GROUP}', '{QUEUED}', 0, id, 'JUSTID')
+  local key = s .. ' ' .. t
+  if groups[key] == nil then
+    groups[key] = {{s, t, {{}}}}
+    table.insert(order, key)
+  end
+  table.insert(groups[key][3], id)
+  if weighted ~= 0 then redis.call('ZINCRBY', BASE .. ':vtc', -weighted, t) end
+  if tokens ~= 0 then
+    redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, -tokens)
+    redis.call('EXPIRE', BASE .. ':window:' .. t, 120)
+  end
+end
+for _, key in ipairs(order) do
+  local g = groups[key]
+  index(PRI[g[1]], g[2], g[3], true)
+end
+for _ = 1, rings do
+  redis.call('XADD', BASE .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', (#ARGV - 2) / 5)
+end
+return (#ARGV - 2) / 5
+"""
+)
+"""A worker hands back what it read and will not start soon (see the comment at its top)."""

@@ -1,0 +1,335 @@
+"""A fair share of tokens between tenants, within each priority, across the fleet: the keys the
+submit script writes, the order the read script (PULL) serves, weights, tokens per minute,
+most queued, and VTC's lift of a tenant back from idle. Against a real redis-server; the
+pure charge and refund arithmetic is tested on plain data."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+import redis
+from genq.common import tenants as registry
+from genq.common.errors import QueueFull
+from genq.common.fair_share import PULL
+from genq.common.keys import GROUP, QUEUED, Keys
+from genq.producer import Client
+from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
+from genq.worker.policy.fairness import Refund, Shares, TenantShares, charge, merged
+
+from tests.conftest import WorkerProcess, wait_until
+
+
+def pull(
+    r: redis.Redis, keys: Keys, room: int, *, priority: int = 1, policy: str = "fair"
+) -> list[tuple[str, bytes]]:
+    """One worker read (the PULL script) of up to ``room`` entries of one priority
+    (0 high, 1 normal, 2 low): (tenant, body) per entry, in the order served."""
+    rooms = [0, 0, 0]
+    rooms[priority] = room
+    now_s = int(r.time()[0])
+    reply: Any = r.eval(PULL, 4, keys.config, *keys.streams(), "reader", policy, now_s, *rooms)
+    out = []
+    for _stream, entries in reply or []:
+        for _id, fields in entries:
+            body = dict(zip(fields[::2], fields[1::2], strict=True))[b"body"]
+            out.append((json.loads(body).get("tenant", "default"), body))
+    return out
+
+
+def served(order: list[tuple[str, bytes]]) -> Counter[str]:
+    """Weighted tokens charged per tenant for these entries (what PULL charged)."""
+    total: Counter[str] = Counter()
+    for tenant, body in order:
+        est, max_new = charge(body)
+        total[tenant] += est + 2 * max_new
+    return total
+
+
+def test_the_submit_script_indexes_each_request_under_its_tenant(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    ids = client.submit_many(["a", "b"], tenant="t1", priority="low")
+    client.submit("c", tenant="t2")
+    # The script builds these names itself: they must be keys.py's.
+    assert r.llen(keys.tenant_index("low", "t1")) == 2
+    assert r.llen(keys.tenant_index("normal", "t2")) == 1
+    assert r.smembers(keys.active("low")) == {b"t1"}
+    assert r.smembers(keys.active("normal")) == {b"t2"}
+    assert r.llen(keys.waiting) == 3
+    # Delivered at once to the placeholder consumer that holds what waits.
+    pending: Any = r.xpending_range(keys.stream("low"), GROUP, "-", "+", 10, QUEUED)
+    assert len(pending) == 2
+    assert client.status(ids[0]).tenant == "t1"
+
+
+def test_a_read_charges_what_the_python_estimate_says(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    Client.from_url(redis_url, queue).submit("héllo wörld " * 7, tenant="t", max_new_tokens=9)
+    [(tenant, body)] = pull(r, keys, 5)
+    est, max_new = charge(body)
+    assert tenant == "t" and max_new == 9
+    assert float(r.zscore(keys.vtc, "t") or 0) == est + 2 * max_new
+    window: Any = r.hgetall(keys.window("t"))
+    assert sum(int(v) for v in window.values()) == est + max_new
+    assert r.llen(keys.waiting) == 0 and not r.smembers(keys.active("normal"))
+
+
+def test_a_flood_does_not_hold_back_a_trickle(redis_url: str, queue: str, r: redis.Redis) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many([f"flood {i}" for i in range(300)], tenant="a")
+    client.submit_many([f"trickle {i}" for i in range(5)], tenant="b")
+    first = [t for t, _ in pull(r, keys, 12)]
+    assert first.count("b") == 5, first  # not behind a's 300: served in turn
+    assert len(pull(r, keys, 400)) == 300 - 7  # and the rest of the flood after
+    # First come, first served (--tenant-policy fifo): b waits for the whole flood.
+    client.submit_many([f"flood {i}" for i in range(30)], tenant="a")
+    client.submit_many([f"trickle {i}" for i in range(5)], tenant="b")
+    order = [t for t, _ in pull(r, keys, 40, policy="fifo")]
+    assert order == ["a"] * 30 + ["b"] * 5
+
+
+def test_weights_share_the_tokens_three_to_one_while_both_wait(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    registry.update(r, keys, "big", weight=3)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["x" * 40] * 400, tenant="big")
+    client.submit_many(["x" * 40] * 400, tenant="small")
+    order = pull(r, keys, 200)
+    share = served(order)
+    assert 2.7 <= share["big"] / share["small"] <= 3.3, share
+
+
+def test_a_heavier_tenant_gets_the_same_tokens_not_the_same_requests(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["x" * 400] * 100, tenant="heavy", max_new_tokens=100)
+    client.submit_many(["x" * 40] * 500, tenant="light", max_new_tokens=10)
+    order = pull(r, keys, 300)
+    # The largest gap in weighted tokens charged while both wait: one heavy request, at most.
+    gap, running = 0, Counter[str]()
+    for tenant, body in order:
+        est, max_new = charge(body)
+        running[tenant] += est + 2 * max_new
+        gap = max(gap, abs(running["heavy"] - running["light"]))
+    heaviest = max(sum(charge(b)) + charge(b)[1] for _, b in order)
+    assert gap <= heaviest, (gap, heaviest)
+
+
+def test_a_tenant_over_its_tokens_per_minute_waits_and_others_do_not(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["y" * 36] * 50, tenant="capped", max_new_tokens=10)
+    client.submit_many(["y" * 36] * 50, tenant="free", max_new_tokens=10)
+    [(first, body)] = pull(r, keys, 1)  # a tie: the first name first
+    assert first == "capped"
+    one = sum(charge(body))  # the tokens one request is charged in its last minute
+    registry.update(r, keys, "capped", tokens_per_minute=5 * one)
+    order = [t for t, _ in pull(r, keys, 80)]
+    assert Counter(order) == {"capped": 4, "free": 50}  # 5 in all, then it waits
+    window: Any = r.hgetall(keys.window("capped"))
+    assert sum(int(v) for v in window.values()) == 5 * one
+    assert pull(r, keys, 10) == []  # nothing else waits but the capped one's
+    assert r.llen(keys.tenant_index("normal", "capped")) == 45  # waiting, not failed
+    registry.delete(r, keys, "capped")  # changed while its requests wait: served again
+    assert {t for t, _ in pull(r, keys, 10)} == {"capped"}
+
+
+def test_max_queued_refuses_that_tenants_submits_only(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    registry.update(r, keys, "small", max_queued=3)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["1", "2", "3"], tenant="small")
+    with pytest.raises(QueueFull, match="tenant 'small' has 3 requests waiting, its limit is 3"):
+        client.submit("4", tenant="small")
+    client.submit_many(["a", "b", "c", "d"], tenant="other")  # others are unaffected
+    assert "small" in [t for t, _ in pull(r, keys, 3)]  # a worker takes one of small's
+    client.submit("4", tenant="small")  # room for one more
+
+
+def test_a_tenant_back_from_idle_gets_no_credit_for_its_idle_time(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["z"] * 20, tenant="busy")
+    pull(r, keys, 10)
+    busy = float(r.zscore(keys.vtc, "busy") or 0)
+    assert busy > 0
+    client.submit("back", tenant="idle")  # it has 0: lifted to the lowest active
+    assert float(r.zscore(keys.vtc, "idle") or 0) == busy
+
+
+def test_refunds_leave_what_was_used() -> None:
+    body = b'{"prompt":"' + b"x" * 100 + b'","max_new_tokens":20}'
+    charged = charge(body)
+    assert charged == (len(body) // 4 + 1, 20)
+    ran = Refund(tenant="t", charged=charged, prompt_tokens=30, completion_tokens=5)
+    assert ran.weighted == charged[0] + 40 - (30 + 10) and ran.tokens == charged[0] + 20 - 35
+    never = Refund(tenant="t", charged=charged)
+    assert never.weighted == charged[0] + 40 and never.used == 0
+    assert merged([ran, never, ran]) == {
+        "t": (2 * ran.weighted + never.weighted, 2 * ran.tokens + never.tokens, 70, 2)
+    }
+    assert charge(b'{"prompt":"hi"}')[1] == 64  # the default max_new_tokens
+
+
+def test_a_fleet_serves_a_trickle_through_a_flood_and_settles_every_charge(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    flood = client.submit_many([f"f{i}" for i in range(400)], tenant="flood", max_new_tokens=4)
+    args = ("--engine", "echo", "--echo-step-ms", "5", "--max-batch-size", "8")
+    args += ("--claim-idle-ms", "2000")
+    first = start_worker(queue, *args)
+    start_worker(queue, *args)
+    wait_until(lambda: r.llen(keys.waiting) < 390, timeout_s=30)
+    trickle = client.submit_many([f"t{i}" for i in range(6)], tenant="trickle", max_new_tokens=4)
+    first.kill()  # kill -9 mid-way: what it held is taken over, nothing is lost
+    done = {x.id: x for x in client.results(trickle, timeout=60)}
+    left = sum(1 for x in flood if client.status(x).status != "succeeded")
+    assert {x.status for x in done.values()} == {"succeeded"}
+    assert left > 100, "the trickle was not served behind the whole flood"
+    results = client.results(flood, timeout=120)
+    assert {x.status for x in results} == {"succeeded"}
+    assert {x.tenant for x in results} == {"flood"}
+    # Every charge settled against what was used: the totals are the real tokens.
+    used: Any = r.hgetall(keys.served)
+    assert int(used[b"trickle:requests"]) == 6
+    assert int(used[b"flood:requests"]) >= 400  # a killed worker's may have run twice
+    wait_until(lambda: r.llen(keys.waiting) == 0)
+
+
+def test_the_gateway_answers_429_when_a_keys_tenant_is_at_its_max_queued(
+    redis_url: str, queue: str, r: redis.Redis, tmp_path: Any
+) -> None:
+    from genq.worker.devtools.gateway_process import GatewayProcess
+
+    registry.update(r, Keys(queue), "team-a", max_queued=1)
+    Client.from_url(redis_url, queue).submit("already waiting", tenant="team-a")
+    r.hset(Keys(queue).worker("fake"), "model", "echo")  # a live worker, as the gateway sees it
+    r.xgroup_createconsumer(Keys(queue).stream("normal"), GROUP, "fake")
+    g = GatewayProcess(redis_url, queue, tmp_path / "gw.log", ["--api-key", "ka=team-a"])
+    try:
+        client = openai.OpenAI(base_url=g.url, api_key="ka", max_retries=0, timeout=30)
+        with pytest.raises(openai.RateLimitError, match="max_queued"):
+            client.completions.create(model="echo", prompt="one more", max_tokens=2)
+    finally:
+        g.stop()
+
+
+def make(key: str, tenant: str, *, enqueued_ms: int, rank: int = 1) -> Candidate:
+    return Candidate(
+        key=key,
+        prompt_tokens=10,
+        max_new_tokens=10,
+        enqueued_ms=enqueued_ms,
+        priority_rank=rank,
+        tenant=tenant,
+    )
+
+
+POLICY = BatchPolicy(max_batch_tokens=10_000, max_batch_size=2, priority_aging_ms=1_000)
+
+
+def test_within_a_priority_the_tenant_with_the_least_service_anchors_the_batch() -> None:
+    flood = [make(f"a{i}", "a", enqueued_ms=i) for i in range(10)]
+    late = make("b0", "b", enqueued_ms=50_000)  # aged far less than the flood
+    now = 60_000
+    assert next_batch([*flood, late], now, POLICY).batch[0].key == "a0"  # no shares: oldest
+    fair = next_batch([*flood, late], now, POLICY, Shares(service={"a": 40.0, "b": 0.0}))
+    assert fair.batch[0].key == "b0"
+    # A tie (b was just lifted to a's service) goes to the tenant with fewer waiting here.
+    tie = Shares(service={"a": 0.0, "b": 0.0})
+    assert next_batch([*flood, late], now, POLICY, tie).batch[0].key == "b0"
+
+
+def test_aging_still_decides_which_priority_goes_first() -> None:
+    old_low = make("low", "a", enqueued_ms=0, rank=2)  # waited 3 agings: ranks with high
+    high = make("high", "b", enqueued_ms=2_900, rank=0)
+    now = 3_000
+    decision = next_batch([high, old_low], now, POLICY, Shares(service={"a": 1e9, "b": 0.0}))
+    assert decision.batch[0].key == "low"  # aging is not undone by a tenant's service
+    fresh_low = make("low2", "a", enqueued_ms=2_950, rank=2)
+    shares = Shares(service={"a": 0.0, "b": 1e9})
+    assert next_batch([high, fresh_low], now, POLICY, shares).batch[0].key == "high"
+
+
+def test_a_batch_is_filled_fairly_by_weight() -> None:
+    a = [make(f"a{i}", "a", enqueued_ms=i) for i in range(20)]
+    b = [make(f"b{i}", "b", enqueued_ms=100 + i) for i in range(20)]
+    policy = BatchPolicy(max_batch_tokens=10_000, max_batch_size=8)
+    even = next_batch([*a, *b], 1_000, policy, Shares(service={"a": 0.0, "b": 0.0}))
+    assert Counter(c.tenant for c in even.batch) == {"a": 4, "b": 4}
+    weighted = Shares(service={"a": 0.0, "b": 0.0}, weights={"a": 3.0})
+    three = next_batch([*a, *b], 1_000, policy, weighted)
+    assert Counter(c.tenant for c in three.batch) == {"a": 6, "b": 2}
+    # One tenant alone (no shares): the oldest, as before tenants.
+    assert [c.key for c in next_batch(a, 1_000, policy).batch] == [f"a{i}" for i in range(8)]
+
+
+def test_tenant_shares_lift_a_newcomer_and_forget_the_absent() -> None:
+    shares = TenantShares()
+    assert shares.view(["a"]) == {"a": 0.0}
+    shares.charge("a", 300)
+    assert shares.view(["a", "b"]) == {"a": 300.0, "b": 300.0}  # b: no credit for being away
+    shares.charge("b", 100)
+    assert shares.view(["b"]) == {"b": 400.0}  # a left: forgotten
+    assert shares.view(["a", "b"]) == {"a": 400.0, "b": 400.0}
+
+
+def test_genq_stats_shows_each_tenant(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def stats() -> dict[str, Any]:
+        args = ["stats", "--redis-url", redis_url, "--queue", queue, "--json"]
+        out = subprocess.run(
+            [sys.executable, "-m", "genq.worker", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert out.returncode == 0, out.stderr
+        tenants: dict[str, Any] = json.loads(out.stdout)["tenants"]
+        return tenants
+
+    keys = Keys(queue)
+    registry.update(r, keys, "slow", weight=2, tokens_per_minute=30)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["a"] * 3, tenant="fast", max_new_tokens=2)
+    client.submit_many(["b" * 20] * 4, tenant="slow", max_new_tokens=5)  # 25 tokens each
+    before = stats()
+    assert (before["fast"]["waiting"], before["slow"]["waiting"]) == (3, 4)
+    assert before["slow"]["weight"] == 2 and before["slow"]["tokens_per_minute"] == 30
+    start_worker(queue, "--engine", "echo")
+    wait_until(lambda: stats()["fast"]["requests_total"] == 3)
+    # Over 30 tokens in the last minute (charges are settled as requests end): it waits.
+    wait_until(lambda: stats()["slow"]["throttled"])
+    after = stats()
+    assert after["fast"]["tokens_total"] == 3 * (1 + 1)  # prompt "a" + its echo, 1 token each
+    assert after["slow"]["tokens_last_minute"] <= 30 + 25  # its limit + one request
+    assert after["slow"]["waiting"] == 2 and after["slow"]["requests_total"] == 2

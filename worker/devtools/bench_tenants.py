@@ -1,0 +1,298 @@
+"""``genq bench --scenario tenants``: many tenants on one fleet, fair against first-come.
+
+Each case runs on real ``genq worker --engine echo --echo-step-ms S`` processes (a batch takes
+``S`` ms x its longest ``max_new_tokens``), once with ``--tenant-policy fair`` and once with
+``fifo`` (first come, first served: genq before tenants), taking turns:
+
+- **Flood vs trickle**: tenant A submits a flood at once; tenant B then sends one request every
+  ``trickle_every_s``. B's queue waits (enqueue to start), next to B alone on an idle fleet.
+  Goal: p99 <= 2 x idle p99 + one batch time. The flood's makespan gives the throughput ratio,
+  and Redis commands per request are counted (INFO commandstats).
+- **Service gap**: a heavy tenant (10x the tokens per request) and a light one, both
+  backlogged (the heavy one submitted first). The largest gap in weighted tokens served
+  (prompt + 2 x generated, summed at each result's finish) while both still wait. Goal: fair
+  >= 30x smaller than fifo.
+- **Weights**: weights 3 and 1, both backlogged, over the whole fleet: tokens served while both
+  wait. Goal: within 10% of 3:1.
+- **Quota** (not ``quick``): a tenant limited to N tokens a minute, backlogged for over a minute,
+  beside another tenant's trickle: the most it was served in any 60 s (by finish times), and
+  the other tenant's waits. Goal: <= N + one batch's tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from genq.common import tenants as registry
+from genq.common.keys import Keys
+from genq.common.models import Result
+from genq.producer import Client
+from genq.worker.devtools.bench_fleet import Fleet, redis_counters
+
+POLICIES = ("fair", "fifo")
+
+
+@dataclass(kw_only=True)
+class TenantsReport:
+    """Everything ``run_tenants`` measured (per policy where it compares them)."""
+
+    workers: int
+    step_ms: float
+    batch_size: int
+    flood: int
+    trickle: int
+    batch_ms: float
+    """One batch's time: step_ms x the flood's max_new_tokens."""
+    idle_wait_ms: dict[str, float] = field(default_factory=dict)
+    """B alone: p50, p99."""
+    trickle_wait_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    """B beside the flood, per policy: p50, p99."""
+    flood_makespan_s: dict[str, list[float]] = field(default_factory=dict)
+    commands_per_request: dict[str, float] = field(default_factory=dict)
+    service_gap: dict[str, float] = field(default_factory=dict)
+    weights_ratio: float | None = None
+    quota: dict[str, float] = field(default_factory=dict)
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+
+def _waits(results: Sequence[Result]) -> dict[str, float]:
+    waits = [float(x.timings.queue_wait_ms or 0) for x in results]
+    return {"p50": _pct(waits, 0.5), "p99": _pct(waits, 0.99)}
+
+
+def _trickle(client: Client, n: int, every_s: float, tenant: str) -> list[str]:
+    ids = []
+    for i in range(n):
+        ids.append(client.submit(f"trickle {i}", tenant=tenant, max_new_tokens=16))
+        time.sleep(every_s)
+    return ids
+
+
+class _Case:
+    """One fleet on a fresh queue with one tenant policy."""
+
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        policy: str,
+        workers: int,
+        step_ms: float,
+        **settings: dict[str, Any],
+    ) -> None:
+        """``settings``: tenants' settings (``genq tenants set``) made before the fleet starts."""
+        self.queue = f"tenants-{name}-{policy}-{int(time.time() * 1000)}"
+        self.r = redis.Redis.from_url(url)
+        self.client = Client(self.r, self.queue)
+        for tenant, changes in settings.items():
+            registry.update(self.r, Keys(self.queue), tenant, **changes)
+        self.fleet = Fleet(url, self.queue, [step_ms] * workers, 16, tenant_policy=policy)
+
+    def __enter__(self) -> _Case:
+        self.fleet.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.fleet.__exit__()
+        self.client.close()
+
+
+def flood_vs_trickle(
+    url: str, policy: str, *, workers: int, step_ms: float, flood: int, trickle: int, every_s: float
+) -> tuple[dict[str, float], float, float]:
+    """B's waits beside A's flood, the flood's makespan, Redis commands per request."""
+    with _Case(url, "flood", policy, workers, step_ms) as case:
+        c = case.client
+        calls0, _ = redis_counters(case.r)
+        t0 = time.perf_counter()
+        a_ids = c.submit_many([f"flood {i}" for i in range(flood)], tenant="a", max_new_tokens=16)
+        b_ids = _trickle(c, trickle, every_s, "b")
+        b = c.results(b_ids, timeout=600)
+        c.results(a_ids, timeout=600)
+        makespan = time.perf_counter() - t0
+        calls1, _ = redis_counters(case.r)
+    return _waits(b), makespan, (calls1 - calls0) / (flood + trickle)
+
+
+def idle_trickle(
+    url: str, *, workers: int, step_ms: float, trickle: int, every_s: float
+) -> dict[str, float]:
+    """B alone on an idle fleet."""
+    with _Case(url, "idle", "fair", workers, step_ms) as case:
+        return _waits(
+            case.client.results(_trickle(case.client, trickle, every_s, "b"), timeout=600)
+        )
+
+
+def _weighted(x: Result) -> int:
+    return x.usage.prompt_tokens + 2 * x.usage.completion_tokens
+
+
+def service_gap(url: str, policy: str, *, workers: int, step_ms: float, n_light: int) -> float:
+    """The largest gap in weighted tokens finished between a heavy and a light tenant while
+    both still had requests not finished."""
+    with _Case(url, "gap", policy, workers, step_ms) as case:
+        c = case.client
+        heavy = c.submit_many(["h" * 320] * (n_light // 10), tenant="heavy", max_new_tokens=160)
+        light = c.submit_many(["l" * 32] * n_light, tenant="light", max_new_tokens=16)
+        results = c.results(heavy + light, timeout=900)
+    end = min(
+        max(x.timings.finished_unix_ms or 0 for x in results if x.tenant == t)
+        for t in ("heavy", "light")
+    )
+    served = {"heavy": 0, "light": 0}
+    gap = 0
+    for x in sorted(results, key=lambda x: x.timings.finished_unix_ms or 0):
+        if (x.timings.finished_unix_ms or 0) >= end:
+            break
+        served[x.tenant] += _weighted(x)
+        gap = max(gap, abs(served["heavy"] - served["light"]))
+    return float(gap)
+
+
+def weights(url: str, *, workers: int, step_ms: float, n: int) -> float:
+    """Tokens served to a weight-3 tenant over a weight-1 one while both wait."""
+    with _Case(url, "weights", "fair", workers, step_ms, three={"weight": 3}) as case:
+        c = case.client
+        ids = c.submit_many(["w" * 32] * n, tenant="three", max_new_tokens=16)
+        ids += c.submit_many(["w" * 32] * n, tenant="one", max_new_tokens=16)
+        results = c.results(ids, timeout=900)
+    end = min(
+        max(x.timings.finished_unix_ms or 0 for x in results if x.tenant == t)
+        for t in ("three", "one")
+    )
+    got = {"three": 0, "one": 0}
+    for x in results:
+        if (x.timings.finished_unix_ms or 0) < end:
+            got[x.tenant] += _weighted(x)
+    return got["three"] / max(1, got["one"])
+
+
+def quota(
+    url: str, *, workers: int, step_ms: float, per_minute: int, run_s: float, every_s: float
+) -> dict[str, float]:
+    """A tenant limited to ``per_minute`` tokens, backlogged for ``run_s``, beside a trickle."""
+    settings = {"capped": {"tokens_per_minute": per_minute}}
+    with _Case(url, "quota", "fair", workers, step_ms, **settings) as case:
+        c = case.client
+        capped = c.submit_many(["q" * 32] * 2000, tenant="capped", max_new_tokens=16)
+        trickle: list[str] = []
+        t = threading.Thread(
+            target=lambda: trickle.extend(_trickle(c, int(run_s / every_s), every_s, "other"))
+        )
+        t.start()
+        t.join()
+        others = c.results(trickle, timeout=120)
+        done = [x for x in (c.status(i) for i in capped) if x.status == "succeeded"]
+    finish = sorted(
+        ((x.timings.finished_unix_ms or 0), x.usage.prompt_tokens + x.usage.completion_tokens)
+        for x in done
+    )
+    most = 0
+    for i, (start, _) in enumerate(finish):  # every 60 s window that starts at a finish
+        most = max(most, sum(tok for ms, tok in finish[i:] if ms < start + 60_000))
+    batch_tokens = 16 * (32 + 16)
+    return {
+        "limit": float(per_minute),
+        "most_in_60s": float(most),
+        "one_batch_tokens": float(batch_tokens),
+        "served_requests": float(len(done)),
+        "other_wait_p50_ms": _waits(others)["p50"],
+        "other_wait_p99_ms": _waits(others)["p99"],
+    }
+
+
+def run_tenants(url: str, *, quick: bool = False) -> TenantsReport:
+    """Every case (a smaller set with ``quick``)."""
+    workers, step_ms = (2, 2.0) if quick else (3, 2.0)
+    flood, trickle, every_s = (300, 6, 0.1) if quick else (2000, 20, 0.2)
+    report = TenantsReport(
+        workers=workers,
+        step_ms=step_ms,
+        batch_size=16,
+        flood=flood,
+        trickle=trickle,
+        batch_ms=step_ms * 16,
+    )
+    report.idle_wait_ms = idle_trickle(
+        url, workers=workers, step_ms=step_ms, trickle=trickle, every_s=every_s
+    )
+    rounds = 1 if quick else 2
+    for i in range(rounds):  # the policies take turns, the first one rotating
+        for policy in POLICIES[i % 2 :] + POLICIES[: i % 2]:
+            waits, makespan, commands = flood_vs_trickle(
+                url,
+                policy,
+                workers=workers,
+                step_ms=step_ms,
+                flood=flood,
+                trickle=trickle,
+                every_s=every_s,
+            )
+            report.trickle_wait_ms.setdefault(policy, waits)
+            report.flood_makespan_s.setdefault(policy, []).append(makespan)
+            report.commands_per_request[policy] = commands
+    n_light = 100 if quick else 600
+    for policy in POLICIES:
+        report.service_gap[policy] = service_gap(
+            url, policy, workers=workers, step_ms=step_ms, n_light=n_light
+        )
+    report.weights_ratio = weights(url, workers=3, step_ms=step_ms, n=100 if quick else 400)
+    if not quick:
+        report.quota = quota(
+            url, workers=workers, step_ms=step_ms, per_minute=6000, run_s=75, every_s=0.5
+        )
+    return report
+
+
+def tenants_markdown(rep: TenantsReport) -> str:
+    """The report as a BENCHMARKS.md section."""
+    fair, fifo = rep.trickle_wait_ms.get("fair", {}), rep.trickle_wait_ms.get("fifo", {})
+    goal = 2 * rep.idle_wait_ms.get("p99", 0) + rep.batch_ms
+    mk = {p: statistics.median(v) for p, v in rep.flood_makespan_s.items()}
+    lines = [
+        f"{rep.workers} echo workers, {rep.step_ms:g} ms a step, batches of {rep.batch_size} "
+        f"(one batch: {rep.batch_ms:g} ms); flood {rep.flood} requests, trickle {rep.trickle}.",
+        "",
+        "| case | fair | fifo (first come) | goal |",
+        "|---|---|---|---|",
+        f"| B's wait p50 / p99 beside the flood, ms | {fair.get('p50', 0):.0f} / "
+        f"{fair.get('p99', 0):.0f} | {fifo.get('p50', 0):.0f} / {fifo.get('p99', 0):.0f} | "
+        f"p99 <= {goal:.0f} (B alone: {rep.idle_wait_ms.get('p50', 0):.0f} / "
+        f"{rep.idle_wait_ms.get('p99', 0):.0f}) |",
+        f"| flood makespan, s (median of {len(rep.flood_makespan_s.get('fair', []))}) | "
+        f"{mk.get('fair', 0):.2f} | {mk.get('fifo', 0):.2f} | fair throughput >= 0.98x: "
+        f"{mk.get('fifo', 0) / max(mk.get('fair', 1e-9), 1e-9):.3f}x |",
+        f"| Redis commands per request | {rep.commands_per_request.get('fair', 0):.2f} | "
+        f"{rep.commands_per_request.get('fifo', 0):.2f} | |",
+        f"| largest service gap, weighted tokens | {rep.service_gap.get('fair', 0):.0f} | "
+        f"{rep.service_gap.get('fifo', 0):.0f} | >= 30x smaller: "
+        f"{rep.service_gap.get('fifo', 0) / max(rep.service_gap.get('fair', 1), 1):.1f}x |",
+        f"| weights 3:1, tokens served | {rep.weights_ratio or 0:.2f} : 1 | | 2.7-3.3 |",
+    ]
+    if rep.quota:
+        q = rep.quota
+        lines.append(
+            f"| quota {q['limit']:.0f} tokens/min: most served in any 60 s | "
+            f"{q['most_in_60s']:.0f} | | <= {q['limit'] + q['one_batch_tokens']:.0f}; the other "
+            f"tenant's wait p50 / p99 {q['other_wait_p50_ms']:.0f} / "
+            f"{q['other_wait_p99_ms']:.0f} ms |"
+        )
+    return "\n".join(lines)
+
+
+def as_dict(rep: TenantsReport) -> dict[str, Any]:
+    """JSON-ready."""
+    import dataclasses
+
+    return dataclasses.asdict(rep)

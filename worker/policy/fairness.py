@@ -1,0 +1,111 @@
+"""Fair shares between tenants: what a request is charged when a worker reads it, and what is
+refunded when it ends. Pure: no Redis, no torch, no clock.
+
+A worker's read (``scripts.PULL``) serves, within each priority, the active tenant with the
+least weighted tokens served per unit of weight (VTC: prompt tokens count 1, generated 2), and
+charges each request it reads *at once*, before anything is known of its real cost: an estimate
+of its prompt from its body's size and its whole ``max_new_tokens``. Charging at the read is
+what keeps a fleet fair between reads (the next worker to read already sees the charge) and
+makes a tenant's tokens-per-minute an upper bound. When the request ends, the worker refunds
+the difference to its real cost (``Refund``): generated tokens are therefore counted at the
+end, and a request that never ran costs nothing in the end.
+
+``charge`` is the same computation as the ``charge`` of the Lua script (a test compares them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from genq.common.models import DEFAULT_MAX_NEW_TOKENS
+
+_MAX_NEW = re.compile(rb'"max_new_tokens":\s*(\d+)')
+
+
+def charge(body: bytes) -> tuple[int, int]:
+    """(prompt estimate, max_new_tokens) charged for an entry whose body is ``body``: a token
+    per 4 bytes of the whole body, plus one; and the first ``"max_new_tokens": N`` in it (the
+    default when there is none)."""
+    found = _MAX_NEW.search(body)
+    return len(body) // 4 + 1, int(found.group(1)) if found else DEFAULT_MAX_NEW_TOKENS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refund:
+    """What ends one request's charge: its tenant, the estimate it was charged at the read,
+    and what it really cost (0 and 0 for one that never ran)."""
+
+    tenant: str
+    charged: tuple[int, int]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def weighted(self) -> int:
+        """Back to the tenant's weighted service (VTC): charged minus used, output x2."""
+        est, max_new = self.charged
+        return est + 2 * max_new - (self.prompt_tokens + 2 * self.completion_tokens)
+
+    @property
+    def tokens(self) -> int:
+        """Back to the tenant's last minute: charged minus used, in plain tokens."""
+        est, max_new = self.charged
+        return est + max_new - (self.prompt_tokens + self.completion_tokens)
+
+    @property
+    def used(self) -> int:
+        """Tokens it really took (prompt + generated)."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+def merged(refunds: list[Refund]) -> dict[str, tuple[int, int, int, int]]:
+    """Per tenant: (weighted back, tokens back, tokens used, requests that generated): one set
+    of commands per tenant, not per request."""
+    out: dict[str, tuple[int, int, int, int]] = {}
+    for r in refunds:
+        w, t, u, n = out.get(r.tenant, (0, 0, 0, 0))
+        out[r.tenant] = (w + r.weighted, t + r.tokens, u + r.used, n + (r.used > 0))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shares:
+    """What the batching policy is told of the waiting tenants: each one's service so far per
+    unit of weight, and the weights (for what a batch adds)."""
+
+    service: Mapping[str, float]
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+    def cost(self, tenant: str, prompt_tokens: int, max_new_tokens: int) -> float:
+        """What a request adds to its tenant's service: weighted tokens per unit of weight."""
+        return (prompt_tokens + 2 * max_new_tokens) / self.weights.get(tenant, 1.0)
+
+
+class TenantShares:
+    """One worker's own account of the service its tenants got (weighted tokens: prompt + 2 x
+    max_new_tokens of each request it started), for choosing which waiting request anchors the
+    next batch: the tenant with the least (``batching.next_batch``). The fleet's account is in
+    Redis (the read script's); this one orders what this worker already holds, so that a
+    request read just now does not wait behind a look-ahead full of another tenant's.
+
+    A tenant that is not waiting here is forgotten; one that comes (back) is lifted to the
+    least of those waiting, as in VTC: no credit for time away."""
+
+    def __init__(self) -> None:
+        self._served: dict[str, float] = {}
+
+    def view(self, waiting: Iterable[str]) -> dict[str, float]:
+        """Each waiting tenant's service (lifting newcomers; forgetting the absent)."""
+        present = set(waiting)
+        for gone in [t for t in self._served if t not in present]:
+            del self._served[gone]
+        floor = min(self._served.values(), default=0.0)
+        for t in present:
+            self._served.setdefault(t, floor)
+        return self._served
+
+    def charge(self, tenant: str, weighted_tokens: float) -> None:
+        """``tenant`` got a request started costing this much."""
+        self._served[tenant] = self._served.get(tenant, 0.0) + weighted_tokens
