@@ -3,8 +3,9 @@ script fills (``TENANTS_LUA``, which SUBMIT includes), a worker's read (``PULL``
 hand-back (``GIVE_BACK``). The rule itself, and what is charged and refunded:
 ``genq.worker.policy.fairness``.
 
-Keys: ``Keys.tenant_index``, ``active``, ``vtc``, ``window``, ``waiting``, ``tenants``,
-``doorbell``. Their names hold a tenant, so the scripts build them from the queue's base
+Keys: ``Keys.tenant_index``, ``active``, ``vtc``, ``window``, ``bucket``, ``waiting``,
+``tenants``, ``doorbell``. Their names hold a tenant, so the scripts build them from the queue's
+base
 ``genq:{Q}`` (the config key, the scripts' first KEY, less ``:config``) exactly as ``keys.py``
 does; a test compares the two. All share the queue's hash tag, so a script's keys stay in one
 Redis Cluster slot.
@@ -128,18 +129,26 @@ PULL = (
     TENANTS_LUA
     + f"""
 -- KEYS: config, stream high, stream normal, stream low
--- ARGV: this consumer, the policy ('fair' or 'fifo'), the Unix second now (the worker's view
---       of Redis' clock: it needs no TIME), then per stream: how many entries at most
+-- ARGV: this consumer, the policy ('fair' or 'fifo'), the Unix time now in ms (the worker's
+--       view of Redis' clock: it needs no TIME), the reader's batch budget in tokens (a limited
+--       tenant's burst), then per stream: how many entries at most
 -- A worker's read: per priority, the waiting entries of the active tenants, fairly: each next
 -- entry is the oldest of the tenant with the least weighted tokens served per unit of weight
 -- (VTC; 'fifo': the oldest waiting entry, whoever sent it) among those under their
 -- tokens-per-minute, claimed from {QUEUED} (JUSTID) for this consumer. Each is charged at
--- once, by an estimate from its body (PROMPT_EST = body bytes / 4 + 1, and its
+-- once, by an upper bound from its body (PROMPT_EST = the body's bytes: a prompt has no more
+-- tokens than bytes; and its
 -- max_new_tokens: 'charge' below, ``policy.fairness.charge`` in Python): weighted
 -- PROMPT_EST + 2 x max_new_tokens to the tenant's service, PROMPT_EST + max_new_tokens to its
--- last minute; the worker refunds what was not used when the request ends. Entries a plain
--- XADD added are swept into the indexes first. Returns XREADGROUP's shape.
-local me, fifo, now_s = ARGV[1], ARGV[2] == 'fifo', tonumber(ARGV[3])
+-- last minute and to its token bucket; the worker corrects the estimate once it has tokenized
+-- the prompt, and refunds what was not used when the request ends. A tenant with a
+-- tokens-per-minute N is read only while its bucket (refilled at N a minute, holding at most
+-- min(N, the batch budget)) is above 0: in any 60 s it takes at most N plus one batch's
+-- tokens, evenly, not in a burst at each minute's turn. Entries a plain XADD added are swept
+-- into the indexes first. Returns XREADGROUP's shape.
+local me, fifo = ARGV[1], ARGV[2] == 'fifo'
+local now_ms, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now_s = math.floor(now_ms / 1000)
 local function head(p, t)  -- fifo: the tenant's oldest waiting entry's id, as {{ms, seq}}
   local id = redis.call('LINDEX', BASE .. ':idx:' .. p .. ':' .. t, 0)
   if not id then return {{0, 0}} end
@@ -149,20 +158,39 @@ end
 local function charge(body)
   local m = tonumber(string.match(body, '"max_new_tokens":%s*(%d+)') or '')
     or {DEFAULT_MAX_NEW_TOKENS}
-  return math.floor(#body / 4) + 1, m
+  return #body, m
 end
-local window_cache = {{}}
-local function last_minute(t)  -- tokens charged to t in the last 60 s (older seconds dropped)
-  if window_cache[t] == nil then
-    local key, sum = BASE .. ':window:' .. t, 0
-    local flat = redis.call('HGETALL', key)
-    for j = 1, #flat, 2 do
-      if tonumber(flat[j]) > now_s - 60 then sum = sum + tonumber(flat[j + 1])
-      else redis.call('HDEL', key, flat[j]) end
-    end
-    window_cache[t] = sum
+local function trim_window(t)  -- drop the seconds of t's last minute that are past
+  local key = BASE .. ':window:' .. t
+  local flat = redis.call('HKEYS', key)
+  for j = 1, #flat do
+    if tonumber(flat[j]) <= now_s - 60 then redis.call('HDEL', key, flat[j]) end
   end
-  return window_cache[t]
+end
+local buckets = {{}}
+local function bucket(t, per_minute)  -- the tokens t may still take now
+  if buckets[t] == nil then
+    local cap = math.min(per_minute, burst)
+    local v = redis.call('HMGET', BASE .. ':bucket:' .. t, 'level', 'at_ms')
+    local level, at = tonumber(v[1]) or cap, tonumber(v[2]) or now_ms
+    buckets[t] = math.min(cap, level + math.max(0, now_ms - at) * per_minute / 60000)
+  end
+  return buckets[t]
+end
+local function body_of(fields)
+  for j = 1, #fields, 2 do
+    if fields[j] == '{BODY_FIELD}' then return fields[j + 1] end
+  end
+  return ''
+end
+local function affordable(stream, id, t, limit)
+  -- Whether t's bucket holds this entry's whole charge (or is full: one request bigger than
+  -- the bucket still goes, alone): served tokens never run past the limit plus the bucket.
+  local found = redis.call('XRANGE', stream, id, id)
+  if #found == 0 then return true end  -- gone: nothing to charge
+  local est, max_new = charge(body_of(found[1][2]))
+  local level = bucket(t, limit)
+  return level >= est + max_new or level >= math.min(limit, burst)
 end
 local function backlog(p, t)
   return redis.call('LLEN', BASE .. ':idx:' .. p .. ':' .. t)
@@ -174,9 +202,9 @@ local function better(p, t, per, best, best_v)  -- per: {{service per weight, 0}
   -- A tie (a tenant just lifted to the lowest) goes to the one with fewer waiting.
   return backlog(p, t) < backlog(p, best)
 end
-local out, charged, popped = {{}}, {{}}, 0
+local out, charged, popped, held_back = {{}}, {{}}, 0, {{}}
 for s = 2, 4 do
-  local room, p = tonumber(ARGV[s + 2]), PRI[s - 1]
+  local room, p = tonumber(ARGV[s + 3]), PRI[s - 1]
   if room > 0 then
     sweep(s, p, {{}})
     local active = BASE .. ':active:' .. p
@@ -189,16 +217,24 @@ for s = 2, 4 do
       local best, best_v = nil, nil
       for t, v in pairs(score) do
         local c = settings(t)
-        if c[2] <= 0 or last_minute(t) < c[2] then
+        if c[2] > 0 and bucket(t, c[2]) <= 0 then
+          held_back[t] = true
+        else
           local per = fifo and head(p, t) or {{v / c[1], 0}}
           if better(p, t, per, best, best_v) then best, best_v = t, per end
         end
       end
       if best == nil then break end  -- none, or every active tenant is over its limit
-      local id = redis.call('LPOP', BASE .. ':idx:' .. p .. ':' .. best)
+      local idx = BASE .. ':idx:' .. p .. ':' .. best
+      local id = redis.call('LPOP', idx)
+      local limit = settings(best)[2]
       if not id then
         redis.call('SREM', active, best)
         score[best] = nil
+      elseif limit > 0 and not affordable(KEYS[s], id, best, limit) then
+        redis.call('LPUSH', idx, id)  -- it waits for its bucket to refill
+        score[best] = nil
+        held_back[best] = true
       else
         popped = popped + 1
         -- XCLAIM answers only an entry still pending (a cancelled one is, until a worker
@@ -206,13 +242,9 @@ for s = 2, 4 do
         local found = redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, id)
         if #found > 0 and found[1] then
           table.insert(got, found[1])
-          local body = ''
-          for j = 1, #found[1][2], 2 do
-            if found[1][2][j] == '{BODY_FIELD}' then body = found[1][2][j + 1] end
-          end
-          local est, max_new = charge(body)
+          local est, max_new = charge(body_of(found[1][2]))
           score[best] = score[best] + est + 2 * max_new
-          window_cache[best] = last_minute(best) + est + max_new
+          if buckets[best] ~= nil then buckets[best] = buckets[best] - est - max_new end
           local c = charged[best] or {{0, 0}}
           charged[best] = {{c[1] + est + 2 * max_new, c[2] + est + max_new}}
         end
@@ -223,8 +255,14 @@ for s = 2, 4 do
 end
 for t, c in pairs(charged) do  -- once per tenant: the service and the last minute
   redis.call('ZINCRBY', BASE .. ':vtc', c[1], t)
+  trim_window(t)
   redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, c[2])
   redis.call('EXPIRE', BASE .. ':window:' .. t, 120)
+end
+for t, level in pairs(buckets) do
+  redis.call('HSET', BASE .. ':bucket:' .. t, 'level', tostring(level), 'at_ms', now_ms)
+  if held_back[t] then redis.call('HSET', BASE .. ':bucket:' .. t, 'held_back_ms', now_ms) end
+  redis.call('EXPIRE', BASE .. ':bucket:' .. t, 120)
 end
 if popped > 0 then redis.call('LPOP', BASE .. ':waiting', popped) end
 return out
@@ -259,6 +297,8 @@ for a = 3, #ARGV, 5 do
   if tokens ~= 0 then
     redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, -tokens)
     redis.call('EXPIRE', BASE .. ':window:' .. t, 120)
+    redis.call('HINCRBYFLOAT', BASE .. ':bucket:' .. t, 'level', tokens)
+    redis.call('EXPIRE', BASE .. ':bucket:' .. t, 120)
   end
 end
 for _, key in ipairs(order) do

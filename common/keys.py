@@ -28,6 +28,8 @@ key                    type    written by                  read by             T
                                (refunds)
 ``genq:{Q}:window:T``  hash    PULL, workers (tokens per   PULL (tokens per    120 s
                                Unix second)                minute), stats
+``genq:{Q}:bucket:T``  hash    PULL, workers (level,       PULL, stats         120 s
+                               at_ms)
 ``genq:{Q}:served``    hash    workers (tokens, requests)  ``genq stats``      none
 ``genq:{Q}:waiting``   list    SUBMIT (+1 per request),    KEDA (LLEN), stats  none
                                PULL (-1 per request)
@@ -172,6 +174,12 @@ class Keys:
         """Tokens served to a tenant per second of the last minute (a hash: Unix second ->
         tokens), for its tokens-per-minute limit and ``genq stats``."""
         return f"{self._base}:window:{tenant}"
+
+    def bucket(self, tenant: str) -> str:
+        """A tenant's token bucket for its tokens-per-minute (a hash: ``level``, ``at_ms``, and
+        ``held_back_ms``, when a read last left its requests waiting for it): refilled at its
+        limit a minute, the tenant is read while it holds the next request's charge."""
+        return f"{self._base}:bucket:{tenant}"
 
     @property
     def served(self) -> str:

@@ -105,6 +105,30 @@ def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
     assert burst["makespan_s"] > 0 and burst["redis_commands_per_request"] > 0
 
 
+def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "bench",
+            "--scenario",
+            "tenants",
+            "--quick",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rep = json.loads(out.stdout)
+    fair, fifo = rep["trickle_wait_ms"]["fair"], rep["trickle_wait_ms"]["fifo"]
+    assert fair["p99"] < fifo["p99"], rep  # first come: the trickle waits for the flood
+    assert rep["service_gap"]["fair"]["finish"] < rep["service_gap"]["fifo"]["finish"], rep
+    assert set(rep["flood_makespan_s"]) == {"fair", "fifo"} and rep["weights_ratio"] > 1
+
+
 def test_the_ideal_central_queue_batches_the_oldest_on_the_fastest_free_server() -> None:
     from genq.worker.devtools.bench_fleet import _ideal_burst_makespan, ideal_central_queue
 

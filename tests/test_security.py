@@ -18,7 +18,8 @@ from tests.conftest import WorkerProcess
 # The ACL line the README documents (tests/test_readme.py checks they are the same).
 GENQ_ACL = (
     "on >genq-secret ~genq:* resetchannels -@all +@connection "
-    "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +eval "
+    "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
+    "+hkeys +hmget +eval "
     "+fcall +function|load +time "
     "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
     "+xgroup|create +xinfo|groups +xinfo|consumers "

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 import typing
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 from genq.common.settings import EngineName, WorkerSettings
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 _DEFAULTS = WorkerSettings.model_fields
+T = TypeVar("T")
 QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
 """The engines measured through the queue (echo has no model to measure)."""
 
@@ -309,47 +311,51 @@ def _priority_scenario(
         click.echo(priority_markdown(res))
 
 
+def _on_redis(redis_url: str | None, run: Callable[[str], T]) -> T:
+    """``run(url)`` on ``redis_url``, or on a private redis-server started for it."""
+    from genq.worker.devtools.redis_server import RedisServer
+
+    server = None if redis_url else RedisServer().start()
+    try:
+        return run(server.url if server else str(redis_url))
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _markdown(body: str) -> None:
+    """A BENCHMARKS.md section: the command, the machine, then ``body``."""
+    from genq.worker.devtools.bench_modes import machine_info
+
+    click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
+    click.echo("")
+    click.echo(body)
+
+
 def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
     import dataclasses
 
     from genq.worker.devtools.bench_fleet import fleet_markdown, run_fleet_scenarios
     from genq.worker.devtools.bench_modes import machine_info
-    from genq.worker.devtools.redis_server import RedisServer
 
-    server = None if redis_url else RedisServer().start()
-    try:
-        results = run_fleet_scenarios(server.url if server else str(redis_url), quick=quick)
-    finally:
-        if server is not None:
-            server.stop()
+    results = _on_redis(redis_url, lambda url: run_fleet_scenarios(url, quick=quick))
     if as_json:
         out = {"machine": machine_info(), "scenarios": [dataclasses.asdict(x) for x in results]}
         click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
-        click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
-        click.echo("")
-        click.echo(fleet_markdown(results))
+        _markdown(fleet_markdown(results))
 
 
 def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
     from genq.worker.devtools.bench_modes import machine_info
     from genq.worker.devtools.bench_tenants import as_dict, run_tenants, tenants_markdown
-    from genq.worker.devtools.redis_server import RedisServer
 
-    server = None if redis_url else RedisServer().start()
-    try:
-        report = run_tenants(server.url if server else str(redis_url), quick=quick)
-    finally:
-        if server is not None:
-            server.stop()
+    report = _on_redis(redis_url, lambda url: run_tenants(url, quick=quick))
     if as_json:
         click.echo(json.dumps({"machine": machine_info(), **as_dict(report)}, indent=2))
-        return
-    click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
-    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
-    click.echo("")
-    click.echo(tenants_markdown(report))
+    else:
+        _markdown(tenants_markdown(report))
 
 
 def _gateway_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:

@@ -16,6 +16,9 @@ from genq.worker.runtime.heartbeat import derived
 from rich.console import Console
 from rich.table import Table
 
+THROTTLED_RECENT_MS = 5_000
+"""A tenant a read held back this recently (and still waiting) shows as throttled."""
+
 
 def _s(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
@@ -60,7 +63,8 @@ def tenants_info(
     r: redis.Redis, keys: Keys, now_s: int, workers: list[dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """Per tenant: its settings, requests waiting and running, tokens served in the last
-    minute and in all, whether it is over its tokens per minute (``throttled``). Every tenant
+    minute and in all, whether it is over its tokens per minute (``throttled``: it has requests
+    waiting and a read left them for its token bucket in the last few seconds). Every tenant
     with settings, waiting work, or service on record; two round trips."""
     from genq.common.tenants import read_all
 
@@ -83,16 +87,19 @@ def tenants_info(
         for p in PRIORITIES:
             pipe.llen(keys.tenant_index(p, t))
         pipe.hgetall(keys.window(t))
+        pipe.hget(keys.bucket(t), "held_back_ms")
     replies = pipe.execute()
     out: dict[str, dict[str, Any]] = {}
     for i, t in enumerate(ordered):
-        row = replies[i * 4 : i * 4 + 4]
+        row = replies[i * 5 : i * 5 + 5]
         window = row[3] or {}
         last_minute = sum(int(v) for k, v in window.items() if int(k) > now_s - 60)
         s = settings.get(t)
         weight, per_minute = (s.weight, s.tokens_per_minute) if s else (1.0, 0)
+        held_back = row[4]  # when a read last left its requests waiting for its bucket
+        waiting = sum(int(x) for x in row[:3])
         out[t] = {
-            "waiting": sum(int(x) for x in row[:3]),
+            "waiting": waiting,
             "running": running.get(t, 0),
             "tokens_last_minute": max(0, last_minute),
             "tokens_total": int(_s(served.get(t.encode(), b"0"))),
@@ -100,7 +107,8 @@ def tenants_info(
             "weight": weight,
             "tokens_per_minute": per_minute,
             "max_queued": s.max_queued if s else 0,
-            "throttled": bool(per_minute) and last_minute >= per_minute,
+            "throttled": bool(per_minute and waiting and held_back)
+            and int(held_back) >= now_s * 1000 - THROTTLED_RECENT_MS,
         }
     return out
 

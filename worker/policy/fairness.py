@@ -3,8 +3,9 @@ refunded when it ends. Pure: no Redis, no torch, no clock.
 
 A worker's read (``scripts.PULL``) serves, within each priority, the active tenant with the
 least weighted tokens served per unit of weight (VTC: prompt tokens count 1, generated 2), and
-charges each request it reads *at once*, before anything is known of its real cost: an estimate
-of its prompt from its body's size and its whole ``max_new_tokens``. Charging at the read is
+charges each request it reads *at once*, before anything is known of its real cost: an upper
+bound of its prompt (its body's bytes) and its whole ``max_new_tokens``; the worker corrects
+the prompt's part as soon as it has tokenized it (``Held.recharge``). Charging at the read is
 what keeps a fleet fair between reads (the next worker to read already sees the charge) and
 makes a tenant's tokens-per-minute an upper bound. When the request ends, the worker refunds
 the difference to its real cost (``Refund``): generated tokens are therefore counted at the
@@ -25,11 +26,13 @@ _MAX_NEW = re.compile(rb'"max_new_tokens":\s*(\d+)')
 
 
 def charge(body: bytes) -> tuple[int, int]:
-    """(prompt estimate, max_new_tokens) charged for an entry whose body is ``body``: a token
-    per 4 bytes of the whole body, plus one; and the first ``"max_new_tokens": N`` in it (the
-    default when there is none)."""
+    """(prompt estimate, max_new_tokens) charged for an entry whose body is ``body``: the
+    whole body's bytes (an upper bound: a prompt has no more tokens than bytes, so a charge is
+    never below the real cost and a tenant's tokens per minute hold); and the first
+    ``"max_new_tokens": N`` in it (the default when there is none). The worker corrects the
+    estimate as soon as it has tokenized the prompt."""
     found = _MAX_NEW.search(body)
-    return len(body) // 4 + 1, int(found.group(1)) if found else DEFAULT_MAX_NEW_TOKENS
+    return len(body), int(found.group(1)) if found else DEFAULT_MAX_NEW_TOKENS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +44,9 @@ class Refund:
     charged: tuple[int, int]
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    ended: bool = True
+    """False for a correction at the read (the prompt's real size for the estimate): nothing
+    is counted as served yet."""
 
     @property
     def weighted(self) -> int:
@@ -56,8 +62,8 @@ class Refund:
 
     @property
     def used(self) -> int:
-        """Tokens it really took (prompt + generated)."""
-        return self.prompt_tokens + self.completion_tokens
+        """Tokens it really took (prompt + generated); 0 until it ended."""
+        return self.prompt_tokens + self.completion_tokens if self.ended else 0
 
 
 def merged(refunds: list[Refund]) -> dict[str, tuple[int, int, int, int]]:

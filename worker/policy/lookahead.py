@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from genq.common.models import PRIORITY_RANK, Request
 from genq.common.settings import WorkerSettings
 from genq.worker.policy.batching import Candidate
-from genq.worker.policy.fairness import Shares, TenantShares
+from genq.worker.policy.fairness import Refund, Shares, TenantShares
 
 
 def entry_key(stream: str, entry_id: str) -> str:
@@ -67,6 +67,20 @@ class Held:
             priority_rank=PRIORITY_RANK[self.request.priority],
             tenant=self.request.tenant,
         )
+
+    def recharge(self) -> Refund:
+        """Its charge made exact as soon as its prompt is tokenized: the read charged an
+        estimate (``fairness.charge``); from now on it is charged its real prompt, so a tenant's
+        tokens per minute hold within what one read takes. Returns the correction to send."""
+        fix = Refund(
+            tenant=self.request.tenant,
+            charged=self.charge,
+            prompt_tokens=len(self.prompt_ids),
+            completion_tokens=self.charge[1],
+            ended=False,
+        )
+        self.charge = (len(self.prompt_ids), self.charge[1])
+        return fix
 
     @property
     def suspect(self) -> bool:

@@ -241,8 +241,9 @@ class QueueIO:
         for s in asked:
             pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
         rooms = [room.get(s, 0) if s in asked else 0 for s in streams]
-        policy, now_s = self.settings.tenant_policy, clock.now_ms() // 1000
-        args = [self.keys.config, *streams, self.consumer, policy, now_s, *rooms]
+        now, burst = clock.now_ms(), self.settings.max_batch_tokens
+        policy = self.settings.tenant_policy
+        args = [self.keys.config, *streams, self.consumer, policy, now, burst, *rooms]
         pipe.execute_command("EVAL", PULL, 4, *args)  # type: ignore[no-untyped-call]
         replies = self.weights.read_with(pipe)
         fresh: Delivered = replies[-1] or []
@@ -392,6 +393,8 @@ def add_refunds(pipe: Any, keys: Keys, refunds: Sequence[Refund]) -> None:
         if tokens:
             pipe.hincrby(keys.window(tenant), second, -tokens)
             pipe.expire(keys.window(tenant), WINDOW_TTL_S)
+            pipe.hincrbyfloat(keys.bucket(tenant), "level", tokens)
+            pipe.expire(keys.bucket(tenant), WINDOW_TTL_S)
         if used:
             pipe.hincrby(keys.served, tenant, used)
             pipe.hincrby(keys.served, f"{tenant}:requests", requests)
