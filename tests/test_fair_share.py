@@ -347,3 +347,16 @@ def test_genq_stats_shows_each_tenant(
     slow = after["slow"]
     assert slow["waiting"] >= 1 and slow["waiting"] + slow["requests_total"] == 4
     assert slow["tokens_last_minute"] <= 2 * 100  # its limit + a full bucket, at most
+
+
+def test_a_lone_tenants_requests_are_read_in_order_and_charged_in_one_go(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    Client.from_url(redis_url, queue).submit_many([f"p{i}" for i in range(10)], tenant="solo")
+    first = pull(r, keys, 4)
+    assert [json.loads(b)["prompt"] for _, b in first] == ["p0", "p1", "p2", "p3"]
+    rest = pull(r, keys, 10)
+    assert [json.loads(b)["prompt"] for _, b in rest] == [f"p{i}" for i in range(4, 10)]
+    assert float(r.zscore(keys.vtc, "solo") or 0) == sum(served(first + rest).values())
+    assert r.llen(keys.waiting) == 0 and not r.smembers(keys.active("normal"))

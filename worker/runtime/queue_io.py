@@ -355,6 +355,8 @@ class TenantWeights:
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
         self.now: dict[str, float] = {}
+        self.limited: set[str] = set()
+        """The tenants with a tokens-per-minute limit."""
         self._read_s = -WEIGHTS_EVERY_S
 
     def read_with(self, pipe: Any) -> list[Any]:
@@ -366,9 +368,16 @@ class TenantWeights:
         replies: list[Any] = pipe.execute()
         if due:
             self._read_s = now_s
-            found = replies.pop()
-            self.now = {_text(k): TenantSettings.from_json(v).weight for k, v in found.items()}
+            found = {_text(k): TenantSettings.from_json(v) for k, v in replies.pop().items()}
+            self.now = {t: s.weight for t, s in found.items()}
+            self.limited = {t for t, s in found.items() if s.tokens_per_minute}
         return replies
+
+    def corrections(self, held: Sequence[Held]) -> list[Refund]:
+        """The charges of newly read requests of limited tenants made exact (``recharge``):
+        their buckets must not wait for the end to learn a prompt's size. Other tenants keep
+        the read's upper bound until the end, which settles it."""
+        return [h.recharge() for h in held if h.request.tenant in self.limited]
 
 
 def give_back_args(keys: Keys, held: Sequence[Held], rings: int) -> list[str | int]:

@@ -281,9 +281,9 @@ class Worker:
             self.starter.dead_letter(record, ack=True)
         for held in admitted.held:
             self.lookahead.add(held)
-        if not redelivered:  # new arrivals; their tenants' charges made exact
+        if not redelivered:  # new arrivals; limited tenants' charges made exact
             self.arrivals.observe(h.enqueued_ms for h in admitted.held)
-            self.queue.refund([h.recharge() for h in admitted.held])
+            self.queue.refund(self.queue.weights.corrections(admitted.held))
         self.write(admitted.outcomes)
 
     def plan(self, wait_to_fill: bool) -> Decision:
