@@ -228,7 +228,8 @@ for s = 2, 4 do
             w, tok = w + est + 2 * max_new, tok + est + max_new
           end
         end
-        charged[only] = {{w, tok}}
+        local c = charged[only] or {{0, 0}}
+        charged[only] = {{c[1] + w, c[2] + tok}}
       end
       if not ids or #ids < room then redis.call('SREM', active, only) end
       score = {{}}

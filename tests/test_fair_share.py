@@ -360,3 +360,20 @@ def test_a_lone_tenants_requests_are_read_in_order_and_charged_in_one_go(
     assert [json.loads(b)["prompt"] for _, b in rest] == [f"p{i}" for i in range(4, 10)]
     assert float(r.zscore(keys.vtc, "solo") or 0) == sum(served(first + rest).values())
     assert r.llen(keys.waiting) == 0 and not r.smembers(keys.active("normal"))
+
+
+def test_a_read_over_several_priorities_charges_each_of_them(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["a"] * 3, tenant="solo", priority="high")
+    client.submit_many(["b"] * 2, tenant="solo", priority="normal")
+    seconds, micros = r.time()
+    rooms = ["reader", "fair", seconds * 1000 + micros // 1000, 100_000, 5, 5, 0]
+    reply: Any = r.eval(PULL, 4, keys.config, *keys.streams(), *rooms)
+    bodies = [dict(zip(f[::2], f[1::2], strict=True))[b"body"] for _, es in reply for _, f in es]
+    assert len(bodies) == 5
+    assert float(r.zscore(keys.vtc, "solo") or 0) == sum(
+        served([("solo", b) for b in bodies]).values()
+    )
