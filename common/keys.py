@@ -150,12 +150,6 @@ class Keys:
         a tenant not in it has the defaults (``genq.common.tenants``)."""
         return f"{self._base}:tenants"
 
-    @property
-    def base(self) -> str:
-        """``genq:{Q}``: the scripts build the per-tenant keys below from it (their names are
-        dynamic: one per tenant), exactly as these methods do (a test compares them)."""
-        return self._base
-
     def tenant_index(self, priority: Priority, tenant: str) -> str:
         """The ids of a tenant's waiting entries of one priority, oldest first (a list)."""
         return f"{self._base}:idx:{priority}:{tenant}"

@@ -117,7 +117,7 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
     }
     found = [*k.streams()]
     for name, member in inspect.getmembers(Keys):
-        if name.startswith("_") or name in {"stream", "streams", "priority_of", "base"}:
+        if name.startswith("_") or name in {"stream", "streams", "priority_of"}:
             continue
         if isinstance(member, property):
             found.append(getattr(k, name))

@@ -19,7 +19,6 @@ request limits bound its size.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +26,11 @@ import redis
 from genq.common import states
 from genq.common.connection import is_cluster
 from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, Keys
-from genq.common.models import DEFAULT_TENANT, TENANT_CHARS, now_ms
+from genq.common.models import DEFAULT_TENANT, now_ms, tenant_problem
 
 MAX_JUNK_FIELDS_CHARS = 16_000
 """Most characters of field names and values kept from an entry that is not a request."""
 CUT_NOTE = "genq:cut"
-_TENANT = re.compile(TENANT_CHARS)
 """The field that says what was left out of a dead-lettered entry's fields."""
 
 
@@ -109,7 +107,9 @@ class DeadLetter:
         except ValueError:
             return DEFAULT_TENANT
         tenant = body.get("tenant") if isinstance(body, dict) else None
-        return tenant if isinstance(tenant, str) and _TENANT.fullmatch(tenant) else DEFAULT_TENANT
+        return (
+            tenant if isinstance(tenant, str) and tenant_problem(tenant) is None else DEFAULT_TENANT
+        )
 
 
 def list_dead(r: redis.Redis, keys: Keys, count: int = 100) -> list[DeadLetter]:

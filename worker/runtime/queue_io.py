@@ -23,7 +23,7 @@ from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
 from genq.common.settings import WorkerSettings
 from genq.common.tenants import TenantSettings
-from genq.common.wire import encode_delta_event
+from genq.common.wire import as_text, encode_delta_event
 from genq.worker.policy.fairness import Refund, merged
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
@@ -368,7 +368,7 @@ class TenantWeights:
         replies: list[Any] = pipe.execute()
         if due:
             self._read_s = now_s
-            found = {_text(k): TenantSettings.from_json(v) for k, v in replies.pop().items()}
+            found = {as_text(k): TenantSettings.from_json(v) for k, v in replies.pop().items()}
             self.now = {t: s.weight for t, s in found.items()}
             self.limited = {t for t, s in found.items() if s.tokens_per_minute}
         return replies
