@@ -90,17 +90,17 @@ def main(argv: list[str]) -> None:
     import logging
 
     from genq.common.settings import WorkerSettings
-    from genq.worker.runtime.worker import Worker
+    from genq.worker.runtime.builder import build_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     kind, rest = argv[0], argv[1:]
     flags = {rest[i].lstrip("-").replace("-", "_"): rest[i + 1] for i in range(0, len(rest), 2)}
     if kind == "vllm-break":
         settings = WorkerSettings.build({**flags, "engine": "vllm"})
-        Worker(settings, vllm_breaking_on_marker(settings)).run()  # type: ignore[arg-type]
+        build_worker(settings, vllm_breaking_on_marker(settings)).run()  # type: ignore[arg-type]
         return
     settings = WorkerSettings.build({**flags, "engine": "echo"})
-    Worker(settings, ENGINES[kind](settings.echo_step_ms)).run()
+    build_worker(settings, ENGINES[kind](settings.echo_step_ms)).run()
 
 
 if __name__ == "__main__":

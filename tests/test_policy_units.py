@@ -8,7 +8,10 @@ has its own file (test_batching_policy.py).
 from __future__ import annotations
 
 import itertools
+import typing
+from collections import Counter
 
+import pytest
 from genq.common.errors import (
     ContextTooLong,
     MaxNewTokensTooLarge,
@@ -16,12 +19,14 @@ from genq.common.errors import (
     RequestTooLarge,
 )
 from genq.common.models import Request
+from genq.common.settings import WorkerSettings
 from genq.common.wire import decode_request
 from genq.worker.policy.admission import Action, Limits, judge_entry, judge_prompt
 from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
+from genq.worker.policy.ordering import ORDERS, FairShare, FirstCome, WaitingOrder, make_order
 from genq.worker.policy.planning import plan_start
 from genq.worker.policy.suspects import Gate, SuspectGate
 
@@ -345,3 +350,50 @@ def test_prompt_verdicts_name_the_limit_that_was_crossed() -> None:
 def test_candidates_are_plain_data_the_batching_policy_reads() -> None:
     cands = [make_held().candidate for _ in range(3)]
     assert all(isinstance(c, Candidate) for c in cands)
+
+
+def _serve(
+    order: WaitingOrder, candidates: list[Candidate], turns: int, **weights: float
+) -> Counter[str]:
+    """Start ``turns`` batches of 2 under ``order`` (each turn: decide, started); the tenants
+    of what started."""
+    policy = BatchPolicy(max_batch_tokens=10_000, max_batch_size=2)
+    waiting, served = list(candidates), Counter[str]()
+    for _ in range(turns):
+        batch = order.decide(waiting, 100_000, policy, weights).batch
+        order.started(batch)
+        served.update(c.tenant for c in batch)
+        waiting = [c for c in waiting if c not in batch]
+    return served
+
+
+def _tenant_flood(tenant: str, n: int, first_ms: int) -> list[Candidate]:
+    return [
+        Candidate(
+            key=f"{tenant}{i}",
+            prompt_tokens=10,
+            max_new_tokens=10,
+            enqueued_ms=first_ms + i,
+            tenant=tenant,
+        )
+        for i in range(n)
+    ]
+
+
+def test_the_fair_order_remembers_across_turns_what_each_tenant_started() -> None:
+    a, b = _tenant_flood("a", 20, 0), _tenant_flood("b", 20, 1_000)  # a's are all older
+    assert _serve(FirstCome(), a + b, 5) == {"a": 10}
+    assert _serve(FairShare(), a + b, 5) == {"a": 5, "b": 5}
+    assert _serve(FairShare(), a + b, 8, a=3.0) == {"a": 12, "b": 4}
+    # A tenant that was away comes back at the least service of those waiting: no credit.
+    fair = FairShare()
+    assert _serve(fair, a[:10], 3) == {"a": 6}
+    assert _serve(fair, a[6:] + b, 4) == {"a": 4, "b": 4}
+
+
+def test_every_order_is_a_value_of_the_tenant_policy_setting() -> None:
+    field = WorkerSettings.model_fields["tenant_policy"]
+    assert set(typing.get_args(field.annotation)) == set(ORDERS)
+    assert {type(make_order(name)).name for name in ORDERS} == set(ORDERS)
+    with pytest.raises(ValueError, match="unknown order 'lifo'"):
+        make_order("lifo")

@@ -18,6 +18,7 @@ from genq.common.scripts import APPLY, apply, apply_args
 from genq.common.settings import WorkerSettings
 from genq.producer import Client
 from genq.worker.engines.base import Engine
+from genq.worker.runtime.builder import build_worker
 from genq.worker.runtime.worker import Worker
 
 from tests.conftest import WorkerProcess, wait_until
@@ -31,7 +32,7 @@ def worker_thread(
     """The real worker loop in a thread of this process, on ``engine``."""
     s = WorkerSettings.build({"redis_url": redis_url, "queue": queue, "consumer": "inproc",
                               "engine": "echo", **settings}, env={})  # fmt: skip
-    worker = Worker(s, engine)
+    worker = build_worker(s, engine)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

@@ -15,6 +15,7 @@ module             commands
 ``bench``          ``genq bench``
 =================  =========================================================================
 
+``options`` builds the shared flags (and their env twins) from the settings models.
 A new command is a module here with a click command, added to ``main`` below.
 """
 

@@ -16,7 +16,7 @@ from genq.worker.commands.options import settings_options
 def worker(**flags: Any) -> None:
     """Serve a queue: read, batch, generate, write results. Stop with SIGTERM or Ctrl-C."""
     from genq.worker.engines import make_engine
-    from genq.worker.runtime.worker import Worker
+    from genq.worker.runtime.builder import build_worker
 
     try:
         settings = WorkerSettings.build(flags)
@@ -29,7 +29,7 @@ def worker(**flags: Any) -> None:
         engine = make_engine(settings)
     except ConfigError as err:  # a model, package or engine setting that cannot work
         raise click.ClickException(str(err)) from None
-    Worker(settings, engine).run()
+    build_worker(settings, engine).run()
 
 
 def _launch(settings: WorkerSettings, flags: dict[str, Any]) -> int:

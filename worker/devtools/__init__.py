@@ -1,2 +1,8 @@
-"""Tools for developing and measuring genq, apart from the runtime: a private redis-server for
-tests, the demo and benchmarks, and the benchmark scenarios behind ``genq bench``."""
+"""Tools for developing and measuring genq, apart from the runtime.
+
+- ``redis_server``: a private redis-server (tests, the demo, benchmarks);
+- ``worker_process``, ``gateway_process``: a worker or gateway in a subprocess;
+- the scenarios behind ``genq bench``: ``bench_modes`` (in-process against through the queue),
+  ``bench_priority``, ``bench_fleet`` (against an ideal central queue), ``bench_gateway``,
+  ``bench_vllm`` (vLLM alone against vLLM through the queue) and ``bench_tenants``.
+"""

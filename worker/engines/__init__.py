@@ -1,9 +1,11 @@
 """Engines: the part of the worker that turns a batch of prompts into text.
 
 ``static`` (transformers ``generate`` per batch), ``continuous`` (transformers' continuous
-batching), ``vllm`` (vLLM's engine) and ``echo`` (no model, for load tests) share the small
-interface in ``base``. Engines that need torch import it only when built, so the
-worker's other modules stay importable without it.
+batching), ``vllm_engine`` (vLLM's engine) and ``echo`` (no model, for load tests) share the
+small interface in ``base``. Beside them: ``builtin_models`` (the tiny and random-250m models,
+built offline), ``packaged_models`` (smollm2-135m from its PyPI package) and ``chat`` (chat
+templates). Engines that need torch import it only when built, so the worker's other modules
+stay importable without it.
 """
 
 from __future__ import annotations

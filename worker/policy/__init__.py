@@ -2,8 +2,14 @@
 clock (time is an argument). Each is unit-tested on plain data.
 
 - ``admission``: what a delivered entry becomes (runnable, failed, expired);
-- ``batching``: which waiting requests form the next batch;
-- ``lookahead``: what the worker holds (waiting, starting, running) and how much more it may read;
+- ``lookahead``: what the worker holds (waiting, starting) and how much more it may read;
+- ``ordering``: who goes first among what waits (the seam a policy plugs into: ``fifo``,
+  ``fair``);
+- ``batching``: which waiting requests form the next batch (priority with aging, length,
+  budget, wait-to-fill);
+- ``planning``: the batching policy within the room a running batch leaves;
+- ``arrivals``: whether another arrival is expected within a wait-to-fill window;
+- ``fairness``: what a read charges a tenant and an end refunds; a worker's own account;
 - ``budget``: the token budget, halved for a while after an out-of-memory error;
 - ``suspects``: when a request delivered before (maybe the one that kills workers) may start.
 """

@@ -25,7 +25,7 @@ The rule, in order:
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -175,14 +175,22 @@ def _fair_order(
     acc[anchor.tenant] = acc.get(anchor.tenant, 0.0) + shares.cost(
         anchor.tenant, anchor.prompt_tokens, anchor.max_new_tokens
     )
-    pool, out = list(others), list[Candidate]()
-    while pool and len(out) < 2 * max_batch_size:
-        i = min(
-            range(len(pool)), key=lambda j: (ranks[pool[j].key], acc.get(pool[j].tenant, 0.0), j)
-        )
-        c = pool.pop(i)
-        out.append(c)
-        acc[c.tenant] = acc.get(c.tenant, 0.0) + shares.cost(
-            c.tenant, c.prompt_tokens, c.max_new_tokens
-        )
-    return out + pool
+    # Per rank, each tenant's requests in the order given: a pick compares the tenants' heads
+    # (a few), not the whole pool (up to a look-ahead's worth each time).
+    lines: dict[int, dict[str, deque[tuple[int, Candidate]]]] = {}
+    for j, c in enumerate(others):
+        lines.setdefault(ranks[c.key], {}).setdefault(c.tenant, deque()).append((j, c))
+    out, taken = list[Candidate](), set[int]()
+    for rank in sorted(lines):
+        heads = lines[rank]
+        while heads and len(out) < 2 * max_batch_size:
+            tenant = min(heads, key=lambda t: (acc.get(t, 0.0), heads[t][0][0]))
+            j, c = heads[tenant].popleft()
+            if not heads[tenant]:
+                del heads[tenant]
+            out.append(c)
+            taken.add(j)
+            acc[tenant] = acc.get(tenant, 0.0) + shares.cost(
+                tenant, c.prompt_tokens, c.max_new_tokens
+            )
+    return out + [c for j, c in enumerate(others) if j not in taken]

@@ -13,13 +13,13 @@ Pure: no Redis, no torch, no clock.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from genq.common.models import PRIORITY_RANK, Request
 from genq.common.settings import WorkerSettings
 from genq.worker.policy.batching import Candidate
-from genq.worker.policy.fairness import Refund, Shares, TenantShares
+from genq.worker.policy.fairness import Refund
 
 
 def entry_key(stream: str, entry_id: str) -> str:
@@ -96,27 +96,19 @@ class Held:
 class Lookahead:
     """The waiting and starting requests of one worker, with the room left per stream."""
 
-    def __init__(self, *, streams: Sequence[str], max_per_stream: int, fair: bool = True) -> None:
+    def __init__(self, *, streams: Sequence[str], max_per_stream: int) -> None:
         self.streams = list(streams)
         self.max_per_stream = max_per_stream
-        self.fair = fair
-        """Order what waits here by tenants' service (``shares``); else oldest first."""
         self.waiting: dict[str, Held] = {}
         """Candidates for the next batch, by key."""
         self.starting: dict[str, Held] = {}
         """Taken for a batch, not yet handed to the runner."""
         self._per_stream: Counter[str] = Counter()
-        self._shares = TenantShares()
-        self._weights: Mapping[str, float] = {}
 
     @classmethod
     def for_settings(cls, settings: WorkerSettings, streams: Sequence[str]) -> Lookahead:
         """The look-ahead a worker with these settings keeps over ``streams``."""
-        return cls(
-            streams=streams,
-            max_per_stream=settings.max_lookahead,
-            fair=settings.tenant_policy == "fair",
-        )
+        return cls(streams=streams, max_per_stream=settings.max_lookahead)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.starting)
@@ -145,31 +137,17 @@ class Lookahead:
         """The waiting requests as the batching policy sees them."""
         return [h.candidate for h in self.waiting.values()]
 
-    def shares(self, weights: Mapping[str, float]) -> Shares | None:
-        """The waiting tenants' service here so far, per unit of weight (``TenantShares``);
-        None while only one tenant waits (nothing to share), or not ``fair``."""
-        if not self.fair:
-            return None
-        self._weights = weights
-        view = self._shares.view(h.request.tenant for h in self.waiting.values())
-        return Shares(service=view, weights=weights) if len(view) > 1 else None
-
     def next_suspect(self) -> Held | None:
         """The oldest waiting request that was started before (it runs alone), if any."""
         suspects = [h for h in self.waiting.values() if h.suspect]
         return min(suspects, key=lambda h: h.enqueued_ms) if suspects else None
 
-    def take(self, keys: Iterable[str], *, to_run: bool = True) -> list[Held]:
-        """Move these waiting requests to starting; return them in the order given. ``to_run``
-        (not when they are handed back): their tenants are charged for them."""
+    def take(self, keys: Iterable[str]) -> list[Held]:
+        """Move these waiting requests to starting; return them in the order given."""
         batch = []
         for key in keys:
             held = self.waiting.pop(key)
             self._per_stream[held.stream] -= 1
-            if to_run:
-                tenant = held.request.tenant
-                cost = held.cost_tokens + held.request.max_new_tokens
-                self._shares.charge(tenant, cost / self._weights.get(tenant, 1.0))
             self.starting[key] = held
             batch.append(held)
         return batch

@@ -13,11 +13,11 @@ Pure: plain data in, a ``Decision`` out.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from genq.worker.policy.arrivals import ArrivalEstimate
-from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, next_batch
-from genq.worker.policy.fairness import Shares
+from genq.worker.policy.batching import BatchPolicy, Candidate, Decision
+from genq.worker.policy.ordering import FirstCome, WaitingOrder
 
 
 def plan_start(
@@ -29,13 +29,16 @@ def plan_start(
     running_tokens: int,
     wait_to_fill: bool,
     arrivals: ArrivalEstimate | None = None,
-    shares: Shares | None = None,
+    order: WaitingOrder | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> Decision:
     """The batch to start now among ``candidates``, given ``running`` requests costing
     ``running_tokens`` already in the engine. ``wait_to_fill``: wait up to the policy's
     ``max_wait_ms`` for a fuller batch (static engines), but only while ``arrivals`` expects
-    another request within the window; otherwise start at once. ``shares``: the tenants'
-    service so far (``next_batch``)."""
+    another request within the window; otherwise start at once. ``order``: who goes first
+    (``ordering.py``; first come when None), with the tenants' ``weights``."""
+    order = order or FirstCome()
+    weights = weights or {}
     free_tokens = policy.max_batch_tokens - running_tokens
     free_slots = policy.max_batch_size - running
     if not candidates:
@@ -48,14 +51,14 @@ def plan_start(
         max_batch_size=free_slots,
         max_wait_ms=policy.max_wait_ms if wait_to_fill else 0,
     )
-    decision = next_batch(candidates, now_ms, room, shares)
+    decision = order.decide(candidates, now_ms, room, weights)
     if (
         not decision.batch
         and decision.reason == "waiting"
         and not (arrivals is not None and arrivals.worth_waiting(decision.wait_ms, now_ms))
     ):
         # No arrival expected within the window: waiting would only add latency.
-        return next_batch(candidates, now_ms, dataclasses.replace(room, max_wait_ms=0), shares)
+        return order.decide(candidates, now_ms, dataclasses.replace(room, max_wait_ms=0), weights)
     if running and decision.tokens > free_tokens:
         return Decision(reason="no room")  # the most urgent request does not fit yet
     return decision

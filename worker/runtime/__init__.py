@@ -1,11 +1,16 @@
 """The worker at run time: the loop and everything that talks to Redis or an engine.
 
+- ``builder``: every part of a worker built from its settings and engine, and wired;
 - ``worker``: lifecycle, signals and the turn (reclaim, read, admit, plan, start, collect, write);
 - ``queue_io``: the consumer group's reads and writes (join, resume, reclaim, read, mark
-  running, dead-letter);
+  running, dead-letter), each retried while Redis is away (``QueueIO.retrying``);
+- ``intake``: the admit step (decode, verdicts, tokenize); ``starting``: the start step (mark
+  running, expired and poison sorted out, hand-back);
 - ``runners``: static and continuous engines behind one interface;
 - ``outcomes``: final results as the worker writes them;
 - ``writer``: the thread that writes results; ``recovery``: claims and takeover;
 - ``heartbeat``: counters and the stats hash; ``metrics``: Prometheus;
+- ``clock``: Redis' clock, which everything the worker records is in;
+- ``redis_checks``: the eviction policy checked before a model loads;
 - ``dead_letter``: the dead-letter stream; ``launcher``: one worker per GPU.
 """

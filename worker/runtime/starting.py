@@ -36,10 +36,26 @@ MAX_RINGS = 8
 class Starter:
     """Marks one worker's batches running."""
 
-    def __init__(self, *, queue: QueueIO, outcomes: Outcomes, counters: Counters) -> None:
+    def __init__(
+        self,
+        *,
+        queue: QueueIO,
+        outcomes: Outcomes,
+        counters: Counters,
+        consumer: str,
+        dead_letter_stream: str,
+        max_attempts: int,
+        hand_back_after_ms: int,
+        max_batch_size: int,
+    ) -> None:
         self.queue = queue
         self.outcomes = outcomes
         self.counters = counters
+        self.consumer = consumer
+        self.dead_letter_stream = dead_letter_stream
+        self.max_attempts = max_attempts
+        self.hand_back_after_ms = hand_back_after_ms
+        self.max_batch_size = max_batch_size
 
     def mark_running(
         self, batch: Sequence[Held], started_ms: int
@@ -55,7 +71,7 @@ class Starter:
         items = [
             (h.request.id, h.stream, h.entry_id, self._running_state(h, started_ms)) for h in todo
         ]
-        answers = self.queue.mark_running(items, token=f"{self.queue.consumer}:{started_ms}")
+        answers = self.queue.mark_running(items, token=f"{self.consumer}:{started_ms}")
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
         poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
         gone = (Applied.ALREADY_FINAL, Applied.DUPLICATE)  # acknowledged: nothing runs
@@ -80,17 +96,17 @@ class Starter:
             metadata=h.request.metadata,
             queued_ms=h.enqueued_ms,
             started_ms=started_ms,
-            worker=self.queue.consumer,
+            worker=self.consumer,
         )
 
     def _poison(self, h: Held) -> Outcome:
         """A request started ``max_attempts`` times, every time by a worker that died: fail it
         and copy it to the dead-letter stream instead of letting it kill another worker."""
-        attempts = self.queue.settings.max_attempts
+        attempts = self.max_attempts
         err = PoisonRequest(
             f"{attempts} workers started this request and every one stopped "
             f"before finishing it (killed, crashed, out of memory?); it will not be started "
-            f"again. It was copied to {self.queue.keys.dead_letter}: genq dlq list shows it, "
+            f"again. It was copied to {self.dead_letter_stream}: genq dlq list shows it, "
             "genq dlq retry puts it back"
         )
         record = dead_letter_fields(
@@ -98,7 +114,7 @@ class Starter:
             entry_id=h.entry_id,
             fields=dict(encode_request(h.request)),
             error=str(err),
-            worker=self.queue.consumer,
+            worker=self.consumer,
             request_id=h.request.id,
         )
         self.dead_letter(record, ack=False)
@@ -125,10 +141,10 @@ class Starter:
         if not (runner.hands_back and lookahead.waiting):
             return
         busy_ms = runner.expected_busy_ms()
-        if busy_ms is None or busy_ms < self.queue.settings.hand_back_after_ms:
+        if busy_ms is None or busy_ms < self.hand_back_after_ms:
             return
-        batch = lookahead.take(list(lookahead.waiting), to_run=False)
-        rings = min(MAX_RINGS, -(-len(batch) // self.queue.settings.max_batch_size))
+        batch = lookahead.take(list(lookahead.waiting))
+        rings = min(MAX_RINGS, -(-len(batch) // self.max_batch_size))
         try:
             self.queue.hand_back(batch, rings=rings)
         except REDIS_ERRORS:

@@ -1,4 +1,5 @@
-"""The worker: one Redis connection, one engine, and a loop of small named steps.
+"""The worker: one Redis connection, one engine, and a loop of small named steps. Its parts
+are built and wired in ``builder.py`` (``build_worker``); this module only runs them.
 
     join:   consumer groups and the queue's config, heartbeat, this consumer's own pending
     turn:   reclaim (dead workers' entries) -> read -> admit -> plan -> start (mark running,
@@ -11,8 +12,8 @@
 
 One turn serves every engine: a static runner runs a whole batch inside ``collect``, a
 continuous one returns each request as it finishes (``runners.py``). The decisions are pure
-units in ``genq.worker.policy``: admission, the look-ahead, planning, the budget, the suspect
-gate.
+units in ``genq.worker.policy``: admission, the look-ahead, the order (who goes first:
+``ordering.py``), planning, the budget, the suspect gate.
 
 Redis going away (a dropped connection, a restarting redis-server, a cluster failover) never
 loses work: each command is retried with backoff, the loop retries the turn on top of that, and
@@ -29,37 +30,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
-from genq.common.connection import (
-    MAX_BLOCK_MS,
-    REDIS_ERRORS,
-    connect,
-    is_cluster,
-    refresh_cluster_view,
-)
-from genq.common.keys import Keys
-from genq.common.scripts import Applied
-from genq.common.settings import WorkerSettings
-from genq.worker.engines.base import Engine
-from genq.worker.policy.admission import Limits
-from genq.worker.policy.arrivals import ArrivalEstimate
+from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS
 from genq.worker.policy.batching import BatchPolicy, Decision
-from genq.worker.policy.budget import AdaptiveBudget
-from genq.worker.policy.lookahead import Held, Lookahead, entry_key
+from genq.worker.policy.lookahead import Held, entry_key
 from genq.worker.policy.planning import plan_start
-from genq.worker.policy.suspects import Gate, SuspectGate
-from genq.worker.runtime import clock, recovery
+from genq.worker.policy.suspects import Gate
+from genq.worker.runtime import clock
 from genq.worker.runtime.clock import now_ms
-from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
-from genq.worker.runtime.intake import Intake
-from genq.worker.runtime.metrics import Metrics
-from genq.worker.runtime.outcomes import Outcome, Outcomes
-from genq.worker.runtime.queue_io import Delivered, QueueIO, raw_read_reply
-from genq.worker.runtime.runners import POLL_S, RunnerContext, make_runner
-from genq.worker.runtime.starting import Starter
-from genq.worker.runtime.writer import ResultWriter
+from genq.worker.runtime.outcomes import Outcome
+from genq.worker.runtime.queue_io import Delivered
+from genq.worker.runtime.runners import POLL_S
+
+if TYPE_CHECKING:
+    from genq.worker.runtime.builder import Parts
 
 log = logging.getLogger("genq.worker")
 
@@ -70,68 +55,29 @@ SETTLE_S = 1.0
 
 
 class Worker:
-    """One worker process's loop. ``run()`` until ``stop()`` (or SIGTERM/SIGINT)."""
+    """One worker process's loop over its parts (built by ``builder.build_worker``). ``run()``
+    until ``stop()`` (or SIGTERM/SIGINT)."""
 
-    def __init__(
-        self, settings: WorkerSettings, engine: Engine, redis_client: redis.Redis | None = None
-    ) -> None:
-        self.settings = settings
-        self.engine = engine
-        r = redis_client or connect(settings.redis_url)
-        if redis_client is None and not is_cluster(r):
-            # Entries as Redis sends them: redis-py's parsing into dicts cost a tenth of the
-            # worker's time on the hot path, and decode_request reads the flat field list.
-            r.set_response_callback("XREADGROUP", raw_read_reply)
-        self.redis = r
-        self.keys = keys = Keys(settings.queue)
-        self.consumer = consumer = settings.consumer_name
-        self.queue = QueueIO(r=r, keys=keys, consumer=consumer, settings=settings)
-        self.counters = Counters()
-        self.metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
-        self.lookahead = Lookahead.for_settings(settings, keys.streams())
-        self.budget = AdaptiveBudget(
-            full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s
-        )
-        self.gate = SuspectGate()
-        self.arrivals = ArrivalEstimate()
-        outcomes = Outcomes(worker=consumer, keys=keys, model=settings.served_model)
-        limits = Limits(
-            max_new_tokens=settings.max_new_tokens_limit,
-            max_prompt_tokens=settings.max_prompt_tokens,
-            max_context_tokens=engine.max_context_tokens,
-            max_batch_tokens=settings.max_batch_tokens,
-        )
-        self.intake = Intake(
-            engine=engine, limits=limits, outcomes=outcomes, keys=keys, consumer=consumer
-        )
-        context = RunnerContext(
-            outcomes=outcomes,
-            counters=self.counters,
-            metrics=self.metrics,
-            send_delta=self.queue.send_delta,
-        )
-        self.runner = make_runner(context, engine, self.budget)
-        self.starter = Starter(queue=self.queue, outcomes=outcomes, counters=self.counters)
-        self.writer: ResultWriter[Outcome] = ResultWriter(
-            self._write_now,
-            max_backlog=2 * settings.max_batch_size,
-            on_away=lambda: refresh_cluster_view(r),
-        )
-        self.stats = Heartbeat(
-            queue=self.queue,
-            identity=Identity(consumer=consumer, engine=engine.name, model=settings.served_model),
-            counters=self.counters,
-            holdings=self._holdings,
-        )
+    def __init__(self, parts: Parts) -> None:
+        self.settings = parts.settings
+        self.engine = parts.engine
+        self.keys = parts.keys
+        self.consumer = parts.settings.consumer_name
+        self.queue = parts.queue
+        self.counters = parts.counters
+        self.metrics = parts.metrics
+        self.lookahead = parts.lookahead
+        self.order = parts.order
+        self.budget = parts.budget
+        self.gate = parts.gate
+        self.arrivals = parts.arrivals
+        self.intake = parts.intake
+        self.runner = parts.runner
+        self.starter = parts.starter
+        self.writer = parts.writer
+        self.stats = parts.stats
+        self.keeper = parts.keeper
         self._stopping = threading.Event()
-        self.keeper = recovery.ClaimKeeper(
-            r=connect(settings.redis_url) if redis_client is None else redis_client,
-            keys=keys,
-            consumer=consumer,
-            claim_idle_ms=settings.claim_idle_ms,
-            heartbeat_ttl_s=settings.heartbeat_ttl_s,
-            claimed=self.claimed_entries,
-        )
 
     @property
     def policy(self) -> BatchPolicy:
@@ -209,11 +155,6 @@ class Worker:
                 len(self.writer),
             )
 
-    def claimed_entries(self) -> list[tuple[str, str]]:
-        """(stream, entry id) of every entry this worker holds, in any stage: look-ahead,
-        runner, writer. Called from the ClaimKeeper thread."""
-        return self.lookahead.entries() + self.runner.entries() + self.writer.entries()
-
     # -- the turn --------------------------------------------------------------------------
 
     def turn(self, reading: bool = True) -> None:
@@ -225,6 +166,7 @@ class Worker:
             self.admit(self.queue.read(self.room(), block_ms=None, paced=self.runner.busy))
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         if decision.batch:
+            self.order.started(decision.batch)
             self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
             self.starter.hand_back(self.lookahead, self.runner)
         self.write(self.runner.collect(max(POLL_S, self.queue.read_wait_s())))
@@ -312,7 +254,8 @@ class Worker:
             running_tokens=sum(h.cost_tokens for h in running),
             wait_to_fill=wait_to_fill,
             arrivals=self.arrivals,
-            shares=self.lookahead.shares(self.queue.weights.now),
+            order=self.order,
+            weights=self.queue.weights.now,
         )
 
     def start(self, batch: list[Held]) -> list[Outcome]:
@@ -342,13 +285,6 @@ class Worker:
         self.stats.latest = self.stats.fields()
         self.writer.put(list(outcomes))
 
-    def _write_now(self, batch: list[Outcome]) -> list[int]:
-        """The writer thread's call: one APPLY over ``batch`` plus the latest stats; then the
-        Prometheus metrics (thread-safe) of the requests it ended."""
-        answers = self.queue.write_final(batch, also=self.stats.add_latest)
-        self.metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
-        return answers
-
     def account_written(self) -> None:
         """Count what the writer found already final since the last call (the counters are
         the loop's own: the writer thread never touches them)."""
@@ -364,11 +300,6 @@ class Worker:
             self.metrics.state(
                 held, self.counters.prompt_tokens, self.counters.padded_prompt_tokens
             )
-
-    def _holdings(self) -> tuple[list[Held], list[Held]]:
-        """(waiting, in flight) for the stats hash."""
-        in_flight = [*self.lookahead.starting.values(), *self.runner.running.values()]
-        return list(self.lookahead.waiting.values()), in_flight
 
 
 def install_signal_handlers(stop: Callable[[], None]) -> None:

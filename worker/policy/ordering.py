@@ -1,0 +1,111 @@
+"""The seam for *who goes first*: a named, stateful order over what waits in one worker.
+
+Each turn the worker asks its order for a ``Decision`` over the waiting candidates
+(``decide``) and tells it which batch started (``started``). The order may keep state across
+turns (a tenant's service so far); the batch's limits, aging between priorities and the fill
+wait stay ``batching.next_batch``'s, so every order keeps them. This is the unit a new rule
+plugs into, as vLLM v1's ``RequestQueue`` / ``create_request_queue(policy)``: write a class with
+these two methods, add it to ``ORDERS``, and it is a value of ``--tenant-policy``
+(``GENQ_TENANT_POLICY``).
+
+What an order may touch: the candidates (``batching.Candidate``: add a field there, filled in
+``lookahead.Held``, if it needs more of a request), the tenants' weights, and its own state.
+Not Redis, torch, a clock or the look-ahead itself: ``now_ms`` is an argument, and the fleet's
+share (Redis' counters, ``common/fair_share.py``) is decided by the read script before anything
+reaches an order. Pure, so tested on plain data (``tests/test_policy_units.py``).
+
+- ``FirstCome`` (``fifo``): the most urgent request anchors the batch (``next_batch`` alone).
+- ``FairShare`` (``fair``, the default): within the anchor's priority, the tenant with the
+  least weighted tokens started here per unit of weight anchors it, and the rest of the batch is
+  taken tenant by tenant the same way (``fairness.TenantShares``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Protocol
+
+from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, next_batch
+from genq.worker.policy.fairness import Shares, TenantShares
+
+
+class WaitingOrder(Protocol):
+    """A rule for which waiting requests go first, with the state it keeps across turns."""
+
+    name: ClassVar[str]
+
+    def decide(
+        self,
+        candidates: Sequence[Candidate],
+        now_ms: int,
+        policy: BatchPolicy,
+        weights: Mapping[str, float],
+    ) -> Decision:
+        """The next batch among ``candidates`` within ``policy`` (or how long to wait).
+        Called possibly twice a turn with the same candidates: it must not change state."""
+        ...
+
+    def started(self, batch: Sequence[Candidate]) -> None:
+        """``batch`` was taken to run (what ``decide`` chose, or a suspect alone)."""
+        ...
+
+
+class FirstCome:
+    """The most urgent request (priority with aging, then the oldest) anchors each batch."""
+
+    name: ClassVar[str] = "fifo"
+
+    def decide(
+        self,
+        candidates: Sequence[Candidate],
+        now_ms: int,
+        policy: BatchPolicy,
+        weights: Mapping[str, float],
+    ) -> Decision:
+        return next_batch(candidates, now_ms, policy)
+
+    def started(self, batch: Sequence[Candidate]) -> None:
+        return None
+
+
+class FairShare:
+    """Within a priority, the tenant with the least service here goes first (VTC over what
+    this worker started: prompt + 2 x max_new_tokens, per unit of weight)."""
+
+    name: ClassVar[str] = "fair"
+
+    def __init__(self) -> None:
+        self._shares = TenantShares()
+        self._weights: Mapping[str, float] = {}
+
+    def decide(
+        self,
+        candidates: Sequence[Candidate],
+        now_ms: int,
+        policy: BatchPolicy,
+        weights: Mapping[str, float],
+    ) -> Decision:
+        self._weights = weights
+        view = self._shares.view(c.tenant for c in candidates)
+        shares = Shares(service=view, weights=weights) if len(view) > 1 else None
+        return next_batch(candidates, now_ms, policy, shares)
+
+    def started(self, batch: Sequence[Candidate]) -> None:
+        for c in batch:
+            cost = c.prompt_tokens + 2 * c.max_new_tokens
+            self._shares.charge(c.tenant, cost / self._weights.get(c.tenant, 1.0))
+
+
+ORDERS: dict[str, type[FirstCome] | type[FairShare]] = {
+    FirstCome.name: FirstCome,
+    FairShare.name: FairShare,
+}
+"""Every order by its name (the values of ``--tenant-policy``)."""
+
+
+def make_order(name: str) -> WaitingOrder:
+    """A fresh order named ``name`` (one per worker: its state is that worker's)."""
+    try:
+        return ORDERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown order {name!r}; one of {', '.join(sorted(ORDERS))}") from None

@@ -1,0 +1,178 @@
+"""Wiring: a worker's parts built from its settings and engine, and the worker made of them.
+
+``build_worker`` is the one place that knows which part needs which: the Redis connections,
+the queue's IO, the policy units (look-ahead, order, budget, suspect gate, arrival estimate),
+intake, runner, starter, writer, heartbeat and claim keeper. ``Worker`` (``worker.py``) only
+runs them. A new part is built here and handed over in ``Parts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+from genq.common.connection import connect, is_cluster, refresh_cluster_view
+from genq.common.keys import Keys
+from genq.common.scripts import Applied
+from genq.common.settings import WorkerSettings
+from genq.worker.engines.base import Engine
+from genq.worker.policy.admission import Limits
+from genq.worker.policy.arrivals import ArrivalEstimate
+from genq.worker.policy.budget import AdaptiveBudget
+from genq.worker.policy.lookahead import Held, Lookahead
+from genq.worker.policy.ordering import WaitingOrder, make_order
+from genq.worker.policy.suspects import SuspectGate
+from genq.worker.runtime import recovery
+from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
+from genq.worker.runtime.intake import Intake
+from genq.worker.runtime.metrics import Metrics
+from genq.worker.runtime.outcomes import Outcome, Outcomes
+from genq.worker.runtime.queue_io import QueueIO, raw_read_reply
+from genq.worker.runtime.runners import Runner, RunnerContext, make_runner
+from genq.worker.runtime.starting import Starter
+from genq.worker.runtime.worker import Worker
+from genq.worker.runtime.writer import ResultWriter
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parts:
+    """Everything one worker runs, built and wired (``build_worker``)."""
+
+    settings: WorkerSettings
+    engine: Engine
+    keys: Keys
+    queue: QueueIO
+    """The queue's Redis commands (the loop's connection)."""
+    counters: Counters
+    metrics: Metrics
+    lookahead: Lookahead
+    order: WaitingOrder
+    """Who goes first among what waits (``--tenant-policy``)."""
+    budget: AdaptiveBudget
+    gate: SuspectGate
+    arrivals: ArrivalEstimate
+    intake: Intake
+    runner: Runner
+    starter: Starter
+    writer: ResultWriter[Outcome]
+    stats: Heartbeat
+    keeper: recovery.ClaimKeeper
+    """Renews claims and the heartbeat, on a connection of its own."""
+
+
+def build_worker(
+    settings: WorkerSettings, engine: Engine, redis_client: redis.Redis | None = None
+) -> Worker:
+    """A worker with these settings serving ``engine``; on ``redis_client`` if given (its
+    claim keeper shares it), else on connections of its own to ``settings.redis_url``."""
+    r = redis_client or connect(settings.redis_url)
+    if redis_client is None and not is_cluster(r):
+        # Entries as Redis sends them: redis-py's parsing into dicts cost a tenth of the
+        # worker's time on the hot path, and decode_request reads the flat field list.
+        r.set_response_callback("XREADGROUP", raw_read_reply)
+    keys = Keys(settings.queue)
+    consumer = settings.consumer_name
+    queue = QueueIO(r=r, keys=keys, consumer=consumer, settings=settings)
+    counters = Counters()
+    metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
+    lookahead = Lookahead.for_settings(settings, keys.streams())
+    budget = AdaptiveBudget(full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s)
+    outcomes = Outcomes(worker=consumer, keys=keys, model=settings.served_model)
+    context = RunnerContext(
+        outcomes=outcomes, counters=counters, metrics=metrics, send_delta=queue.send_delta
+    )
+    runner = make_runner(context, engine, budget)
+    stats = Heartbeat(
+        queue=queue,
+        identity=Identity(consumer=consumer, engine=engine.name, model=settings.served_model),
+        counters=counters,
+        holdings=lambda: _holdings(lookahead, runner),
+    )
+    writer: ResultWriter[Outcome] = ResultWriter(
+        _write_now(queue, stats, metrics),
+        max_backlog=2 * settings.max_batch_size,
+        on_away=lambda: refresh_cluster_view(r),
+    )
+    keeper = recovery.ClaimKeeper(
+        r=connect(settings.redis_url) if redis_client is None else redis_client,
+        keys=keys,
+        consumer=consumer,
+        claim_idle_ms=settings.claim_idle_ms,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s,
+        claimed=lambda: lookahead.entries() + runner.entries() + writer.entries(),
+    )
+    return Worker(
+        Parts(
+            settings=settings,
+            engine=engine,
+            keys=keys,
+            queue=queue,
+            counters=counters,
+            metrics=metrics,
+            lookahead=lookahead,
+            order=make_order(settings.tenant_policy),
+            budget=budget,
+            gate=SuspectGate(),
+            arrivals=ArrivalEstimate(),
+            intake=_intake(settings, engine, outcomes, keys),
+            runner=runner,
+            starter=_starter(settings, queue, outcomes, counters),
+            writer=writer,
+            stats=stats,
+            keeper=keeper,
+        )
+    )
+
+
+def _intake(settings: WorkerSettings, engine: Engine, outcomes: Outcomes, keys: Keys) -> Intake:
+    """Admission with the settings' limits and the engine's context length."""
+    limits = Limits(
+        max_new_tokens=settings.max_new_tokens_limit,
+        max_prompt_tokens=settings.max_prompt_tokens,
+        max_context_tokens=engine.max_context_tokens,
+        max_batch_tokens=settings.max_batch_tokens,
+    )
+    return Intake(
+        engine=engine,
+        limits=limits,
+        outcomes=outcomes,
+        keys=keys,
+        consumer=settings.consumer_name,
+    )
+
+
+def _starter(
+    settings: WorkerSettings, queue: QueueIO, outcomes: Outcomes, counters: Counters
+) -> Starter:
+    return Starter(
+        queue=queue,
+        outcomes=outcomes,
+        counters=counters,
+        consumer=settings.consumer_name,
+        dead_letter_stream=queue.keys.dead_letter,
+        max_attempts=settings.max_attempts,
+        hand_back_after_ms=settings.hand_back_after_ms,
+        max_batch_size=settings.max_batch_size,
+    )
+
+
+def _holdings(lookahead: Lookahead, runner: Runner) -> tuple[list[Held], list[Held]]:
+    """(waiting, in flight) for the stats hash: the claim keeper renews what these hold (with
+    the writer's), so the claim keeper's thread and the heartbeat see the same requests."""
+    in_flight = [*lookahead.starting.values(), *runner.running.values()]
+    return list(lookahead.waiting.values()), in_flight
+
+
+def _write_now(
+    queue: QueueIO, stats: Heartbeat, metrics: Metrics
+) -> Callable[[list[Outcome]], list[int]]:
+    """The writer thread's call: one APPLY over a batch plus the latest stats; then the
+    Prometheus metrics (thread-safe) of the requests it ended."""
+
+    def write(batch: list[Outcome]) -> list[int]:
+        answers = queue.write_final(batch, also=stats.add_latest)
+        metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
+        return answers
+
+    return write
