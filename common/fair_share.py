@@ -3,12 +3,11 @@ script fills (``TENANTS_LUA``, which SUBMIT includes), a worker's read (``PULL``
 hand-back (``GIVE_BACK``). The rule itself, and what is charged and refunded:
 ``genq.worker.policy.fairness``.
 
-Keys: ``Keys.tenant_index``, ``active``, ``vtc``, ``window``, ``bucket``, ``waiting``,
-``tenants``, ``doorbell``. Their names hold a tenant, so the scripts build them from the queue's
-base
-``genq:{Q}`` (the config key, the scripts' first KEY, less ``:config``) exactly as ``keys.py``
-does; a test compares the two. All share the queue's hash tag, so a script's keys stay in one
-Redis Cluster slot.
+Keys: ``Keys.tenant_index``, ``active``, ``vtc``, ``reserved``, ``window``, ``bucket``,
+``waiting``, ``tenants``, ``doorbell``. Their names hold a tenant, so the scripts build them
+from the queue's base ``genq:{Q}`` (the config key, the scripts' first KEY, less ``:config``)
+exactly as ``keys.py`` does; a test compares the two. All share the queue's hash tag, so a
+script's keys stay in one Redis Cluster slot.
 """
 
 from __future__ import annotations
@@ -82,7 +81,10 @@ local function index(p, t, ids, front)
   for _, q in ipairs(PRI) do
     if redis.call('SISMEMBER', BASE .. ':active:' .. q, t) == 1 then active = true end
   end
-  if not active then lift(t) end
+  -- Back from idle: nothing of its waiting here, nor read and not started (reserved); not a
+  -- hand-back (its requests only changed hands).
+  local held = tonumber(redis.call('ZSCORE', BASE .. ':reserved', t) or '0')
+  if not (active or front) and held <= 0 then lift(t) end
   if front then
     local reversed = {{}}
     for k = #ids, 1, -1 do table.insert(reversed, ids[k]) end
@@ -131,17 +133,23 @@ PULL = (
 -- KEYS: config, stream high, stream normal, stream low
 -- ARGV: this consumer, the policy ('fair' or 'fifo'), the Unix time now in ms (the worker's
 --       view of Redis' clock: it needs no TIME), the reader's batch budget in tokens (a limited
---       tenant's burst), then per stream: how many entries at most
+--       tenant's burst), then per stream: how many entries at most; then the probe: per
+--       priority, up to so many more from tenants the reader holds none of there (0: none; a
+--       static reader with a fair order: a tenant that arrived behind another's backlog is
+--       read before its next batch, not after it), and the 'PRIORITY|TENANT' pairs it holds
 -- A worker's read: per priority, the waiting entries of the active tenants, fairly: each next
--- entry is the oldest of the tenant with the least weighted tokens served per unit of weight
--- (VTC; 'fifo': the oldest waiting entry, whoever sent it) among those under their
+-- entry is the oldest of the tenant with the least weighted tokens per unit of weight, served
+-- (vtc: what workers started) and reserved (what they read and have not started yet) (VTC;
+-- 'fifo': the oldest waiting entry, whoever sent it) among those under their
 -- tokens-per-minute, claimed from {QUEUED} (JUSTID) for this consumer. Each is charged at
 -- once, by an upper bound from its body (PROMPT_EST = the body's bytes: a prompt has no more
--- tokens than bytes; and its
--- max_new_tokens: 'charge' below, ``policy.fairness.charge`` in Python): weighted
--- PROMPT_EST + 2 x max_new_tokens to the tenant's service, PROMPT_EST + max_new_tokens to its
--- last minute and to its token bucket; the worker corrects the estimate once it has tokenized
--- the prompt, and refunds what was not used when the request ends. A tenant with a
+-- tokens than bytes; and its max_new_tokens: 'charge' below, ``policy.fairness.charge`` in
+-- Python): weighted PROMPT_EST + 2 x max_new_tokens to the tenant's reserved, PROMPT_EST +
+-- max_new_tokens to its last minute and to its token bucket; the worker corrects the estimate
+-- once it has tokenized the prompt, moves it from reserved to vtc when it starts the request,
+-- and refunds what was not used when the request ends. (Reserved apart from served: a tenant
+-- back from idle is lifted to the lowest served, not to what others merely hold, which a
+-- hand-back returns.) A tenant with a
 -- tokens-per-minute N is read only while its bucket (refilled at N a minute, holding at most
 -- min(N, the batch budget)) is above 0: in any 60 s it takes at most N plus one batch's
 -- tokens, evenly, not in a burst at each minute's turn. Entries a plain XADD added are swept
@@ -203,18 +211,64 @@ local function better(p, t, per, best, best_v)  -- per: {{service per weight, 0}
   return backlog(p, t) < backlog(p, best)
 end
 local out, charged, popped, held_back = {{}}, {{}}, 0, {{}}
+local probe = tonumber(ARGV[8] or '0')
+local held = {{}}
+for j = 9, #ARGV do held[ARGV[j]] = true end
+local function take(s, p, score, got, room, given)
+  -- Up to room entries in got, tenant by tenant from score (each one's service so far).
+  local active = BASE .. ':active:' .. p
+  while #got < room do
+    local best, best_v = nil, nil
+    for t, v in pairs(score) do
+      local c = settings(t)
+      if c[2] > 0 and bucket(t, c[2]) <= 0 then
+        held_back[t] = true
+      else
+        local per = fifo and head(p, t) or {{v / c[1], 0}}
+        if better(p, t, per, best, best_v) then best, best_v = t, per end
+      end
+    end
+    if best == nil then break end  -- none, or every active tenant is over its limit
+    local idx = BASE .. ':idx:' .. p .. ':' .. best
+    local id = redis.call('LPOP', idx)
+    local limit = settings(best)[2]
+    if not id then
+      redis.call('SREM', active, best)
+      score[best] = nil
+    elseif limit > 0 and not affordable(KEYS[s], id, best, limit) then
+      redis.call('LPUSH', idx, id)  -- it waits for its bucket to refill
+      score[best] = nil
+      held_back[best] = true
+    else
+      popped = popped + 1
+      -- XCLAIM answers only an entry still pending (a cancelled one is, until a worker
+      -- acknowledges it; one acknowledged and deleted is not), with its fields.
+      local found = redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, id)
+      if #found > 0 and found[1] then
+        table.insert(got, found[1])
+        given[best] = true
+        local est, max_new = charge(body_of(found[1][2]))
+        score[best] = score[best] + est + 2 * max_new
+        if buckets[best] ~= nil then buckets[best] = buckets[best] - est - max_new end
+        local c = charged[best] or {{0, 0}}
+        charged[best] = {{c[1] + est + 2 * max_new, c[2] + est + max_new}}
+      end
+    end
+  end
+end
 for s = 2, 4 do
   local room, p = tonumber(ARGV[s + 3]), PRI[s - 1]
-  if room > 0 then
+  if room > 0 or probe > 0 then
     sweep(s, p, {{}})
     local active = BASE .. ':active:' .. p
     local score = {{}}
     for _, t in ipairs(redis.call('SMEMBERS', active)) do
       score[t] = tonumber(redis.call('ZSCORE', BASE .. ':vtc', t) or '0')
+        + tonumber(redis.call('ZSCORE', BASE .. ':reserved', t) or '0')
     end
-    local got = {{}}
+    local got, given = {{}}, {{}}
     local only = next(score)
-    if only ~= nil and next(score, only) == nil and settings(only)[2] <= 0 then
+    if room > 0 and only ~= nil and next(score, only) == nil and settings(only)[2] <= 0 then
       -- One tenant, no limit (the common case): its next ids, claimed in one call.
       local idx = BASE .. ':idx:' .. p .. ':' .. only
       local ids = redis.call('LPOP', idx, room)
@@ -233,49 +287,23 @@ for s = 2, 4 do
       end
       if not ids or #ids < room then redis.call('SREM', active, only) end
       score = {{}}
+    elseif room > 0 then
+      take(s, p, score, got, room, given)
     end
-    while #got < room do
-      local best, best_v = nil, nil
+    if probe > 0 then
+      -- The probe: up to that many more from tenants this reader holds none of in this
+      -- priority and got none of just now (they arrived behind another's backlog).
+      local others = {{}}
       for t, v in pairs(score) do
-        local c = settings(t)
-        if c[2] > 0 and bucket(t, c[2]) <= 0 then
-          held_back[t] = true
-        else
-          local per = fifo and head(p, t) or {{v / c[1], 0}}
-          if better(p, t, per, best, best_v) then best, best_v = t, per end
-        end
+        if not (held[p .. '|' .. t] or given[t]) then others[t] = v end
       end
-      if best == nil then break end  -- none, or every active tenant is over its limit
-      local idx = BASE .. ':idx:' .. p .. ':' .. best
-      local id = redis.call('LPOP', idx)
-      local limit = settings(best)[2]
-      if not id then
-        redis.call('SREM', active, best)
-        score[best] = nil
-      elseif limit > 0 and not affordable(KEYS[s], id, best, limit) then
-        redis.call('LPUSH', idx, id)  -- it waits for its bucket to refill
-        score[best] = nil
-        held_back[best] = true
-      else
-        popped = popped + 1
-        -- XCLAIM answers only an entry still pending (a cancelled one is, until a worker
-        -- acknowledges it; one acknowledged and deleted is not), with its fields.
-        local found = redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, id)
-        if #found > 0 and found[1] then
-          table.insert(got, found[1])
-          local est, max_new = charge(body_of(found[1][2]))
-          score[best] = score[best] + est + 2 * max_new
-          if buckets[best] ~= nil then buckets[best] = buckets[best] - est - max_new end
-          local c = charged[best] or {{0, 0}}
-          charged[best] = {{c[1] + est + 2 * max_new, c[2] + est + max_new}}
-        end
-      end
+      take(s, p, others, got, #got + probe, given)
     end
     if #got > 0 then table.insert(out, {{KEYS[s], got}}) end
   end
 end
 for t, c in pairs(charged) do  -- once per tenant: the service and the last minute
-  redis.call('ZINCRBY', BASE .. ':vtc', c[1], t)
+  redis.call('ZINCRBY', BASE .. ':reserved', c[1], t)
   trim_window(t)
   redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, c[2])
   redis.call('EXPIRE', BASE .. ':window:' .. t, 120)
@@ -300,8 +328,8 @@ GIVE_BACK = (
 --       id, tenant, and the weighted and plain tokens it was charged when read
 -- Gives entries this worker read and did not start back to the waiting: pending for {QUEUED}
 -- again (JUSTID: delivery counts unchanged), at the front of their tenant's index so they keep
--- their place, their charge returned (the next read charges them again); then rings the
--- doorbell ``rings`` times, which wakes as many idle workers.
+-- their place, their charge taken off reserved (the next read charges them again); then rings
+-- the doorbell ``rings`` times, which wakes as many idle workers.
 local rings, now_s = tonumber(ARGV[1]), tonumber(ARGV[2])
 local groups, order = {{}}, {{}}
 for a = 3, #ARGV, 5 do
@@ -314,7 +342,7 @@ for a = 3, #ARGV, 5 do
     table.insert(order, key)
   end
   table.insert(groups[key][3], id)
-  if weighted ~= 0 then redis.call('ZINCRBY', BASE .. ':vtc', -weighted, t) end
+  if weighted ~= 0 then redis.call('ZINCRBY', BASE .. ':reserved', -weighted, t) end
   if tokens ~= 0 then
     redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, -tokens)
     redis.call('EXPIRE', BASE .. ':window:' .. t, 120)

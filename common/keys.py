@@ -24,8 +24,9 @@ key                    type    written by                  read by             T
                                delivered to genq.queued);
                                hand-back (at the front)
 ``genq:{Q}:active:P``  set     submit, PULL scripts        PULL, stats         none
-``genq:{Q}:vtc``       zset    PULL (charges), workers     PULL, SUBMIT        none
-                               (refunds)
+``genq:{Q}:vtc``       zset    workers (starts, refunds)   PULL, SUBMIT        none
+``genq:{Q}:reserved``  zset    PULL (charges), workers     PULL                none
+                               (starts, hand-back)
 ``genq:{Q}:window:T``  hash    PULL, workers (tokens per   PULL (tokens per    120 s
                                Unix second)                minute), stats
 ``genq:{Q}:bucket:T``  hash    PULL, workers (level,       PULL, stats         120 s
@@ -160,9 +161,16 @@ class Keys:
 
     @property
     def vtc(self) -> str:
-        """Each tenant's weighted tokens served (prompt + 2 x generated; a sorted set): the
-        next read serves the active tenant with the least per unit of weight."""
+        """Each tenant's weighted tokens served (prompt + 2 x generated; a sorted set) by the
+        requests workers started: the next read serves the active tenant with the least, with
+        its ``reserved``, per unit of weight; a tenant back from idle is lifted to the lowest."""
         return f"{self._base}:vtc"
+
+    @property
+    def reserved(self) -> str:
+        """Each tenant's weighted tokens charged for requests workers have read and not yet
+        started (a sorted set): moved to ``vtc`` at the start, returned at a hand-back."""
+        return f"{self._base}:reserved"
 
     def window(self, tenant: str) -> str:
         """Tokens served to a tenant per second of the last minute (a hash: Unix second ->

@@ -8,13 +8,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
+from genq.common.settings import WorkerSettings
 from genq.worker.devtools.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from genq.worker.engines.base import Engine
+    from genq.worker.runtime.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 _queue_names = itertools.count()
@@ -129,3 +137,22 @@ def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worke
     All are stopped (SIGTERM) at the end of the test."""
     with workers_on(redis_url, tmp_path) as start:
         yield start
+
+
+@contextmanager
+def worker_thread(
+    redis_url: str, queue: str, engine: Engine, **settings: object
+) -> Iterator[Worker]:
+    """The real worker loop in a thread of this process, on ``engine`` (settings: more worker
+    settings, as ``genq worker`` flags' names)."""
+    from genq.worker.runtime.builder import build_worker
+
+    base = {"redis_url": redis_url, "queue": queue, "consumer": "inproc", "engine": "echo"}
+    worker = build_worker(WorkerSettings.build({**base, **settings}, env={}), engine)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=30)

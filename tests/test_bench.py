@@ -125,8 +125,37 @@ def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -
     rep = json.loads(out.stdout)
     fair, fifo = rep["trickle_wait_ms"]["fair"], rep["trickle_wait_ms"]["fifo"]
     assert fair["p99"] < fifo["p99"], rep  # first come: the trickle waits for the flood
-    assert rep["service_gap"]["fair"]["finish"] < rep["service_gap"]["fifo"]["finish"], rep
+    assert rep["service_gap"]["fair"]["start"] < rep["service_gap"]["fifo"]["start"], rep
     assert set(rep["flood_makespan_s"]) == {"fair", "fifo"} and rep["weights_ratio"] > 1
+
+
+def test_the_service_gap_is_the_most_the_difference_moved_while_both_waited() -> None:
+    from genq.common.models import Result, Timings, Usage
+    from genq.worker.devtools.bench_tenants import _gap
+
+    def done(tenant: str, queued: int, started: int, prompt: int) -> Result:
+        return Result(
+            id=f"{tenant}-{started}",
+            status="succeeded",
+            tenant=tenant,
+            usage=Usage(prompt_tokens=prompt),
+            timings=Timings(queued_unix_ms=queued, started_unix_ms=started),
+        )
+
+    results = [
+        done("heavy", 0, 5, 100),  # before light queued: not a choice made while both waited
+        done("light", 10, 20, 10),
+        done("heavy", 0, 30, 100),
+        done("light", 10, 40, 10),
+        done("light", 10, 50, 10),  # heavy's last start is at 60: the end
+        done("heavy", 0, 60, 100),
+        done("light", 10, 70, 10),
+    ]
+    started = lambda x: x.timings.started_unix_ms or 0  # noqa: E731
+    # While both waited: -10, +90, +80, +70: the most it rose or fell over any stretch is 100.
+    assert _gap(results, started) == 100
+    # From the first submission: heavy's lead of 100 before light came, then up to 190.
+    assert _gap(results, started, from_first=True) == 190
 
 
 def test_the_ideal_central_queue_batches_the_oldest_on_the_fastest_free_server() -> None:

@@ -19,7 +19,7 @@ from genq.common.fair_share import PULL
 from genq.common.keys import GROUP, QUEUED, Keys
 from genq.producer import Client
 from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
-from genq.worker.policy.fairness import Refund, Shares, TenantShares, charge, merged
+from genq.worker.policy.fairness import Refund, Shares, TenantShares, Totals, charge, merged
 
 from tests.conftest import WorkerProcess, wait_until
 
@@ -32,16 +32,19 @@ def pull(
     priority: int = 1,
     policy: str = "fair",
     now_ms: int | None = None,
+    probe: int = 0,
+    held: tuple[str, ...] = (),
 ) -> list[tuple[str, bytes]]:
     """One worker read (the PULL script) of up to ``room`` entries of one priority
     (0 high, 1 normal, 2 low), at ``now_ms`` (default: Redis' clock), with a batch budget of
-    100,000 tokens: (tenant, body) per entry, in the order served."""
+    100,000 tokens, and ``probe`` more from tenants not ``held`` (``PRIORITY|TENANT``):
+    (tenant, body) per entry, in the order served."""
     rooms = [0, 0, 0]
     rooms[priority] = room
     if now_ms is None:
         seconds, micros = r.time()
         now_ms = seconds * 1000 + micros // 1000
-    args = ["reader", policy, now_ms, 100_000, *rooms]
+    args = ["reader", policy, now_ms, 100_000, *rooms, probe, *held]
     reply: Any = r.eval(PULL, 4, keys.config, *keys.streams(), *args)
     out = []
     for _stream, entries in reply or []:
@@ -87,7 +90,8 @@ def test_a_read_charges_what_the_python_estimate_says(
     [(tenant, body)] = pull(r, keys, 5)
     est, max_new = charge(body)
     assert tenant == "t" and max_new == 9
-    assert float(r.zscore(keys.vtc, "t") or 0) == est + 2 * max_new
+    assert float(r.zscore(keys.reserved, "t") or 0) == est + 2 * max_new  # read, not started
+    assert r.zscore(keys.vtc, "t") is None
     window: Any = r.hgetall(keys.window("t"))
     assert sum(int(v) for v in window.values()) == est + max_new
     assert r.llen(keys.waiting) == 0 and not r.smembers(keys.active("normal"))
@@ -106,6 +110,25 @@ def test_a_flood_does_not_hold_back_a_trickle(redis_url: str, queue: str, r: red
     client.submit_many([f"trickle {i}" for i in range(5)], tenant="b")
     order = [t for t, _ in pull(r, keys, 40, policy="fifo")]
     assert order == ["a"] * 30 + ["b"] * 5
+
+
+def test_a_probe_reads_past_a_full_look_ahead_only_tenants_the_reader_holds_none_of(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many([f"flood {i}" for i in range(100)], tenant="a")
+    assert [t for t, _ in pull(r, keys, 8)] == ["a"] * 8  # the look-ahead: a's only
+    assert pull(r, keys, 0, probe=4, held=("normal|a",)) == []  # nobody else waits
+    client.submit_many([f"late {i}" for i in range(10)], tenant="b")
+    # Full (no room): the probe brings b, whom the reader holds none of, and no more of a.
+    probed = [t for t, _ in pull(r, keys, 0, probe=4, held=("normal|a",))]
+    assert probed == ["b"] * 4
+    assert pull(r, keys, 0, probe=4, held=("normal|a", "normal|b")) == []
+    # With room: the room goes by service as always, and the probe adds what the room did
+    # not bring of tenants held none of (here the read's own a's count as held).
+    r.zincrby(keys.vtc, 1_000_000, "b")  # b far ahead: the room is all a's
+    assert Counter(t for t, _ in pull(r, keys, 6, probe=3)) == {"a": 6, "b": 3}
 
 
 def test_weights_share_the_tokens_three_to_one_while_both_wait(
@@ -184,10 +207,32 @@ def test_a_tenant_back_from_idle_gets_no_credit_for_its_idle_time(
     client = Client.from_url(redis_url, queue)
     client.submit_many(["z"] * 20, tenant="busy")
     pull(r, keys, 10)
-    busy = float(r.zscore(keys.vtc, "busy") or 0)
-    assert busy > 0
-    client.submit("back", tenant="idle")  # it has 0: lifted to the lowest active
-    assert float(r.zscore(keys.vtc, "idle") or 0) == busy
+    assert float(r.zscore(keys.reserved, "busy") or 0) > 0
+    r.zincrby(keys.vtc, 500, "busy")  # what its started requests were charged
+    client.submit("back", tenant="idle")  # it has 0: lifted to the lowest active's served
+    # Not to what busy merely holds in look-aheads: a hand-back would return that.
+    assert float(r.zscore(keys.vtc, "idle") or 0) == 500
+    assert [t for t, _ in pull(r, keys, 1)] == ["idle"]  # busy's reserved counts in the order
+
+
+def test_every_charge_settles_to_what_was_used_when_the_work_is_done(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    ids = client.submit_many(["a" * 30] * 40, tenant="a", max_new_tokens=6)
+    ids += client.submit_many(["b" * 5] * 12, tenant="b", max_new_tokens=3)
+    ids += client.submit_many(["c"] * 3, tenant="c", deadline_in_s=0.001)  # expire: never started
+    worker = start_worker(queue, "--engine", "echo", "--max-batch-size", "8")
+    results = client.results(ids, timeout=60)
+    assert worker.stop() == 0  # leaving sends the corrections it still held
+    used = Counter[str]()
+    for x in results:
+        used[x.tenant] += x.usage.prompt_tokens + 2 * x.usage.completion_tokens
+    assert {x.status for x in results if x.tenant == "c"} == {"expired"}
+    for tenant in ("a", "b", "c"):
+        assert float(r.zscore(keys.reserved, tenant) or 0) == 0, tenant
+        assert float(r.zscore(keys.vtc, tenant) or 0) == used[tenant], tenant
 
 
 def test_refunds_leave_what_was_used() -> None:
@@ -198,8 +243,15 @@ def test_refunds_leave_what_was_used() -> None:
     assert ran.weighted == charged[0] + 40 - (30 + 10) and ran.tokens == charged[0] + 20 - 35
     never = Refund(tenant="t", charged=charged)
     assert never.weighted == charged[0] + 40 and never.used == 0
-    assert merged([ran, never, ran]) == {
-        "t": (2 * ran.weighted + never.weighted, 2 * ran.tokens + never.tokens, 70, 2)
+    unread = Refund(tenant="t", charged=charged, started=False)  # back to reserved
+    assert merged([ran, never, ran, unread]) == {
+        "t": Totals(
+            served=2 * ran.weighted + never.weighted,
+            reserved=unread.weighted,
+            tokens=2 * ran.tokens + never.tokens + unread.tokens,
+            used=70,
+            requests=2,
+        )
     }
     assert charge(b'{"prompt":"hi"}')[1] == 64  # the default max_new_tokens
 
@@ -358,7 +410,7 @@ def test_a_lone_tenants_requests_are_read_in_order_and_charged_in_one_go(
     assert [json.loads(b)["prompt"] for _, b in first] == ["p0", "p1", "p2", "p3"]
     rest = pull(r, keys, 10)
     assert [json.loads(b)["prompt"] for _, b in rest] == [f"p{i}" for i in range(4, 10)]
-    assert float(r.zscore(keys.vtc, "solo") or 0) == sum(served(first + rest).values())
+    assert float(r.zscore(keys.reserved, "solo") or 0) == sum(served(first + rest).values())
     assert r.llen(keys.waiting) == 0 and not r.smembers(keys.active("normal"))
 
 
@@ -374,6 +426,6 @@ def test_a_read_over_several_priorities_charges_each_of_them(
     reply: Any = r.eval(PULL, 4, keys.config, *keys.streams(), *rooms)
     bodies = [dict(zip(f[::2], f[1::2], strict=True))[b"body"] for _, es in reply for _, f in es]
     assert len(bodies) == 5
-    assert float(r.zscore(keys.vtc, "solo") or 0) == sum(
+    assert float(r.zscore(keys.reserved, "solo") or 0) == sum(
         served([("solo", b) for b in bodies]).values()
     )

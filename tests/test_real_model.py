@@ -18,7 +18,7 @@ from genq.worker.engines.continuous import ContinuousEngine
 from genq.worker.engines.packaged_models import PACKAGED_MODELS, PackagedModel
 from genq.worker.engines.static import StaticEngine
 
-from tests.test_request_lifecycle import worker_thread
+from tests.conftest import worker_thread
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -15,31 +14,10 @@ from genq.common.errors import QueueFull, RequestNotFound
 from genq.common.keys import Keys
 from genq.common.models import Result
 from genq.common.scripts import APPLY, apply, apply_args
-from genq.common.settings import WorkerSettings
 from genq.producer import Client
-from genq.worker.engines.base import Engine
-from genq.worker.runtime.builder import build_worker
-from genq.worker.runtime.worker import Worker
 
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, wait_until, worker_thread
 from tests.faults import OOM_BATCH_TOKENS, OomEngine, RaiseEngine
-
-
-@contextmanager
-def worker_thread(
-    redis_url: str, queue: str, engine: Engine, **settings: object
-) -> Iterator[Worker]:
-    """The real worker loop in a thread of this process, on ``engine``."""
-    s = WorkerSettings.build({"redis_url": redis_url, "queue": queue, "consumer": "inproc",
-                              "engine": "echo", **settings}, env={})  # fmt: skip
-    worker = build_worker(s, engine)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
 
 
 def test_an_engine_error_fails_only_the_culprit_found_by_splitting_the_batch(
@@ -199,7 +177,8 @@ def test_no_key_is_left_without_a_ttl_but_the_queues_own(
     client.results([*ids, cancelled], timeout=30)
     wait_until(lambda: r.xlen(keys.dead_letter) == 1)
     # The queue's own, and its tenants' service and totals (one member or field per tenant).
-    queue_own = {*keys.streams(), keys.dead_letter, keys.config, keys.vtc, keys.served}
+    queue_own = {*keys.streams(), keys.dead_letter, keys.config, keys.vtc, keys.reserved}
+    queue_own.add(keys.served)
     mine = [k.decode() for k in r.scan_iter(match=f"genq:*{{{queue}}}*")]
     mine += [k.decode() for i in [*ids, cancelled] for k in r.scan_iter(match=f"genq:*:{{{i}}}")]
     assert mine

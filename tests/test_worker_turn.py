@@ -21,8 +21,7 @@ from genq.worker.engines.base import Engine, GenerationInput, GenerationOutput
 from genq.worker.engines.echo import EchoEngine
 from genq.worker.runtime.queue_io import READ_PACE_S, QueueIO
 
-from tests.conftest import wait_until
-from tests.test_request_lifecycle import worker_thread
+from tests.conftest import wait_until, worker_thread
 
 CLAIM_IDLE_MS = 120_000
 """Far longer than the test waits: a request only reclaim could rescue would time out."""
@@ -54,11 +53,11 @@ def test_a_cluster_routing_error_at_a_start_keeps_the_batch_for_both_engines(
     with running_worker(redis_url, queue, engine) as worker:
         real = worker.starter.queue.mark_running
 
-        def fail_once(items: Any, token: str) -> list[int]:
+        def fail_once(items: Any, token: str, held: Any = ()) -> list[int]:
             if not failures:
                 failures.append([i[0] for i in items])
                 raise redis.exceptions.SlotNotCoveredError("slot not covered (injected)")
-            return real(items, token)
+            return real(items, token, held)
 
         worker.starter.queue.mark_running = fail_once  # type: ignore[method-assign]
         results = client.results(ids, timeout=30)

@@ -7,9 +7,12 @@ charges each request it reads *at once*, before anything is known of its real co
 bound of its prompt (its body's bytes) and its whole ``max_new_tokens``; the worker corrects
 the prompt's part as soon as it has tokenized it (``Held.recharge``). Charging at the read is
 what keeps a fleet fair between reads (the next worker to read already sees the charge) and
-makes a tenant's tokens-per-minute an upper bound. When the request ends, the worker refunds
-the difference to its real cost (``Refund``): generated tokens are therefore counted at the
-end, and a request that never ran costs nothing in the end.
+makes a tenant's tokens-per-minute an upper bound. The charge is *reserved* until a worker
+starts the request (``started_charges``: then it counts as served); a hand-back returns it.
+A tenant back from idle is lifted to the lowest *served* count, so what other tenants merely
+hold in look-aheads (and may hand back) is not counted against it. When the request ends, the
+worker refunds the difference to its real cost (``Refund``): generated tokens are therefore
+counted at the end, and a request that never ran costs nothing in the end.
 
 ``charge`` is the same computation as the ``charge`` of the Lua script (a test compares them).
 """
@@ -47,6 +50,9 @@ class Refund:
     ended: bool = True
     """False for a correction at the read (the prompt's real size for the estimate): nothing
     is counted as served yet."""
+    started: bool = True
+    """Whether a worker began starting it: its charge was moved from the tenant's reserved to
+    its service then (``started_charges``), so it is returned there; else to reserved."""
 
     @property
     def weighted(self) -> int:
@@ -66,13 +72,43 @@ class Refund:
         return self.prompt_tokens + self.completion_tokens if self.ended else 0
 
 
-def merged(refunds: list[Refund]) -> dict[str, tuple[int, int, int, int]]:
-    """Per tenant: (weighted back, tokens back, tokens used, requests that generated): one set
-    of commands per tenant, not per request."""
-    out: dict[str, tuple[int, int, int, int]] = {}
+@dataclass(slots=True)
+class Totals:
+    """One tenant's refunds, merged: one set of commands per tenant, not per request."""
+
+    served: int = 0
+    """Weighted tokens back to its service (``vtc``)."""
+    reserved: int = 0
+    """Weighted tokens back to its reserved (requests never started)."""
+    tokens: int = 0
+    """Plain tokens back to its last minute and its bucket."""
+    used: int = 0
+    """Tokens its ended requests took (its total served)."""
+    requests: int = 0
+    """Its requests that ended having used tokens."""
+
+
+def merged(refunds: list[Refund]) -> dict[str, Totals]:
+    """Per tenant: ``Totals`` of these refunds."""
+    out: dict[str, Totals] = {}
     for r in refunds:
-        w, t, u, n = out.get(r.tenant, (0, 0, 0, 0))
-        out[r.tenant] = (w + r.weighted, t + r.tokens, u + r.used, n + (r.used > 0))
+        t = out.setdefault(r.tenant, Totals())
+        if r.started:
+            t.served += r.weighted
+        else:
+            t.reserved += r.weighted
+        t.tokens += r.tokens
+        t.used += r.used
+        t.requests += r.used > 0
+    return out
+
+
+def started_charges(started: Iterable[tuple[str, tuple[int, int]]]) -> dict[str, int]:
+    """Per tenant, the weighted charges of requests a worker starts now (tenant, charge): moved
+    from its reserved to its service (``vtc``) in the start's round trip."""
+    out: dict[str, int] = {}
+    for tenant, (est, max_new) in started:
+        out[tenant] = out.get(tenant, 0) + est + 2 * max_new
     return out
 
 

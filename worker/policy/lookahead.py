@@ -78,6 +78,7 @@ class Held:
             prompt_tokens=len(self.prompt_ids),
             completion_tokens=self.charge[1],
             ended=False,
+            started=False,
         )
         self.charge = (len(self.prompt_ids), self.charge[1])
         return fix
@@ -132,6 +133,11 @@ class Lookahead:
             else min(left, max(0, self.max_per_stream - self._per_stream[s]))
             for s in self.streams
         }
+
+    def held_tenants(self) -> list[str]:
+        """The tenants waiting here, per priority (``PRIORITY|TENANT``): a read's probe skips
+        them (``common/fair_share.py: PULL``)."""
+        return sorted({f"{h.request.priority}|{h.request.tenant}" for h in self.waiting.values()})
 
     def candidates(self) -> list[Candidate]:
         """The waiting requests as the batching policy sees them."""

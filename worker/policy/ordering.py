@@ -33,6 +33,10 @@ class WaitingOrder(Protocol):
     """A rule for which waiting requests go first, with the state it keeps across turns."""
 
     name: ClassVar[str]
+    sees_newcomers: ClassVar[bool]
+    """Whether a worker whose look-ahead is full still reads tenants it holds none of (a
+    probe, ``Lookahead.probe``): an order that ranks by tenant wants them before its next
+    batch; first come does not (they are newer than everything held)."""
 
     def decide(
         self,
@@ -54,6 +58,7 @@ class FirstCome:
     """The most urgent request (priority with aging, then the oldest) anchors each batch."""
 
     name: ClassVar[str] = "fifo"
+    sees_newcomers: ClassVar[bool] = False
 
     def decide(
         self,
@@ -73,6 +78,7 @@ class FairShare:
     this worker started: prompt + 2 x max_new_tokens, per unit of weight)."""
 
     name: ClassVar[str] = "fair"
+    sees_newcomers: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._shares = TenantShares()

@@ -24,6 +24,7 @@ from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.policy.ordering import WaitingOrder, make_order
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
+from genq.worker.runtime.availability import Availability
 from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.metrics import Metrics
@@ -44,6 +45,8 @@ class Parts:
     keys: Keys
     queue: QueueIO
     """The queue's Redis commands (the loop's connection)."""
+    availability: Availability
+    """The loop's retry while Redis is away, and whether it is full."""
     counters: Counters
     metrics: Metrics
     lookahead: Lookahead
@@ -108,6 +111,7 @@ def build_worker(
             engine=engine,
             keys=keys,
             queue=queue,
+            availability=Availability(r, on_lost_group=queue.ensure_groups),
             counters=counters,
             metrics=metrics,
             lookahead=lookahead,

@@ -111,8 +111,10 @@ class Outcomes:
         request: Request | None = None,
         started_ms: int | None = None,
         charge: tuple[int, int] = (0, 0),
+        charged_as_started: bool | None = None,
     ) -> Outcome:
-        """A request that failed, with an error a person can act on."""
+        """A request that failed, with an error a person can act on. ``charged_as_started``:
+        whether its charge was moved to its tenant's service (default: it started)."""
         log.info("request %s failed: %s", request_id, error)
         return self._ended(
             stream=stream,
@@ -124,9 +126,16 @@ class Outcomes:
             message=str(error),
             started_ms=started_ms,
             charge=charge,
+            charged_as_started=charged_as_started,
         )
 
-    def failed_held(self, held: Held, error: GenqError, started_ms: int | None = None) -> Outcome:
+    def failed_held(
+        self,
+        held: Held,
+        error: GenqError,
+        started_ms: int | None = None,
+        charged_as_started: bool | None = None,
+    ) -> Outcome:
         """``failed`` for a held request."""
         return self.failed(
             stream=held.stream,
@@ -136,6 +145,7 @@ class Outcomes:
             request=held.request,
             started_ms=started_ms,
             charge=held.charge,
+            charged_as_started=charged_as_started,
         )
 
     def expired(
@@ -163,9 +173,16 @@ class Outcomes:
     def cancelled(self, held: Held) -> Outcome:
         """A request cancelled while running: its state is already final (the client's), so
         writing this only acknowledges its entry."""
-        return self._ended_held(held, "cancelled", "cancelled by a client", None)
+        return self._ended_held(held, "cancelled", "cancelled by a client", None, started=True)
 
-    def _ended_held(self, held: Held, status: str, message: str, started_ms: int | None) -> Outcome:
+    def _ended_held(
+        self,
+        held: Held,
+        status: str,
+        message: str,
+        started_ms: int | None,
+        started: bool | None = None,
+    ) -> Outcome:
         return self._ended(
             stream=held.stream,
             entry_id=held.entry_id,
@@ -176,6 +193,7 @@ class Outcomes:
             message=message,
             started_ms=started_ms,
             charge=held.charge,
+            charged_as_started=started,
         )
 
     def _ended(
@@ -190,8 +208,10 @@ class Outcomes:
         message: str,
         started_ms: int | None,
         charge: tuple[int, int] = (0, 0),
+        charged_as_started: bool | None = None,
     ) -> Outcome:
         queued_ms = entry_time_ms(entry_id)
+        started = started_ms is not None if charged_as_started is None else charged_as_started
         priority = request.priority if request else self.keys.priority_of(stream)
         state = states.ended(
             request_id=request_id,
@@ -215,5 +235,7 @@ class Outcomes:
             priority=priority,
             state_json=state,
             queue_wait_ms=wait_ms,
-            refund=Refund(tenant=request.tenant, charged=charge) if request else None,
+            refund=Refund(tenant=request.tenant, charged=charge, started=started)
+            if request
+            else None,
         )

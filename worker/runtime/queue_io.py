@@ -8,25 +8,21 @@ cancels, publish stats. Keys come from ``genq.common.keys``; the worker loop nev
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from genq.common import functions, states
-from genq.common.connection import REDIS_ERRORS, TRANSIENT_ERRORS, refresh_cluster_view
 from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
 from genq.common.settings import WorkerSettings
-from genq.common.tenants import TenantSettings
-from genq.common.wire import as_text, encode_delta_event
-from genq.worker.policy.fairness import Refund, merged
+from genq.common.wire import encode_delta_event
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
+from genq.worker.runtime.accounts import TenantAccounts, add_refunds, add_starts, give_back_args
 from genq.worker.runtime.dead_letter import add_to_pipeline
 from genq.worker.runtime.outcomes import Outcome
 
@@ -38,10 +34,6 @@ request that arrives meanwhile waits at most this long to join the running batch
 stops asking Redis ~50 times a second for nothing while the engine computes (on a CPU, that
 work takes cores from the model). An engine that finishes a request does not shorten it."""
 
-WEIGHTS_EVERY_S = 1.0
-"""How often a worker reads the tenants' weights again (changes reach it within this)."""
-WINDOW_TTL_S = 120
-"""A tenant's per-second token counts live this long (its limit looks back 60 s)."""
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
@@ -58,63 +50,10 @@ class QueueIO:
         self.consumer = consumer
         self.settings = settings
         self._last_reclaim_s = 0.0
-        self.weights = TenantWeights(keys)
-        """The tenants' weights (the look-ahead orders what it holds by weighted service)."""
+        self.tenants = TenantAccounts(r, keys)
+        """The tenants' weights, and what goes back to their shares (``accounts.py``)."""
         self._found_empty_s: float | None = None
         """When a read last found nothing (None: the last read found entries)."""
-        self.full_since: float | None = None
-        """When Redis last refused a write for want of memory (None: it accepts writes)."""
-
-    def retrying(
-        self, step: Callable[[], None], stopping: threading.Event, once: bool = False
-    ) -> None:
-        """Run ``step``; while Redis is unreachable, wait with backoff and try again until
-        ``stopping`` is set (``once``: return after one failed try, for the main loop to go
-        round). A lost consumer group (a redis-server that restarted without its data) is
-        recreated. A full Redis (maxmemory reached, noeviction) counts as passing too: see
-        ``redis_full``."""
-        delay_s = 0.1
-        while True:
-            try:
-                step()
-                return
-            except TRANSIENT_ERRORS as err:
-                if isinstance(err, redis.AuthenticationError):
-                    raise  # a wrong password does not get better by waiting
-                log.warning("Redis unreachable (%s); retrying in %.1f s", err, delay_s)
-                refresh_cluster_view(self.redis)
-            except redis.exceptions.OutOfMemoryError as err:
-                self.redis_full(err)
-            except redis.ResponseError as err:
-                if "NOGROUP" not in str(err):
-                    raise
-                log.warning("consumer group missing (Redis lost its data?); recreating it")
-                with contextlib.suppress(*REDIS_ERRORS):
-                    self.ensure_groups()
-            if stopping.wait(delay_s) or once:
-                return
-            delay_s = min(5.0, delay_s * 2)
-
-    def redis_full(self, err: Exception) -> None:
-        """Redis refused a write for want of memory: from now until ``memory_back``, the
-        worker reads no new work and only retries, with backoff, what it holds (its results
-        wait in the writer). Said once per episode, not once per retry."""
-        if self.full_since is None:
-            self.full_since = time.monotonic()
-            log.warning(
-                "Redis is full (%s): holding results, reading no new work, retrying with "
-                "backoff until it accepts writes again (free memory or raise maxmemory)",
-                err,
-            )
-
-    def memory_back(self) -> None:
-        """A write went through again after ``redis_full``."""
-        if self.full_since is not None:
-            log.warning(
-                "Redis accepts writes again after %.1f s full; carrying on",
-                time.monotonic() - self.full_since,
-            )
-            self.full_since = None
 
     def ensure_groups(self) -> None:
         """Create the consumer group on every priority stream (and the streams) if missing,
@@ -191,7 +130,13 @@ class QueueIO:
                 out[request_id] = int(text.split(" ", 1)[0])
         return out
 
-    def read(self, room: dict[str, int], block_ms: int | None, paced: bool = False) -> Delivered:
+    def read(
+        self,
+        room: dict[str, int],
+        block_ms: int | None,
+        paced: bool = False,
+        probe: tuple[int, list[str]] = (0, []),
+    ) -> Delivered:
         """Entries for this worker, each stream up to its room.
 
         One round trip: the PULL script, which takes from each priority the entries of the
@@ -201,15 +146,17 @@ class QueueIO:
         again: they are older than anything new, and leaving them for later would let them
         wait behind newer work. ``paced``: nothing, without asking, if a read found the queue
         empty less than ``READ_PACE_S`` ago (see ``read_wait_s``). ``block_ms`` (idle): first
-        wait up to that long on the doorbell, which a submission rings."""
+        wait up to that long on the doorbell, which a submission rings. ``probe``: per priority,
+        up to so many more from tenants other than the ``PRIORITY|TENANT`` pairs named, even
+        past the room (``Lookahead.probe``)."""
         asked = [s for s, n in room.items() if n > 0]
-        if not asked or (paced and block_ms is None and self.read_wait_s() > 0):
+        if not (asked or probe[0]) or (paced and block_ms is None and self.read_wait_s() > 0):
             if block_ms is not None:
                 time.sleep(block_ms / 1000)
             return []
         if block_ms is not None:
             self.wait_for_doorbell(block_ms)
-        delivered = self._read(asked, room)
+        delivered = self._read(asked, room, probe)
         self._found_empty_s = None if delivered else time.monotonic()
         return delivered
 
@@ -234,18 +181,24 @@ class QueueIO:
             pipe.xdel(doorbell, *rung)
             pipe.execute()
 
-    def _read(self, asked: list[str], room: dict[str, int]) -> Delivered:
-        """``read`` on the streams in ``asked`` (each with room)."""
+    def _read(
+        self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]]
+    ) -> Delivered:
+        """``read`` on the streams in ``asked`` (each with room), and ``probe``."""
         streams = self.keys.streams()
         pipe = self.redis.pipeline(transaction=False)
+        sending = self.tenants.add_deferred(pipe)
+        skip = len(pipe)
         for s in asked:
             pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
-        rooms = [room.get(s, 0) if s in asked else 0 for s in streams]
+        rooms = [room[s] if s in asked else 0 for s in streams]
         now, burst = clock.now_ms(), self.settings.max_batch_tokens
         policy = self.settings.tenant_policy
-        args = [self.keys.config, *streams, self.consumer, policy, now, burst, *rooms]
+        args = [self.keys.config, *streams, self.consumer, policy, now, burst, *rooms, probe[0]]
+        args += probe[1]
         pipe.execute_command("EVAL", PULL, 4, *args)  # type: ignore[no-untyped-call]
-        replies = self.weights.read_with(pipe)
+        replies = self.tenants.weights.read_with(pipe)[skip:]
+        self.tenants.sent(sending)
         fresh: Delivered = replies[-1] or []
         back = [s for s, probe in zip(asked, replies[:-1], strict=True) if probe]
         return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
@@ -266,9 +219,12 @@ class QueueIO:
         pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
         pipe.execute()
 
-    def mark_running(self, items: Sequence[ApplyItem], token: str) -> list[int]:
-        """Write these requests' ``running`` states (one APPLY call, counting a start each);
-        ``Applied`` answers in order."""
+    def mark_running(
+        self, items: Sequence[ApplyItem], token: str, held: Sequence[Held] = ()
+    ) -> list[int]:
+        """Write these requests' ``running`` states (one APPLY call, counting a start each),
+        and move the charges of ``held`` (the same requests) from their tenants' reserved to
+        their service in the same round trip; ``Applied`` answers in order."""
         if not items:
             return []
         return apply(
@@ -278,6 +234,7 @@ class QueueIO:
             "running",
             items,
             max_attempts=self.settings.max_attempts,
+            also=lambda pipe: add_starts(pipe, self.keys, held),
             token=token,
         )
 
@@ -296,13 +253,6 @@ class QueueIO:
 
         ttl_s = self.settings.result_ttl_s
         return apply(self.redis, self.keys, ttl_s, "final", items, also=extra, unstarted=unstarted)
-
-    def refund(self, refunds: Sequence[Refund]) -> None:
-        """``add_refunds`` now (requests that ended without an outcome of this worker's)."""
-        if refunds:
-            pipe = self.redis.pipeline(transaction=False)
-            add_refunds(pipe, self.keys, refunds)
-            pipe.execute()
 
     def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
         """Add ``record`` to the dead-letter stream; with ``ack``, also drop its work entry (an
@@ -344,69 +294,10 @@ class QueueIO:
         pipe.execute()
 
     def leave(self) -> None:
-        """Delete this worker's stats hash (else it expires on its own)."""
+        """Send the corrections still deferred; delete this worker's stats hash (else it
+        expires on its own)."""
+        self.tenants.flush()
         self.redis.delete(self.keys.worker(self.consumer))
-
-
-class TenantWeights:
-    """Each tenant's weight (``genq tenants``) as this worker knows it: read again in the
-    round trip of a read, at most every ``WEIGHTS_EVERY_S``."""
-
-    def __init__(self, keys: Keys) -> None:
-        self.keys = keys
-        self.now: dict[str, float] = {}
-        self.limited: set[str] = set()
-        """The tenants with a tokens-per-minute limit."""
-        self._read_s = -WEIGHTS_EVERY_S
-
-    def read_with(self, pipe: Any) -> list[Any]:
-        """Execute ``pipe``, reading the weights too if they are due; its other replies."""
-        now_s = time.monotonic()
-        due = now_s - self._read_s >= WEIGHTS_EVERY_S
-        if due:
-            pipe.hgetall(self.keys.tenants)
-        replies: list[Any] = pipe.execute()
-        if due:
-            self._read_s = now_s
-            found = {as_text(k): TenantSettings.from_json(v) for k, v in replies.pop().items()}
-            self.now = {t: s.weight for t, s in found.items()}
-            self.limited = {t for t, s in found.items() if s.tokens_per_minute}
-        return replies
-
-    def corrections(self, held: Sequence[Held]) -> list[Refund]:
-        """The charges of newly read requests of limited tenants made exact (``recharge``):
-        their buckets must not wait for the end to learn a prompt's size. Other tenants keep
-        the read's upper bound until the end, which settles it."""
-        return [h.recharge() for h in held if h.request.tenant in self.limited]
-
-
-def give_back_args(keys: Keys, held: Sequence[Held], rings: int) -> list[str | int]:
-    """KEYS and ARGV (after the key count) of the GIVE_BACK call for ``held``."""
-    streams = keys.streams()
-    args: list[str | int] = [keys.config, *streams, rings, clock.now_ms() // 1000]
-    for h in held:
-        est, max_new = h.charge
-        args += [streams.index(h.stream) + 1, h.entry_id, h.request.tenant]
-        args += [est + 2 * max_new, est + max_new]
-    return args
-
-
-def add_refunds(pipe: Any, keys: Keys, refunds: Sequence[Refund]) -> None:
-    """Queue on ``pipe`` what goes back to each tenant when these requests end: the charge of
-    the read less what they used, to its weighted service and its last minute; and what they
-    used, to its total (``policy/fairness.py``). One set of commands per tenant."""
-    second = str(clock.now_ms() // 1000)
-    for tenant, (weighted, tokens, used, requests) in merged(list(refunds)).items():
-        if weighted:
-            pipe.zincrby(keys.vtc, -weighted, tenant)
-        if tokens:
-            pipe.hincrby(keys.window(tenant), second, -tokens)
-            pipe.expire(keys.window(tenant), WINDOW_TTL_S)
-            pipe.hincrbyfloat(keys.bucket(tenant), "level", tokens)
-            pipe.expire(keys.bucket(tenant), WINDOW_TTL_S)
-        if used:
-            pipe.hincrby(keys.served, tenant, used)
-            pipe.hincrby(keys.served, f"{tenant}:requests", requests)
 
 
 def raw_read_reply(response: Any, **options: Any) -> Any:

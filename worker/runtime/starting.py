@@ -71,20 +71,23 @@ class Starter:
         items = [
             (h.request.id, h.stream, h.entry_id, self._running_state(h, started_ms)) for h in todo
         ]
-        answers = self.queue.mark_running(items, token=f"{self.consumer}:{started_ms}")
+        answers = self.queue.mark_running(items, token=f"{self.consumer}:{started_ms}", held=todo)
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
         poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
         gone = (Applied.ALREADY_FINAL, Applied.DUPLICATE)  # acknowledged: nothing runs
-        self.queue.refund(
+        self.queue.tenants.refund(
             [
-                Refund(tenant=h.request.tenant, charged=h.charge)
+                Refund(tenant=h.request.tenant, charged=h.charge)  # moved to served just now
                 for h, a in zip(todo, answers, strict=True)
                 if a in gone
             ]
         )
         self.counters.count_answers(answers)
         ended = [
-            outcomes.expired(stream=h.stream, entry_id=h.entry_id, request=h.request) for h in late
+            outcomes.expired(
+                stream=h.stream, entry_id=h.entry_id, request=h.request, charge=h.charge
+            )
+            for h in late
         ]
         return live, ended + [self._poison(h) for h in poison]
 
@@ -118,7 +121,7 @@ class Starter:
             request_id=h.request.id,
         )
         self.dead_letter(record, ack=False)
-        return self.outcomes.failed_held(h, err)
+        return self.outcomes.failed_held(h, err, charged_as_started=True)
 
     def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
         """Record an entry in the dead-letter stream (``ack``: and drop it from its stream)."""

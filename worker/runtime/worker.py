@@ -64,6 +64,7 @@ class Worker:
         self.keys = parts.keys
         self.consumer = parts.settings.consumer_name
         self.queue = parts.queue
+        self.availability = parts.availability
         self.counters = parts.counters
         self.metrics = parts.metrics
         self.lookahead = parts.lookahead
@@ -97,7 +98,7 @@ class Worker:
     def run(self) -> None:
         """Serve until stopped; then run what is held, write it, and log one summary line."""
         install_signal_handlers(self.stop)
-        self.queue.retrying(self.join, self._stopping)
+        self.availability.retrying(self.join, self._stopping)
         self.keeper.start()
         log.info(
             "worker %s serving queue %r with engine %s",
@@ -106,8 +107,8 @@ class Worker:
             self.engine.name,
         )
         while not self._stopping.is_set():
-            step = self.turn if self.queue.full_since is None else self.wait_for_memory
-            self.queue.retrying(step, self._stopping, once=True)
+            step = self.turn if self.availability.full_since is None else self.wait_for_memory
+            self.availability.retrying(step, self._stopping, once=True)
         try:
             self.drain()
         finally:
@@ -133,7 +134,7 @@ class Worker:
     def wait_for_memory(self) -> None:
         """Redis is full: only the heartbeat (a write); once it goes through, turns again."""
         self.heartbeat(force=True)
-        self.queue.memory_back()
+        self.availability.memory_back()
 
     def stop(self) -> None:
         """Ask the loop to stop after the current turn. Idempotent."""
@@ -144,7 +145,7 @@ class Worker:
         written; what is left after that stays pending and is taken over by other workers."""
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while (self.lookahead.waiting or self.runner.busy) and time.monotonic() < deadline:
-            self.queue.retrying(lambda: self.turn(reading=False), self._stopping, once=True)
+            self.availability.retrying(lambda: self.turn(reading=False), self._stopping, once=True)
         self.writer.flush(max(0.0, deadline - time.monotonic()))
         if self.lookahead.waiting or self.runner.busy or len(self.writer):
             log.warning(
@@ -163,7 +164,11 @@ class Worker:
         self.heartbeat()
         if reading:
             self.reclaim()
-            self.admit(self.queue.read(self.room(), block_ms=None, paced=self.runner.busy))
+            self.admit(
+                self.queue.read(
+                    self.room(), block_ms=None, paced=self.runner.busy, probe=self.probe()
+                )
+            )
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         if decision.batch:
             self.order.started(decision.batch)
@@ -192,6 +197,15 @@ class Worker:
         """How many entries to read per stream: the look-ahead's room, within what the runner
         should hold (a continuous runner: only what it can start now)."""
         return self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
+
+    def probe(self) -> tuple[int, list[str]]:
+        """A static worker with an order that ranks tenants reads, with each priority, up to a
+        batch's worth more from tenants it holds none of: a tenant that arrived behind another's
+        backlog (a full look-ahead, or a read that brought only that backlog) is seen before
+        the next batch is chosen, not after it (``PULL``'s probe)."""
+        if not self.order.sees_newcomers or self.runner.read_limit(1) is not None:
+            return 0, []
+        return self.settings.max_batch_size, self.lookahead.held_tenants()
 
     def reclaim(self) -> None:
         """Take over entries of dead workers, within the look-ahead's room."""
@@ -223,9 +237,9 @@ class Worker:
             self.starter.dead_letter(record, ack=True)
         for held in admitted.held:
             self.lookahead.add(held)
-        if not redelivered:  # new arrivals; limited tenants' charges made exact
+        if not redelivered:  # new arrivals; their charges made exact
             self.arrivals.observe(h.enqueued_ms for h in admitted.held)
-            self.queue.refund(self.queue.weights.corrections(admitted.held))
+            self.queue.tenants.corrections(admitted.held)
         self.write(admitted.outcomes)
 
     def plan(self, wait_to_fill: bool) -> Decision:
@@ -255,7 +269,7 @@ class Worker:
             wait_to_fill=wait_to_fill,
             arrivals=self.arrivals,
             order=self.order,
-            weights=self.queue.weights.now,
+            weights=self.queue.tenants.weights.now,
         )
 
     def start(self, batch: list[Held]) -> list[Outcome]:
