@@ -131,7 +131,7 @@ def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -
 
 def test_the_service_gap_is_the_most_the_difference_moved_while_both_waited() -> None:
     from genq.common.models import Result, Timings, Usage
-    from genq.worker.devtools.bench_tenants import _gap
+    from genq.worker.devtools.bench_tenants import _gap, _gap_as_produced
 
     def done(tenant: str, queued: int, started: int, prompt: int) -> Result:
         return Result(
@@ -156,6 +156,25 @@ def test_the_service_gap_is_the_most_the_difference_moved_while_both_waited() ->
     assert _gap(results, started) == 100
     # From the first submission: heavy's lead of 100 before light came, then up to 190.
     assert _gap(results, started, from_first=True) == 190
+
+    # As produced: a request's generated tokens (x2) count evenly from its start to its finish.
+    def ran(tenant: str, started: int, finished: int, prompt: int, generated: int) -> Result:
+        return Result(
+            id=f"{tenant}-{started}",
+            status="succeeded",
+            tenant=tenant,
+            usage=Usage(prompt_tokens=prompt, completion_tokens=generated),
+            timings=Timings(queued_unix_ms=0, started_unix_ms=started, finished_unix_ms=finished),
+        )
+
+    spread = [
+        ran("heavy", 10, 30, 0, 10),  # +20, from 10 to 30
+        ran("light", 20, 20, 10, 0),  # -10 at 20: heavy had +10 produced by then
+        ran("heavy", 40, 40, 0, 0),  # heavy's last start: the end
+        ran("light", 50, 50, 0, 0),
+    ]
+    assert _gap(spread, started) == 20  # at starts: +20 at once
+    assert _gap_as_produced(spread) == 10  # +10, back to 0, up to +10 at 30
 
 
 def test_the_ideal_central_queue_batches_the_oldest_on_the_fastest_free_server() -> None:

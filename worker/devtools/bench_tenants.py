@@ -42,6 +42,11 @@ from genq.worker.devtools.bench_fleet import Fleet, redis_counters
 
 POLICIES = ("fair", "fifo")
 FROM_FIRST = "start_from_first_submission"
+AT = {
+    "start": "at each start",
+    "produced": "as produced (prompt at the start, generated evenly to the finish)",
+    "finish": "at each finish",
+}
 BATCH_TOKENS = 1024
 """The quota case's workers' batch budget (``--max-batch-tokens``): one batch's tokens, the
 most a limited tenant may take beyond its tokens per minute."""
@@ -185,6 +190,7 @@ def service_gap(
     return {
         "start": _gap(results, started),
         "finish": _gap(results, _ms(lambda x: x.timings.finished_unix_ms)),
+        "produced": _gap_as_produced(results),
         FROM_FIRST: _gap(results, started, from_first=True),
     }
 
@@ -202,12 +208,8 @@ def _gap(
     request queued until the first of them has nothing left to start. ``from_first``: counted
     from zero at the first submission instead (the heavy tenant's lead before the light one
     submitted counts too)."""
-    tenants = ("heavy", "light")
-    first = {
-        t: min(x.timings.queued_unix_ms or 0 for x in results if x.tenant == t) for t in tenants
-    }
-    begin = 0 if from_first else max(first.values())
-    end = min(max(when(x) for x in results if x.tenant == t) for t in tenants)
+    begin, end = _both_waiting(results, when)
+    begin = 0 if from_first else begin
     diff, low, high = 0, 0, 0
     for x in sorted(results, key=when):
         if when(x) < begin or (x.timings.started_unix_ms or 0) < begin:
@@ -217,6 +219,47 @@ def _gap(
         diff += _weighted(x) if x.tenant == "heavy" else -_weighted(x)
         low, high = min(low, diff), max(high, diff)
     return float(high if from_first else high - low)
+
+
+def _both_waiting(results: Sequence[Result], when: Callable[[Result], int]) -> tuple[int, int]:
+    """From when both tenants had a request queued to the last ``when`` of whichever ended
+    first."""
+    tenants = ("heavy", "light")
+    queued = [min(x.timings.queued_unix_ms or 0 for x in results if x.tenant == t) for t in tenants]
+    end = min(max(when(x) for x in results if x.tenant == t) for t in tenants)
+    return max(queued), end
+
+
+def _gap_as_produced(results: Sequence[Result]) -> float:
+    """``_gap`` (while both wait) with each request's service counted as it is produced: its
+    prompt at its start, its generated tokens (x2) evenly from its start to its finish, as VTC
+    counts tokens on an engine that reports them step by step. The difference is piecewise
+    linear, so its extremes are at the starts and finishes: one sweep over them."""
+    begin, end = _both_waiting(results, lambda x: x.timings.started_unix_ms or 0)
+    events: list[tuple[float, float, float]] = []  # (time, jump, change of slope per ms)
+    for x in results:
+        start, finish = x.timings.started_unix_ms or 0, x.timings.finished_unix_ms or 0
+        if not begin <= start < end:
+            continue
+        sign = 1 if x.tenant == "heavy" else -1
+        generated = 2 * x.usage.completion_tokens
+        if finish > start:
+            rate = sign * generated / (finish - start)
+            events.append((start, sign * x.usage.prompt_tokens, rate))
+            events.append((finish, 0.0, -rate))
+        else:
+            events.append((start, sign * (x.usage.prompt_tokens + generated), 0.0))
+    diff = slope = low = high = 0.0
+    at = float(begin)
+    for when, jump, change in sorted(events):
+        when = min(when, end)
+        diff += slope * (when - at)
+        low, high = min(low, diff), max(high, diff)
+        diff += jump
+        slope += change
+        at = when
+        low, high = min(low, diff), max(high, diff)
+    return high - low
 
 
 def weights(url: str, *, workers: int, step_ms: float, n: int) -> float:
@@ -356,11 +399,11 @@ def tenants_markdown(rep: TenantsReport) -> str:
         f"| Redis commands per request | {rep.commands_per_request.get('fair', 0):.2f} | "
         f"{rep.commands_per_request.get('fifo', 0):.2f} | |",
         *(
-            f"| largest service gap while both wait, weighted tokens, counted at {at} (median of "
+            f"| largest service gap while both wait, weighted tokens, counted {AT[at]} (median of "
             f"{len(runs('fair', at))}: {_listed(runs('fair', at))} / {_listed(runs('fifo', at))})"
             f" | {gap('fair', at):.0f} | {gap('fifo', at):.0f} | >= 30x smaller: "
             f"{gap('fifo', at) / max(gap('fair', at), 1):.1f}x |"
-            for at in ("start", "finish")
+            for at in ("start", "produced", "finish")
         ),
         f"| the same, counted at start from the first submission (the heavy tenant's lead "
         f"before the light one's arrived included) | {gap('fair', FROM_FIRST):.0f} | "
