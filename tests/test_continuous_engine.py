@@ -57,3 +57,35 @@ def test_requests_finish_one_by_one(engine: ContinuousEngine) -> None:
     assert first[0] == "short"
     while engine.in_flight:
         engine.poll(5.0)
+
+
+def test_a_transformers_whose_continuous_batching_differs_fails_at_load_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import transformers
+    from genq.common.errors import ConfigError
+
+    class Older:  # transformers 5.17's signature: no page_size
+        def __init__(self, *, num_blocks: int = 0, max_batch_tokens: int = 0) -> None:
+            pass
+
+    monkeypatch.setattr(transformers, "ContinuousBatchingConfig", Older)
+    with pytest.raises(ConfigError) as err:
+        ContinuousEngine.load("tiny", max_batch_tokens=1024, max_batch_size=4)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"this worker has transformers {transformers.__version__}" in message
+    assert "page_size" in message and "--engine static" in message
+
+
+def test_the_transformers_the_engine_names_is_the_one_genq_pins() -> None:
+    import tomllib
+    from genq.worker.engines.continuous import TESTED_TRANSFORMERS
+
+    from tests.conftest import ROOT
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert (
+        f"transformers=={TESTED_TRANSFORMERS}"
+        in pyproject["project"]["optional-dependencies"]["worker"]
+    )

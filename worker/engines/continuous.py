@@ -45,6 +45,9 @@ PAGE_SIZE = 16
 """Tokens per KV-cache page; small, because every request rounds up to whole pages."""
 STEP_MAX_TOKENS = 512
 """Most tokens (prefill chunks + one per decoding request) one forward step processes."""
+TESTED_TRANSFORMERS = "5.19.0"
+"""The transformers this engine's use of continuous batching is tested against (the pin in
+``pyproject.toml``; a test keeps the two equal)."""
 
 
 class ContinuousEngine:
@@ -70,6 +73,9 @@ class ContinuousEngine:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self._manager: Any = None
+        # Built now, not at the first request: a transformers whose continuous batching differs
+        # fails here, one line at start, instead of killing the worker on its first request.
+        self._configs = self._batching_configs()
         self._rows: dict[str, GenerationInput] = {}
         self._sampled: dict[str, GenerationInput] = {}
         self._deferred: dict[str, GenerationInput] = {}  # greedy, waiting for the sampled ones
@@ -99,26 +105,47 @@ class ContinuousEngine:
         """Token ids of each prompt, with the model's special tokens."""
         return self._static.tokenize(prompts)
 
-    def _ensure_started(self) -> Any:
-        if self._manager is None:
-            import logging
+    def _batching_configs(self) -> tuple[Any, Any]:
+        """(ContinuousBatchingConfig, GenerationConfig) for the manager: the paged cache sized
+        from the budget. Raises ``ConfigError`` naming the installed transformers when its
+        continuous batching is not the one genq was written against."""
+        import transformers
+        from genq.common.errors import ConfigError
 
-            # The manager logs every start and stop at INFO; keep worker logs to genq's lines.
-            logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
+        try:
             from transformers import ContinuousBatchingConfig, GenerationConfig
 
+            if not callable(getattr(self.model, "init_continuous_batching", None)):
+                raise AttributeError("the model has no init_continuous_batching")
             config = ContinuousBatchingConfig(
                 page_size=PAGE_SIZE,
                 num_blocks=math.ceil(self.max_batch_tokens / PAGE_SIZE) + self.max_batch_size,
                 max_batch_tokens=min(STEP_MAX_TOKENS, self.max_batch_tokens),
                 max_requests_per_batch=self.max_batch_size,
             )
-            generation = GenerationConfig(
-                do_sample=False,
-                max_new_tokens=1,
-                eos_token_id=self.eos_token_ids or None,
-                pad_token_id=self._static.pad_token_id,
-            )
+        except (ImportError, TypeError, AttributeError) as err:
+            raise ConfigError(
+                f"--engine continuous needs transformers' continuous batching as in "
+                f"transformers {TESTED_TRANSFORMERS} (ContinuousBatchingConfig with page_size, "
+                f"num_blocks, max_batch_tokens, max_requests_per_batch); this worker has "
+                f"transformers {transformers.__version__}, where it failed: {err}. Install "
+                f"transformers=={TESTED_TRANSFORMERS}, or use --engine static"
+            ) from None
+        generation = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=1,
+            eos_token_id=self.eos_token_ids or None,
+            pad_token_id=self._static.pad_token_id,
+        )
+        return config, generation
+
+    def _ensure_started(self) -> Any:
+        if self._manager is None:
+            import logging
+
+            # The manager logs every start and stop at INFO; keep worker logs to genq's lines.
+            logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
+            config, generation = self._configs
             self._manager = self.model.init_continuous_batching(
                 generation_config=generation, continuous_batching_config=config
             )
