@@ -25,7 +25,6 @@ import logging
 from typing import Any
 
 import redis
-from genq.common.keys import Keys
 from genq.common.scripts import IS_FINAL_LUA, SUBMIT
 from genq.common.settings import DEFAULT_RESULT_TTL_S
 from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
@@ -104,13 +103,3 @@ def try_load(r: Any) -> bool:
         )
         return False
     return True
-
-
-def submit_keys(keys: Keys, request_ids: list[str]) -> list[str]:
-    """The KEYS of an FCALL genq_submit for these ids (one Redis, not a cluster)."""
-    return [keys.config, *keys.streams(), *(keys.result(i) for i in request_ids)]
-
-
-def cancel_keys(request_id: str) -> list[str]:
-    """The KEYS of an FCALL genq_cancel."""
-    return [Keys.result(request_id), Keys.events(request_id), Keys.attempts(request_id)]

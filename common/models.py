@@ -69,8 +69,10 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def now_ms() -> int:
-    """Wall-clock time in Unix milliseconds, the unit of every timestamp genq records."""
+def host_now_ms() -> int:
+    """This host's wall clock in Unix milliseconds, the unit of every timestamp genq records.
+    Only where no Redis clock is at hand (a client, a command line): a worker records Redis'
+    time (``genq.worker.runtime.clock.now_ms``)."""
     return time.time_ns() // 1_000_000
 
 
@@ -155,10 +157,6 @@ class Request(RequestBody):
     """Client-given or generated; the key of the result."""
     priority: Priority = DEFAULT_PRIORITY
     """Which stream the request is in: ``high``, ``normal`` or ``low``."""
-
-    def body(self) -> RequestBody:
-        """The part of the request that travels in the entry's ``body`` field."""
-        return RequestBody.model_validate(self.model_dump(exclude={"id", "priority"}))
 
 
 class Usage(_Strict):

@@ -55,9 +55,11 @@ def describe_validation_error(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def as_text(value: bytes | str) -> str:
-    """A Redis reply's value as text (clients may decode replies or not)."""
-    return value.decode("utf-8") if isinstance(value, bytes) else value
+def as_text(value: object, errors: str = "strict") -> str:
+    """A Redis reply's value as text (clients may decode replies or not). Bytes that are not
+    UTF-8 raise UnicodeDecodeError (``errors="replace"``: replacement characters, for showing
+    what an entry held)."""
+    return value.decode("utf-8", errors) if isinstance(value, bytes) else str(value)
 
 
 _REQUEST_ID = re.compile(REQUEST_ID_CHARS)
@@ -204,11 +206,6 @@ def _usable_id(value: object) -> str | None:
     if not isinstance(value, str) or _REQUEST_ID.fullmatch(value) is None:
         return None
     return value
-
-
-def encode_final_event(result: Result) -> dict[str, str]:
-    """The fields of the event that ends a request's event stream."""
-    return {EVENT_TYPE_FIELD: FINAL_EVENT, EVENT_DATA_FIELD: result.model_dump_json()}
 
 
 def encode_delta_event(text: str) -> dict[str, str]:

@@ -11,8 +11,9 @@ import redis
 from genq.common import states
 from genq.common.errors import QueueFull, RequestNotFound, SubmitFailed
 from genq.common.keys import Keys
-from genq.common.models import now_ms
+from genq.common.models import host_now_ms
 from genq.common.scripts import QUEUE_FULL_PREFIX, TENANT_FULL_PREFIX, Applied, apply_args
+from genq.common.wire import as_text
 from genq.producer.building import Prepared
 from genq.producer.waiting import parse_stored
 
@@ -51,7 +52,7 @@ def queued_writes(
         chunk = requests[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK]
         for r, entry in zip(chunk, reply, strict=True):
             if entry:  # SUBMIT: the new entry's id, or 0 if not enqueued
-                entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
+                entry_id = as_text(entry)
                 owned = states.with_entry(r.queued, f"{r.priority}/{entry_id}")
                 out.append((keys.result(r.id), owned))
     return out
@@ -67,7 +68,7 @@ def cancel_call(
         raise RequestNotFound(f"no request {request_id!r} in Redis (never submitted, or expired)")
     if current.is_final:
         return None
-    state = states.cancelled(current, finished_ms=now_ms())
+    state = states.cancelled(current, finished_ms=host_now_ms())
     return apply_args(keys, ttl_s, "cancel", [(request_id, None, "", state)])
 
 

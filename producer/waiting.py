@@ -21,6 +21,7 @@ from genq.common.wire import (
     EVENT_DATA_FIELD,
     EVENT_TYPE_FIELD,
     FINAL_EVENT,
+    as_text,
     decode_result,
 )
 
@@ -36,9 +37,9 @@ def final_from_events(
     finals: dict[str, Result] = {}
     last_ids: dict[str, str] = {}
     for stream, entries in response or []:
-        key = stream.decode() if isinstance(stream, bytes) else stream
+        key = as_text(stream)
         for entry_id, fields in entries:
-            last_ids[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            last_ids[key] = as_text(entry_id)
             if _field(fields, EVENT_TYPE_FIELD) == FINAL_EVENT:
                 finals[key] = decode_result(_field(fields, EVENT_DATA_FIELD))
     return finals, last_ids
@@ -152,7 +153,7 @@ def _field(fields: dict[Any, Any], name: str) -> Any:
     value = fields.get(_ENCODED.get(name) or name.encode())
     if value is None:
         value = fields.get(name)
-    return value.decode() if isinstance(value, bytes) else value
+    return None if value is None else as_text(value)
 
 
 _ENCODED = {name: name.encode() for name in (EVENT_TYPE_FIELD, EVENT_DATA_FIELD)}
@@ -192,7 +193,7 @@ class StreamReader:
         out: list[str | Result] = []
         for _stream, entries in response or []:
             for entry_id, fields in entries:
-                self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                self.last_id = as_text(entry_id)
                 event = parse_event(fields)
                 if isinstance(event, str):
                     self.sent += event

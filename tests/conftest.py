@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
+from genq.common.keys import Keys
 from genq.common.settings import WorkerSettings
 from genq.worker.devtools.redis_server import RedisServer
 
@@ -156,3 +157,14 @@ def worker_thread(
     finally:
         worker.stop()
         thread.join(timeout=30)
+
+
+def submit_keys(keys: Keys, request_ids: list[str]) -> list[str]:
+    """The KEYS of an FCALL genq_submit for these ids (one Redis, not a cluster), in the order
+    the README's functions section documents."""
+    return [keys.config, *keys.streams(), *(keys.result(i) for i in request_ids)]
+
+
+def cancel_keys(request_id: str) -> list[str]:
+    """The KEYS of an FCALL genq_cancel."""
+    return [Keys.result(request_id), Keys.events(request_id), Keys.attempts(request_id)]

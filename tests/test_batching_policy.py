@@ -18,7 +18,6 @@ def make_request(
     max_new_tokens: int = 10,
     enqueued_ms: int = 0,
     priority: str = "normal",
-    compat: object = None,
 ) -> Candidate:
     rank = {"high": 0, "normal": 1, "low": 2}[priority]
     return Candidate(
@@ -27,7 +26,6 @@ def make_request(
         max_new_tokens=max_new_tokens,
         enqueued_ms=enqueued_ms,
         priority_rank=rank,
-        compat=compat,
     )
 
 
@@ -148,13 +146,6 @@ def test_full_batch_does_not_wait() -> None:
     reqs = [make_request(enqueued_ms=0) for _ in range(4)]
     d = next_batch(reqs, now_ms=1, policy=make_policy(max_wait_ms=1000, max_batch_size=4))
     assert len(d.batch) == 4
-
-
-def test_incompatible_requests_never_share_a_batch() -> None:
-    a = [make_request(compat="greedy", enqueued_ms=i) for i in range(3)]
-    b = [make_request(compat="t=0.7", enqueued_ms=10 + i) for i in range(3)]
-    d = next_batch(a + b, now_ms=100, policy=make_policy())
-    assert set(d.batch) == set(a)
 
 
 def test_policy_rejects_nonsense_limits() -> None:

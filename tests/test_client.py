@@ -11,9 +11,15 @@ import pytest
 from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import MAX_PROMPT_CHARS, Result
-from genq.common.wire import encode_final_event
+from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 from genq.producer import AsyncClient, Client
 from genq.producer.building import build_request, prepare, prepare_many
+
+
+def final_event(result: Result) -> dict[str, str]:
+    """The fields of the event that ends a request's event stream (the worker's APPLY script
+    writes it; the documented wire format)."""
+    return {EVENT_TYPE_FIELD: FINAL_EVENT, EVENT_DATA_FIELD: result.model_dump_json()}
 
 
 @pytest.fixture()
@@ -144,7 +150,7 @@ def test_result_times_out_when_nobody_answers(client: Client) -> None:
 def test_result_returns_the_final_event(client: Client, fake: fakeredis.FakeRedis) -> None:
     rid = client.submit("x")
     final = Result(id=rid, status="succeeded", text="done")
-    fake.xadd(Keys.events(rid), encode_final_event(final))  # type: ignore[arg-type]
+    fake.xadd(Keys.events(rid), final_event(final))  # type: ignore[arg-type]
     assert client.result(rid, timeout=1).text == "done"
 
 
@@ -161,7 +167,7 @@ def test_async_client_round_trip_on_real_redis(redis_url: str, queue: str) -> No
             queued = await c.status(rid)
             # Play the worker's part: write the final event.
             final = Result(id=rid, status="succeeded", text="hi")
-            await c.redis.xadd(Keys.events(rid), encode_final_event(final))  # type: ignore[arg-type]
+            await c.redis.xadd(Keys.events(rid), final_event(final))  # type: ignore[arg-type]
             return rid, queued, await c.result(rid, timeout=5)
 
     rid, queued, res = asyncio.run(go())
@@ -178,7 +184,7 @@ def test_async_stream_yields_pieces_then_the_result(redis_url: str, queue: str) 
             for piece in ("Hel", "lo"):
                 await c.redis.xadd(events, encode_delta_event(piece))  # type: ignore[arg-type]
             final = Result(id=rid, status="succeeded", text="Hello!")
-            await c.redis.xadd(events, encode_final_event(final))  # type: ignore[arg-type]
+            await c.redis.xadd(events, final_event(final))  # type: ignore[arg-type]
             return [item async for item in c.stream(rid, timeout=5)]
 
     items = asyncio.run(go())

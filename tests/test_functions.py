@@ -17,7 +17,7 @@ from genq.common.models import Result
 from genq.producer import Client
 from genq.worker.devtools.redis_server import RedisServer
 
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, cancel_keys, submit_keys, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ def fcall_submit(
     r: redis.Redis, queue: str, request_id: str, body: dict | str, priority: str = "normal"
 ) -> object:
     keys = Keys(queue)
-    script_keys = functions.submit_keys(keys, [request_id])
+    script_keys = submit_keys(keys, [request_id])
     text = body if isinstance(body, str) else json.dumps(body)
     return r.execute_command(
         "FCALL", "genq_submit", len(script_keys), *script_keys, 3600, request_id, priority, text, ""
@@ -34,7 +34,7 @@ def fcall_submit(
 
 
 def fcall_cancel(r: redis.Redis, request_id: str) -> object:
-    return r.execute_command("FCALL", "genq_cancel", 3, *functions.cancel_keys(request_id))
+    return r.execute_command("FCALL", "genq_cancel", 3, *cancel_keys(request_id))
 
 
 @pytest.fixture()
@@ -99,7 +99,7 @@ def test_submit_refuses_bad_input_with_a_reason_and_enqueues_nothing(
 def test_submit_with_wrong_arguments_says_what_it_expects(loaded: redis.Redis, queue: str) -> None:
     with pytest.raises(redis.ResponseError, match="GENQ_INVALID expected KEYS config"):
         loaded.execute_command("FCALL", "genq_submit", 1, Keys(queue).config, 60, "a")
-    keys = functions.submit_keys(Keys(queue), ["a", "b"])  # two keys, one request's arguments
+    keys = submit_keys(Keys(queue), ["a", "b"])  # two keys, one request's arguments
     with pytest.raises(redis.ResponseError, match="GENQ_INVALID expected KEYS config"):
         loaded.execute_command("FCALL", "genq_submit", len(keys), *keys, 60, "a", "low", "{}", "")
 

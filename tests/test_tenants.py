@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import redis
 from genq.common.errors import InvalidRequest
-from genq.common.functions import library_code, submit_keys
+from genq.common.functions import library_code
 from genq.common.keys import Keys
 from genq.producer import AsyncClient, Client
 from genq.producer.batches import read_batch, submit_batch
 
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import ROOT, WorkerProcess, submit_keys
 
 BAD_NAMES = ["", "a b", "x" * 65, "tenant/1", "é", "a:b"]
 

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from genq.common.errors import RequestNotFound
 from genq.common.keys import Keys
+from genq.common.wire import as_text
 from genq.producer import batches
 from genq.producer.gateway.context import Caller, Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
@@ -120,7 +121,7 @@ async def stored_file(
     if values[0] is None:
         return await run_in_threadpool(_render, gw, who, file_id)
     info: dict[str, Any] = {
-        f: (v.decode() if isinstance(v, bytes) else v) for f, v in zip(fields, values, strict=False)
+        f: (None if v is None else as_text(v)) for f, v in zip(fields, values, strict=False)
     }
     if not who.sees(info.pop("tenant")):
         raise _missing(file_id)

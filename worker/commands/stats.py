@@ -10,7 +10,8 @@ from typing import Any
 import click
 import redis
 from genq.common.keys import GROUP, QUEUED, RETURNED, Keys
-from genq.common.models import PRIORITIES, now_ms
+from genq.common.models import PRIORITIES, host_now_ms
+from genq.common.wire import as_text
 from genq.worker.commands.options import WIDE, redis_options
 from genq.worker.runtime.heartbeat import derived
 from rich.console import Console
@@ -18,10 +19,6 @@ from rich.table import Table
 
 THROTTLED_RECENT_MS = 5_000
 """A tenant a read held back this recently (and still waiting) shows as throttled."""
-
-
-def _s(v: Any) -> Any:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
@@ -35,7 +32,7 @@ def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
     workers = []
     for name, entry in sorted(consumers.items()):
         h: Any = r.hgetall(keys.worker(name))
-        stats = {_s(k): _s(v) for k, v in h.items()}
+        stats = {as_text(k): as_text(v) for k, v in h.items()}
         entry["alive"] = bool(stats)
         if stats:
             for k, v in stats.items():
@@ -73,9 +70,9 @@ def tenants_info(
     pipe = r.pipeline(transaction=False)
     for p in PRIORITIES:
         pipe.smembers(keys.active(p))
-    names = set(settings) | {_s(k).split(":")[0] for k in served}
+    names = set(settings) | {as_text(k).split(":")[0] for k in served}
     for members in pipe.execute():
-        names |= {_s(m) for m in members}
+        names |= {as_text(m) for m in members}
     running: dict[str, int] = {}
     for w in workers:
         for tenant, n in json.loads(str(w.get("in_flight_by_tenant") or "{}")).items():
@@ -102,8 +99,8 @@ def tenants_info(
             "waiting": waiting,
             "running": running.get(t, 0),
             "tokens_last_minute": max(0, last_minute),
-            "tokens_total": int(_s(served.get(t.encode(), b"0"))),
-            "requests_total": int(_s(served.get(f"{t}:requests".encode(), b"0"))),
+            "tokens_total": int(as_text(served.get(t.encode(), b"0"))),
+            "requests_total": int(as_text(served.get(f"{t}:requests".encode(), b"0"))),
             "weight": weight,
             "tokens_per_minute": per_minute,
             "max_queued": s.max_queued if s else 0,
@@ -114,7 +111,7 @@ def tenants_info(
 
 
 def _age_ms(now: int, entry_id: Any) -> int:
-    return max(0, now - int(_s(entry_id).split("-")[0]))
+    return max(0, now - int(as_text(entry_id).split("-")[0]))
 
 
 def _stream_info(
@@ -125,17 +122,17 @@ def _stream_info(
     worker's look-ahead. Adds each consumer's pending and idle time to ``consumers``."""
     info: dict[str, Any] = {"key": key, "length": int(r.xlen(key)), "pending": 0, "lag": None}
     groups: Any = r.xinfo_groups(key) if r.exists(key) else []
-    group = next((g for g in groups if _s(g["name"]) == GROUP), None)
+    group = next((g for g in groups if as_text(g["name"]) == GROUP), None)
     if group is None:
         return info
     info["pending"] = int(group["pending"])
     info["lag"] = group.get("lag")
-    nxt: Any = r.xrange(key, min=f"({_s(group['last-delivered-id'])}", count=1)
+    nxt: Any = r.xrange(key, min=f"({as_text(group['last-delivered-id'])}", count=1)
     info["oldest_waiting_ms"] = _age_ms(now, nxt[0][0]) if nxt else 0
     info["handed_back"] = info["waiting"] = 0
     group_consumers: Any = r.xinfo_consumers(key, GROUP)
     for c in group_consumers:
-        name = _s(c["name"])
+        name = as_text(c["name"])
         if name in (RETURNED, QUEUED):  # handed back, or waiting: for the next free worker
             info["handed_back" if name == RETURNED else "waiting"] = int(c["pending"])
             first: Any = r.xpending_range(key, GROUP, "-", "+", 1, consumername=name)
@@ -155,7 +152,7 @@ def redis_now_ms(r: redis.Redis) -> int:
     from genq.worker.runtime.clock import redis_time_ms
 
     ms = redis_time_ms(r)
-    return now_ms() if ms is None else ms
+    return host_now_ms() if ms is None else ms
 
 
 def redis_memory(r: redis.Redis) -> dict[str, Any]:
@@ -248,7 +245,7 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
         "tokens/s",
     ):
         w.add_column(col, justify="right")
-    now = now_ms()
+    now = host_now_ms()
     for worker in snapshot["workers"]:
         d = derived(worker)
         seen = worker.get("last_seen_unix_ms")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(slots=True, kw_only=True)
@@ -81,12 +81,21 @@ class BatchReport:
 
 
 class Engine(Protocol):
-    """What the worker needs from an engine."""
+    """What the worker needs from an engine. A new engine: a class with these, built in
+    ``engines/__init__.py: make_engine`` under a new ``EngineName``; the runner, the turn and
+    the queue's guarantees come with it. One that also has ``IterationEngine``'s methods is run
+    by the continuous runner: ``make_runner`` checks at run time (``isinstance(engine,
+    IterationEngine)``; the protocol is ``runtime_checkable``), so having ``submit``, ``poll``,
+    ``cancel`` and ``close`` is what makes an engine iteration-level."""
 
     name: str
     """Its --engine name."""
     max_context_tokens: int | None
     """Prompt plus generated tokens may not exceed this (None: no limit)."""
+    tokenizer: Any
+    """The Hugging Face tokenizer whose chat template turns a chat request's messages into its
+    prompt (``engines/chat.py``), or None: chats are then a plain ``role: content``
+    transcript."""
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids of each prompt, as ``generate`` will see them."""

@@ -20,6 +20,8 @@ class EchoEngine:
 
     name = "echo"
     max_context_tokens: int | None = None
+    tokenizer = None
+    """No chat template: a chat is echoed as its ``role: content`` transcript."""
 
     def __init__(self, step_ms: float = 0.0) -> None:
         self.step_ms = step_ms

@@ -17,8 +17,7 @@ The rule, in order:
    ones closest in length to the anchor (``|prompt tokens difference| + |max_new_tokens
    difference|``) first, because padding and wasted decode steps grow with those differences.
    A request joins only if the batch stays within ``max_batch_size`` requests and
-   ``max_batch_tokens`` (each request costs prompt tokens + max_new_tokens). Requests with a
-   different ``compat`` key (e.g. settings an engine cannot mix) never share a batch.
+   ``max_batch_tokens`` (each request costs prompt tokens + max_new_tokens).
 3. **Whether to wait.** If the batch could still take more and its anchor has waited less than
    ``max_wait_ms``, the decision is to wait (at most the rest of that time) for more to arrive.
 """
@@ -26,7 +25,7 @@ The rule, in order:
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from genq.worker.policy.fairness import Shares
@@ -48,8 +47,6 @@ class Candidate:
     """When it entered the queue, in the same clock as ``now_ms``."""
     priority_rank: int = 1
     """0 = high, 1 = normal, 2 = low."""
-    compat: Hashable = None
-    """Requests with different values never share a batch."""
     tenant: str = "default"
     """Whom it belongs to: the tenant with the least service anchors its priority's batch."""
 
@@ -126,7 +123,7 @@ def next_batch(
         )
     prompt, new = anchor.prompt_tokens, anchor.max_new_tokens
     others = sorted(
-        (c for c in candidates if c is not anchor and c.compat == anchor.compat),
+        (c for c in candidates if c is not anchor),
         key=lambda c: (
             ranks[c.key],
             abs(c.prompt_tokens - prompt) + abs(c.max_new_tokens - new),

@@ -34,11 +34,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000 + _offset_ms
 
 
-def offset_ms() -> int:
-    """Redis' clock minus this host's, as last measured."""
-    return _offset_ms
-
-
 def redis_time_ms(r: Any) -> int | None:
     """Redis' clock (``TIME``) in Unix milliseconds; None if this user may not run TIME."""
     try:

@@ -26,16 +26,16 @@ import redis
 from genq.common import states
 from genq.common.connection import is_cluster
 from genq.common.keys import DEAD_LETTER_MAX_ENTRIES, Keys
-from genq.common.models import DEFAULT_TENANT, now_ms, tenant_problem
+from genq.common.models import DEFAULT_TENANT, tenant_problem
+from genq.common.wire import as_text
+from genq.worker.runtime.clock import now_ms
 
 MAX_JUNK_FIELDS_CHARS = 16_000
 """Most characters of field names and values kept from an entry that is not a request."""
+SHOWN = "replace"
+"""Bytes that are not UTF-8, shown with replacement characters: a dead letter records any entry."""
 CUT_NOTE = "genq:cut"
 """The field that says what was left out of a dead-lettered entry's fields."""
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def dead_letter_fields(
@@ -49,7 +49,7 @@ def dead_letter_fields(
 ) -> dict[str, str | int]:
     """The fields of the dead-letter entry recording ``fields`` (a work entry). Those of an
     entry with no request id are cut to ``MAX_JUNK_FIELDS_CHARS`` in all."""
-    shown = {_text(k): _text(v) for k, v in fields.items()}
+    shown = {as_text(k, SHOWN): as_text(v, SHOWN) for k, v in fields.items()}
     if request_id is None:
         shown = _cut(shown, MAX_JUNK_FIELDS_CHARS)
     return {
@@ -59,7 +59,7 @@ def dead_letter_fields(
         "error": error,
         "fields": json.dumps(shown),
         "worker": worker,
-        "at_unix_ms": now_ms(),
+        "at_unix_ms": now_ms(),  # Redis' clock, as everything a worker records
     }
 
 
@@ -117,10 +117,10 @@ def list_dead(r: redis.Redis, keys: Keys, count: int = 100) -> list[DeadLetter]:
     rows: Any = r.xrange(keys.dead_letter, count=count)
     out = []
     for dlq_id, f in rows:
-        g = {_text(k): _text(v) for k, v in f.items()}
+        g = {as_text(k, SHOWN): as_text(v, SHOWN) for k, v in f.items()}
         out.append(
             DeadLetter(
-                dlq_id=_text(dlq_id),
+                dlq_id=as_text(dlq_id),
                 stream=g.get("stream", ""),
                 entry_id=g.get("entry_id", ""),
                 request_id=g.get("request_id", ""),
@@ -161,7 +161,7 @@ def retry_dead(
         pipe.xadd(d.stream, dict[Any, Any](d.fields))
         pipe.xdel(keys.dead_letter, d.dlq_id)
         replies = pipe.execute()
-        retried.append(_text(replies[-2]))
+        retried.append(as_text(replies[-2]))
     return retried
 
 

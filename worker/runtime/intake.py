@@ -11,7 +11,7 @@ from typing import Any
 
 from genq.common.keys import Keys
 from genq.common.models import Request
-from genq.common.wire import decode_request
+from genq.common.wire import as_text, decode_request
 from genq.worker.engines.base import Engine
 from genq.worker.engines.chat import prompt_text
 from genq.worker.policy.admission import (
@@ -51,7 +51,7 @@ class Intake:
         self.outcomes = outcomes
         self.keys = keys
         self.consumer = consumer
-        self._tokenizer = getattr(engine, "tokenizer", None)
+        self._tokenizer = engine.tokenizer
 
     def admit(
         self,
@@ -64,10 +64,10 @@ class Intake:
         out = Admitted()
         runnable: list[tuple[str, str, Request, tuple[int, int]]] = []
         for raw_stream, entries in delivered:
-            stream = _text(raw_stream)
+            stream = as_text(raw_stream)
             priority = self.keys.priority_of(stream)
             for raw_id, fields in entries:
-                entry_id = _text(raw_id)
+                entry_id = as_text(raw_id)
                 if holding(entry_key(stream, entry_id)):
                     continue
                 decoded = decode_request(priority, fields or {})
@@ -156,7 +156,3 @@ def body_of(fields: Any) -> bytes:
     else:
         value = (fields or {}).get(b"body", (fields or {}).get("body", b""))
     return value if isinstance(value, bytes) else str(value).encode()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -19,7 +19,7 @@ from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
 from genq.common.settings import WorkerSettings
-from genq.common.wire import encode_delta_event
+from genq.common.wire import as_text, encode_delta_event
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
 from genq.worker.runtime.accounts import TenantAccounts, add_refunds, add_starts, give_back_args
@@ -126,7 +126,7 @@ class QueueIO:
         out = {}
         for request_id, raw in zip(request_ids, pipe.execute(), strict=True):
             if raw:
-                text = raw.decode() if isinstance(raw, bytes) else str(raw)
+                text = as_text(raw)
                 out[request_id] = int(text.split(" ", 1)[0])
         return out
 
@@ -304,7 +304,3 @@ def raw_read_reply(response: Any, **options: Any) -> Any:
     """XREADGROUP's reply as ``[[stream, [[entry id, [field, value, ...]], ...]], ...]`` (the
     RESP2 shape; RESP3's map of streams is turned into it)."""
     return list(response.items()) if isinstance(response, dict) else response
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

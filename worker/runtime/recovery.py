@@ -36,6 +36,7 @@ from typing import Any
 import redis
 from genq.common.connection import REDIS_ERRORS, refresh_cluster_view
 from genq.common.keys import GROUP, QUEUED, Keys
+from genq.common.wire import as_text
 
 log = logging.getLogger("genq.worker")
 
@@ -53,7 +54,7 @@ def own_pending(r: redis.Redis, stream: str, consumer: str) -> list[str]:
         )
         for row in rows:
             entry_id = row["message_id"]
-            ids.append(entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
+            ids.append(as_text(entry_id))
         if len(rows) < PENDING_PAGE:
             return ids
         start = "(" + ids[-1]
@@ -69,7 +70,7 @@ def claim_idle(
     taken: list[Any] = []
     consumers: Any = r.xinfo_consumers(stream, GROUP)
     for c in consumers:
-        name = c["name"].decode() if isinstance(c["name"], bytes) else str(c["name"])
+        name = as_text(c["name"])
         if name == QUEUED or not int(c["pending"]) or len(taken) >= count:
             continue
         rows: Any = r.xpending_range(

@@ -6,7 +6,7 @@ Redis that does not have to. What stays the same as writing in the loop:
 
 - no entry is acknowledged without its result: the writes are the same APPLY calls;
 - an outcome stays with the writer until Redis has taken it, so the ClaimKeeper keeps renewing
-  its entry (``entries``) and the loop does not admit it twice (``holds``); while Redis is away
+  its entry and the loop does not admit it twice (both ask ``entries``); while Redis is away
   the writer retries with backoff, in order, and the outcomes wait;
 - the loop cannot run ahead without bound: ``put`` blocks while more than ``max_backlog``
   outcomes wait;
@@ -89,11 +89,6 @@ class ResultWriter(Generic[T]):
         while self._written:
             out.append(self._written.popleft())
         return out
-
-    def holds(self, stream: str, entry_id: str) -> bool:
-        """Whether an outcome for this entry is waiting to be written."""
-        with self._cond:
-            return any(o.entry_id == entry_id and o.stream == stream for o in self._waiting)
 
     def entries(self) -> list[tuple[str, str]]:
         """(stream, entry id) of every outcome waiting to be written."""
