@@ -246,6 +246,39 @@ def test_arrivals_read_out_of_order_or_again_add_no_false_gaps() -> None:
     assert arrivals.last_ms == 300 and 96 <= arrivals.mean_gap_ms <= 100
 
 
+def test_waits_that_bring_no_one_stop_and_are_tried_again_each_second() -> None:
+    # A client that sends its next request only when the last is answered: arrivals every
+    # ~11 ms look like one is coming within a 12 ms window, yet no one ever comes during a wait.
+    arrivals = ArrivalEstimate()
+    now, waited = 0, 0
+    for _ in range(20):
+        now += 11
+        arrivals.observe([now])
+        if arrivals.worth_waiting(12, now_ms=now):
+            waited += 1
+            arrivals.waiting(now)
+            now += 12  # the whole window: nobody came
+        arrivals.batch_started()
+    assert waited == 3  # three fruitless waits, then it starts at once
+    arrivals.observe([now + 500])
+    assert not arrivals.worth_waiting(600, now_ms=now + 500)  # one would come, but waits don't pay
+    arrivals.observe([now + 1_000])
+    assert arrivals.worth_waiting(600, now_ms=now + 1_000)  # a second on: try once more
+    # Arrivals during the waits (an open stream): waiting keeps paying, so it goes on.
+    busy = ArrivalEstimate()
+    t = 0
+    busy.observe([t])
+    for _ in range(20):
+        t += 4
+        busy.observe([t])
+        assert busy.worth_waiting(12, now_ms=t)
+        busy.waiting(t)
+        t += 4
+        busy.observe([t])  # someone came while it waited
+        busy.batch_started()
+    assert busy.payoff > 0.9
+
+
 # -- the adaptive budget -------------------------------------------------------------------
 
 

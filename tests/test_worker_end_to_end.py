@@ -202,3 +202,22 @@ def test_streaming_sends_text_as_it_is_generated(
         items_plain[-1] == client.result(plain)
         and "".join(map(str, items_plain[:-1])) == final.text
     )
+
+
+def test_a_client_that_waits_for_each_answer_is_not_made_to_wait_the_fill_window(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """One request after another, each sent when the last is answered: every gap looks like
+    "one is coming within the window", but no one ever comes while a batch waits. The worker
+    learns that from its waits and starts each request at once (``policy/arrivals.py``)."""
+    import statistics
+
+    start_worker(queue, "--engine", "echo", "--max-wait-ms", "200")
+    client = Client.from_url(redis_url, queue)
+    waits = []
+    for i in range(40):
+        rid = client.submit(f"one at a time {i}", max_new_tokens=4)
+        waits.append(client.result(rid, timeout=30).timings.queue_wait_ms or 0)
+    # A few waits while it learns; then (one retry a second at most) the window is not waited.
+    assert sum(w >= 150 for w in waits) <= 6, waits
+    assert statistics.median(waits[10:]) < 50, waits

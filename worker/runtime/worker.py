@@ -170,7 +170,10 @@ class Worker:
                 )
             )
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
+        if decision.reason == "waiting":
+            self.arrivals.waiting(now_ms())  # scored when the batch starts: did anyone come?
         if decision.batch:
+            self.arrivals.batch_started()
             self.order.started(decision.batch)
             self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
             self.starter.hand_back(self.lookahead, self.runner)
