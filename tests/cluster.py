@@ -40,9 +40,16 @@ class LocalCluster:
     def __init__(self, primaries: int = 3, replicas_per_primary: int = 1) -> None:
         self.replicas = replicas_per_primary
         ports = _cluster_ports(primaries * (1 + replicas_per_primary))
-        extra = ["--cluster-enabled", "yes", "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                 "--cluster-config-file", "nodes.conf",
-                 "--repl-diskless-sync-delay", "0"]  # fmt: skip
+        extra = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            str(NODE_TIMEOUT_MS),
+            "--cluster-config-file",
+            "nodes.conf",
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
         self.nodes = [RedisServer(extra, port=p) for p in ports]
 
     @property

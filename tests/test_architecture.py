@@ -36,7 +36,9 @@ def test_no_source_file_class_or_function_is_too_long_to_hold(path: Path) -> Non
 
 
 def test_no_call_needs_fmt_skip_to_stay_readable() -> None:
-    marked = [str(p.relative_to(ROOT)) for p in SOURCES if "fmt: skip" in p.read_text()]
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    marker = "fmt: " + "skip"  # not spelled out: this file is checked too
+    marked = [str(p.relative_to(ROOT)) for p in [*SOURCES, *tests] if marker in p.read_text()]
     assert not marked
 
 

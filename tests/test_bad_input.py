@@ -27,11 +27,25 @@ json_values = st.recursive(
     max_leaves=10,
 )
 body_dicts = st.dictionaries(
-    st.sampled_from(["prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed",
-                     "stop", "stream", "deadline_unix_ms", "metadata", "extra"]) | st.text(),
+    st.sampled_from(
+        [
+            "prompt",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "seed",
+            "stop",
+            "stream",
+            "deadline_unix_ms",
+            "metadata",
+            "extra",
+        ]
+    )
+    | st.text(),
     json_values,
     max_size=8,
-)  # fmt: skip
+)
 raw = st.binary(max_size=200) | st.text(max_size=200).map(str.encode)
 
 
@@ -112,8 +126,9 @@ def test_every_kind_of_bad_entry_fails_clearly_and_harms_nothing_else(
     r.xadd(stream, {"id": "b-extra-entry-field", "body": '{"prompt": "x"}', "more": "1"})
     r.xadd(keys.stream("high"), {"id": "bad id with spaces", "body": '{"prompt": "x"}'})
     r.xadd(keys.stream("low"), {"whatever": "not the format"})
-    start_worker(queue, "--engine", "echo", "--max-new-tokens-limit", "1024",
-                 "--max-prompt-tokens", "100000")  # fmt: skip
+    start_worker(
+        queue, "--engine", "echo", "--max-new-tokens-limit", "1024", "--max-prompt-tokens", "100000"
+    )
     failed_ids = [*bad_bodies, "b-not-utf8", "b-no-body", "b-extra-entry-field"]
     results = {x.id: x for x in client.results([*good, *failed_ids], timeout=60)}
     assert all(results[i].status == "succeeded" for i in good)

@@ -15,22 +15,47 @@ from openai.types import Batch
 from tests.conftest import WorkerProcess
 
 LINES = [
-    {"custom_id": "c1", "method": "POST", "url": "/v1/completions",
-     "body": {"model": "any", "prompt": "Once upon a time", "max_tokens": 8}},
-    {"custom_id": "c2", "method": "POST", "url": "/v1/chat/completions",
-     "body": {"model": "any", "messages": [{"role": "user", "content": "Hello"}],
-              "max_tokens": 6, "temperature": 0.7, "seed": 3}},
+    {
+        "custom_id": "c1",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "any", "prompt": "Once upon a time", "max_tokens": 8},
+    },
+    {
+        "custom_id": "c2",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "any",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 6,
+            "temperature": 0.7,
+            "seed": 3,
+        },
+    },
     {"custom_id": "c3", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
-    {"custom_id": "c4", "method": "POST", "url": "/v1/completions",
-     "body": {"prompt": "fine", "max_tokens": 4, "logprobs": 3}},
-    {"custom_id": "c5", "method": "POST", "url": "/v1/completions",
-     "body": {"prompt": "too long", "max_tokens": 5000}},
-]  # fmt: skip
+    {
+        "custom_id": "c4",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"prompt": "fine", "max_tokens": 4, "logprobs": 3},
+    },
+    {
+        "custom_id": "c5",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"prompt": "too long", "max_tokens": 5000},
+    },
+]
 
 
 def genq(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "genq.worker", "batch", *args],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "genq.worker", "batch", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_a_batch_file_round_trip_on_the_tiny_model(
@@ -49,8 +74,7 @@ def test_a_batch_file_round_trip_on_the_tiny_model(
     assert "3 submitted, 3 refused" in sub.stderr
     start_worker(queue, "--model", "tiny", "--engine", "static", "--max-new-tokens-limit", "256")
     out, errs = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    res = genq("results", *where, bid, "-o", str(out), "--errors", str(errs),
-               "--timeout-s", "120")  # fmt: skip
+    res = genq("results", *where, bid, "-o", str(out), "--errors", str(errs), "--timeout-s", "120")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == {"id": bid, "completed": 2, "failed": 4}
     done = [json.loads(x) for x in out.read_text().splitlines()]

@@ -188,19 +188,27 @@ def test_any_decision_is_within_limits_and_never_empty_when_waited(
 
 @given(
     st.lists(
-        st.tuples(st.integers(0, 5000), st.sampled_from(["high", "normal", "low"]),
-                  st.integers(1, 50), st.integers(1, 50)),
-        min_size=1, max_size=30,
+        st.tuples(
+            st.integers(0, 5000),
+            st.sampled_from(["high", "normal", "low"]),
+            st.integers(1, 50),
+            st.integers(1, 50),
+        ),
+        min_size=1,
+        max_size=30,
     ),
     st.integers(0, 20_000),
-)  # fmt: skip
+)
 def test_the_batch_follows_effective_rank_then_length_distance(
     specs: list[tuple[int, str, int, int]], now: int
 ) -> None:
-    reqs = [make_request(enqueued_ms=t, priority=p, prompt_tokens=n, max_new_tokens=m)
-            for t, p, n, m in specs]  # fmt: skip
-    policy = BatchPolicy(max_batch_tokens=10**6, max_batch_size=len(reqs), max_wait_ms=0,
-                         priority_aging_ms=1000)  # fmt: skip
+    reqs = [
+        make_request(enqueued_ms=t, priority=p, prompt_tokens=n, max_new_tokens=m)
+        for t, p, n, m in specs
+    ]
+    policy = BatchPolicy(
+        max_batch_tokens=10**6, max_batch_size=len(reqs), max_wait_ms=0, priority_aging_ms=1000
+    )
     batch = next_batch(reqs, now, policy).batch
     rank = {c.key: effective_rank(c, now, 1000) for c in reqs}
     anchor = min(reqs, key=lambda c: (rank[c.key], c.enqueued_ms, c.key))

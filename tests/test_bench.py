@@ -36,16 +36,33 @@ def test_budgeted_plan_covers_every_request_once_within_budget() -> None:
 
 def test_bench_reports_every_mode_in_one_run() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "genq.worker", "bench", "--requests", "8", "--repeats", "1",
-         "--queue-engine", "continuous", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "bench",
+            "--requests",
+            "8",
+            "--repeats",
+            "1",
+            "--queue-engine",
+            "continuous",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     modes = {m["mode"]: m for m in report["modes"]}
     assert set(modes) == {
-        "one_at_a_time", "fifo_static", "budgeted_static", "continuous", "queue_continuous",
-    }  # fmt: skip
+        "one_at_a_time",
+        "fifo_static",
+        "budgeted_static",
+        "continuous",
+        "queue_continuous",
+    }
     assert all(m["requests"] == 8 and m["tokens_per_s"] > 0 for m in modes.values())
     assert report["machine"]["transformers"]
 
@@ -53,8 +70,10 @@ def test_bench_reports_every_mode_in_one_run() -> None:
 def test_bench_sweep_covers_both_modes_at_each_size() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "genq.worker", "bench", "--sweep", "--requests", "4", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     points = json.loads(out.stdout)["sweep"]
     sizes = {p["max_batch_size"] for p in points}
@@ -67,10 +86,16 @@ def test_priority_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_
     from genq.worker.devtools.bench_priority import priority_markdown, run_priority_scenario
 
     res = run_priority_scenario(
-        redis_url, engine="static", backlog=120, arrivals=6, every_s=0.15, max_new_tokens=10,
-        max_batch_size=8, queue="prio-test",
+        redis_url,
+        engine="static",
+        backlog=120,
+        arrivals=6,
+        every_s=0.15,
+        max_new_tokens=10,
+        max_batch_size=8,
+        queue="prio-test",
         extra_worker_args=("--engine", "echo", "--echo-step-ms", "10"),  # a batch: 100 ms
-    )  # fmt: skip
+    )
     p = res["priorities"]
     assert all(d["requests"] == d["succeeded"] for d in p.values())
     # 120 low requests are 15 batches (1.5 s) deep; high ones wait about one batch.
@@ -83,11 +108,21 @@ def test_the_queue_speed_script_runs_genq_alone_and_scaled() -> None:
     """benchmarks/queue_speed.py with genq only (the peers need a venv of their own)."""
     root = Path(__file__).resolve().parent.parent
     script = [str(root / "benchmarks" / "queue_speed.py"), "--jobs", "300", "--repeats", "1"]
-    out = subprocess.run([sys.executable, *script, "--systems", "genq"], capture_output=True,
-                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, *script, "--systems", "genq"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert "| genq |" in out and "Versions: redis-server" in out
-    out = subprocess.run([sys.executable, *script, "--genq-workers", "1,2"], capture_output=True,
-                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, *script, "--genq-workers", "1,2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert "| 1 |" in out and "| 2 |" in out
 
 
@@ -198,11 +233,13 @@ def test_vllm_bench_ratios_are_of_medians_and_of_each_pair() -> None:
         m["median"] = median_run(m)
         return m
 
-    result = {"modes": {
-        "vllm_in_process": mode(100, 200, 100),
-        "queue_vllm": mode(90, 210, 96),
-        "queue_continuous": mode(30, 30, 30),
-    }}  # fmt: skip
+    result = {
+        "modes": {
+            "vllm_in_process": mode(100, 200, 100),
+            "queue_vllm": mode(90, 210, 96),
+            "queue_continuous": mode(30, 30, 30),
+        }
+    }
     got = ratios(result)
     assert got["queue_vllm / vllm_in_process"] == pytest.approx(96 / 100)
     assert got["queue_vllm / vllm_in_process, run by run"] == pytest.approx(0.96)  # 0.9, 1.05, 0.96

@@ -18,8 +18,16 @@ from genq.worker.devtools.redis_server import RedisServer
 from tests.conftest import WorkerProcess, wait_until
 from tests.test_recovery import pending
 
-CHAOS_WORKER = ("--engine", "echo", "--echo-step-ms", "3", "--max-batch-size", "8",
-                "--claim-idle-ms", "1000")  # fmt: skip
+CHAOS_WORKER = (
+    "--engine",
+    "echo",
+    "--echo-step-ms",
+    "3",
+    "--max-batch-size",
+    "8",
+    "--claim-idle-ms",
+    "1000",
+)
 
 
 def test_three_workers_killed_and_replaced_mid_batch_lose_nothing(
@@ -29,10 +37,13 @@ def test_three_workers_killed_and_replaced_mid_batch_lose_nothing(
     client = Client.from_url(redis_url, queue)
     live = [start_worker(queue, *CHAOS_WORKER) for _ in range(3)]
     prompts = [
-        {"prompt": f"request {i}", "max_new_tokens": rng.randint(20, 60),
-         "priority": rng.choice(["high", "normal", "low"])}
+        {
+            "prompt": f"request {i}",
+            "max_new_tokens": rng.randint(20, 60),
+            "priority": rng.choice(["high", "normal", "low"]),
+        }
         for i in range(300)
-    ]  # fmt: skip
+    ]
     ids = client.submit_many(prompts)
     kills = 0
     for _ in range(4):  # a batch takes 60-180 ms: a kill almost always lands mid-batch
@@ -62,12 +73,24 @@ def test_nothing_accepted_is_lost_across_a_redis_restart_with_aof(
         queue = "restart"
         workers = [
             WorkerProcess(
-                ["--redis-url", url, "--queue", queue, "--consumer", f"rw{i}",
-                 "--engine", "echo", "--echo-step-ms", "2", "--max-batch-size", "8"],
+                [
+                    "--redis-url",
+                    url,
+                    "--queue",
+                    queue,
+                    "--consumer",
+                    f"rw{i}",
+                    "--engine",
+                    "echo",
+                    "--echo-step-ms",
+                    "2",
+                    "--max-batch-size",
+                    "8",
+                ],
                 tmp_path / f"rw{i}.log",
             )
             for i in range(2)
-        ]  # fmt: skip
+        ]
         client = Client.from_url(url, queue)
         accepted: list[str] = []
         stop = threading.Event()
@@ -77,8 +100,9 @@ def test_nothing_accepted_is_lost_across_a_redis_restart_with_aof(
             while not stop.is_set():
                 # A ConnectionError means not accepted: the caller knows (and would retry).
                 with contextlib.suppress(redis.ConnectionError):
-                    accepted.extend(client.submit_many([f"r{i}-{j}" for j in range(5)],
-                                                       max_new_tokens=20))  # fmt: skip
+                    accepted.extend(
+                        client.submit_many([f"r{i}-{j}" for j in range(5)], max_new_tokens=20)
+                    )
                 i += 1
                 time.sleep(0.02)
 

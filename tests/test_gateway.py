@@ -122,10 +122,22 @@ def test_no_live_worker_is_503(gateway: GatewayProcess) -> None:
 def test_curl(gateway: GatewayProcess, echo_worker: WorkerProcess) -> None:
     def curl(path: str, *args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
         out = subprocess.run(
-            ["curl", "-s", "-w", "\n%{http_code}", "-H", f"Authorization: Bearer {KEY}",
-             "-H", "Content-Type: application/json", *args, gateway.url + path],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            [
+                "curl",
+                "-s",
+                "-w",
+                "\n%{http_code}",
+                "-H",
+                f"Authorization: Bearer {KEY}",
+                "-H",
+                "Content-Type: application/json",
+                *args,
+                gateway.url + path,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         body, code = out.stdout.rsplit("\n", 1)
         return int(code), json.loads(body)
 
@@ -184,13 +196,24 @@ def test_files_and_batches_flow_through_the_sdk(
 ) -> None:
     client = sdk(gateway)
     lines = [
-        {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "echo", "messages": [{"role": "user", "content": "one"}]}},
-        {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "echo", "messages": [{"role": "user", "content": "two"}],
-                  "max_tokens": 5}},
+        {
+            "custom_id": "a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "echo", "messages": [{"role": "user", "content": "one"}]},
+        },
+        {
+            "custom_id": "b",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "echo",
+                "messages": [{"role": "user", "content": "two"}],
+                "max_tokens": 5,
+            },
+        },
         {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}},
-    ]  # fmt: skip
+    ]
     content = "\n".join(json.dumps(x) for x in lines).encode() + b"\n{broken\n"
     uploaded = client.files.create(file=("input.jsonl", content), purpose="batch")
     assert uploaded.bytes == len(content) and uploaded.purpose == "batch"

@@ -120,8 +120,18 @@ def start_host_worker(
     )
 
 
-WORKER_ARGS = ("--engine", "echo", "--echo-step-ms", "2", "--max-batch-size", "8",
-               "--max-lookahead", "8", "--claim-idle-ms", "1000")  # fmt: skip
+WORKER_ARGS = (
+    "--engine",
+    "echo",
+    "--echo-step-ms",
+    "2",
+    "--max-batch-size",
+    "8",
+    "--max-lookahead",
+    "8",
+    "--claim-idle-ms",
+    "1000",
+)
 
 
 def test_hosts_share_the_work_fairly_and_losing_one_loses_nothing(

@@ -76,18 +76,34 @@ def test_stats_and_top_show_streams_workers_and_waits(
     where = ["--redis-url", redis_url, "--queue", queue]
 
     def snapshot() -> dict[str, object]:
-        out = subprocess.run([*genq, "stats", *where, "--json"], capture_output=True,
-                             text=True, timeout=60, check=True)  # fmt: skip
+        out = subprocess.run(
+            [*genq, "stats", *where, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         snap: dict[str, object] = json.loads(out.stdout)
         return snap
 
     wait_until(lambda: snapshot()["workers"][0].get("succeeded", 0) >= 21)  # type: ignore[index]
     (worker,) = snapshot()["workers"]  # type: ignore[misc]
-    for field in ("last_seen_unix_ms", "in_flight", "in_flight_tokens", "wait_p50_ms",
-                  "wait_p99_ms", "recent_batch_sizes"):  # fmt: skip
+    for field in (
+        "last_seen_unix_ms",
+        "in_flight",
+        "in_flight_tokens",
+        "wait_p50_ms",
+        "wait_p99_ms",
+        "recent_batch_sizes",
+    ):
         assert field in worker, field
-    top = subprocess.run([*genq, "top", *where, "--iterations", "2", "--interval-s", "0.2"],
-                         capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    top = subprocess.run(
+        [*genq, "top", *where, "--iterations", "2", "--interval-s", "0.2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert f"queue '{queue}'" in top.stdout and "wait p50/p99 ms" in top.stdout
     assert "w0" in top.stdout
 
@@ -110,17 +126,35 @@ def test_submit_a_file_of_prompts_reports_bad_lines_and_prints_results(
         "third prompt\n"
     )
     out = subprocess.run(
-        [sys.executable, "-m", "genq.worker", "submit", "--redis-url", redis_url, "--queue",
-         queue, "--file", str(src), "--max-new-tokens", "5", "--timeout-s", "60"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "submit",
+            "--redis-url",
+            redis_url,
+            "--queue",
+            queue,
+            "--file",
+            str(src),
+            "--max-new-tokens",
+            "5",
+            "--timeout-s",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1  # some lines were bad
     assert "line 4: not valid JSON" in out.stderr and "line 5: invalid request" in out.stderr
     assert "2 line(s) were not submitted" in out.stderr
     results = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["line"], r["status"], r["text"]) for r in results] == [
-        (1, "succeeded", "first"), (3, "succeeded", "sec"), (6, "succeeded", "third"),
-    ]  # fmt: skip
+        (1, "succeeded", "first"),
+        (3, "succeeded", "sec"),
+        (6, "succeeded", "third"),
+    ]
     assert results[1]["priority"] == "high"
 
 
@@ -178,15 +212,27 @@ def test_stats_count_requests_waiting_in_a_workers_look_ahead_as_waiting(
         "2",
         "--hand-back-after-ms",
         "600000",
-    )  # fmt: skip  (holds what it read)
+    )  # (holds what it read)
     client.submit_many([f"w{i}" for i in range(10)], max_new_tokens=8)  # 4 s a batch
 
     def normal() -> dict[str, int]:
         out = subprocess.run(
-            [sys.executable, "-m", "genq.worker", "stats", "--redis-url", redis_url,
-             "--queue", queue, "--json"],
-            capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "genq.worker",
+                "stats",
+                "--redis-url",
+                redis_url,
+                "--queue",
+                queue,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         row: dict[str, int] = json.loads(out.stdout)["streams"]["normal"]
         return row
 

@@ -48,10 +48,21 @@ def test_a_full_redis_with_work_in_hand_is_ridden_out(
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         r.set("probe", "x")
     stats = subprocess.run(
-        [sys.executable, "-m", "genq.worker", "stats", "--redis-url", server.url,
-         "--queue", "full", "--json"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "stats",
+            "--redis-url",
+            server.url,
+            "--queue",
+            "full",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert json.loads(stats.stdout)["redis"]["full"] is True, stats.stderr
     time.sleep(6)  # a batch finishes meanwhile; its results cannot be written
     assert busy.proc.poll() is None and idle.proc.poll() is None, busy.log() + idle.log()
@@ -90,10 +101,25 @@ def test_a_partial_multi_submit_says_what_went_in(server: RedisServer) -> None:
 def _start(server: RedisServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``genq worker`` that exits at once if it refuses (else stopped after it serves)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "genq.worker", "worker", "--redis-url", server.url,
-         "--queue", "ev", "--engine", "echo", "--consumer", "e", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "worker",
+            "--redis-url",
+            server.url,
+            "--queue",
+            "ev",
+            "--engine",
+            "echo",
+            "--consumer",
+            "e",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     r = redis.Redis.from_url(server.url)
     deadline = time.monotonic() + 30
     while proc.poll() is None and not r.exists(Keys("ev").worker("e")):

@@ -83,8 +83,10 @@ def test_compose_file_is_valid() -> None:
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
         ["docker-compose", "-f", str(root / "compose.yaml"), "config"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "appendonly" in out.stdout and "service_healthy" in out.stdout
 

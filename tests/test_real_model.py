@@ -24,15 +24,19 @@ pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m"
 REQUESTS: list[dict[str, Any]] = [
-    {"messages": [{"role": "user", "content": "Write one sentence about a cat."}],
-     "max_new_tokens": 40},
+    {
+        "messages": [{"role": "user", "content": "Write one sentence about a cat."}],
+        "max_new_tokens": 40,
+    },
     {"prompt": "The capital of France is", "max_new_tokens": 6},
     {"messages": [{"role": "user", "content": "What is 12 times 12?"}], "max_new_tokens": 24},
     {"prompt": "Once upon a time, in a small village by the sea,", "max_new_tokens": 16},
-    {"messages": [{"role": "user", "content": "Name three fruits that are red."}],
-     "max_new_tokens": 10},
+    {
+        "messages": [{"role": "user", "content": "Name three fruits that are red."}],
+        "max_new_tokens": 10,
+    },
     {"prompt": "Python is a programming language that", "max_new_tokens": 12},
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +67,12 @@ def alone(static: StaticEngine, spec: dict[str, Any]) -> tuple[str, int, str]:
 
 @pytest.mark.parametrize("engine_name", ["static", "continuous"])
 def test_batched_greedy_output_through_the_queue_equals_each_prompt_alone(
-    redis_url: str, queue: str, static: StaticEngine, continuous: ContinuousEngine,
+    redis_url: str,
+    queue: str,
+    static: StaticEngine,
+    continuous: ContinuousEngine,
     engine_name: str,
-) -> None:  # fmt: skip
+) -> None:
     engine: Engine = static if engine_name == "static" else continuous
     client = Client.from_url(redis_url, queue)
     ids = client.submit_many(REQUESTS)  # all waiting before the worker starts: one batch

@@ -97,9 +97,10 @@ def test_a_request_that_kills_workers_fails_as_poison_and_spares_its_batch_mates
     def final_or_replace() -> bool:
         if workers[-1].proc.poll() is not None:  # it died: start a replacement
             workers.append(start_worker(queue, *FAST_CLAIM, fault="crash"))
-        return all(s is not None and b'"status":"queued"' not in s
-                   and b'"status":"running"' not in s
-                   for s in r.mget([keys.result(i) for i in ids]))  # fmt: skip
+        return all(
+            s is not None and b'"status":"queued"' not in s and b'"status":"running"' not in s
+            for s in r.mget([keys.result(i) for i in ids])
+        )
 
     wait_until(final_or_replace, timeout_s=90, every_s=0.2)
     results = {x.id: x for x in client.results(ids, timeout=10)}
@@ -134,8 +135,9 @@ def test_sigterm_drains_held_work_then_exits_zero(
     redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     client = Client.from_url(redis_url, queue)
-    worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "100",
-                          "--max-batch-size", "2", *HOLD_ALL)  # fmt: skip
+    worker = start_worker(
+        queue, "--engine", "echo", "--echo-step-ms", "100", "--max-batch-size", "2", *HOLD_ALL
+    )
     ids = client.submit_many([f"d{i}" for i in range(6)], max_new_tokens=5)  # 3 batches of 0.5 s
     wait_until(lambda: pending(r, queue, "w0") == 6)
     worker.proc.send_signal(signal.SIGTERM)
@@ -148,9 +150,19 @@ def test_after_the_grace_period_what_is_left_goes_to_other_workers(
     redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     client = Client.from_url(redis_url, queue)
-    worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "200",
-                          "--max-batch-size", "1", "--shutdown-grace-s", "0.5",
-                          *FAST_CLAIM, *HOLD_ALL)  # fmt: skip
+    worker = start_worker(
+        queue,
+        "--engine",
+        "echo",
+        "--echo-step-ms",
+        "200",
+        "--max-batch-size",
+        "1",
+        "--shutdown-grace-s",
+        "0.5",
+        *FAST_CLAIM,
+        *HOLD_ALL,
+    )
     ids = client.submit_many([f"g{i}" for i in range(4)], max_new_tokens=5)  # 1 s each, alone
     wait_until(lambda: pending(r, queue, "w0") == 4)
     worker.proc.send_signal(signal.SIGTERM)

@@ -41,8 +41,10 @@ def round_trip(url: str, tmp_path: Path, queue: str = "sec") -> str:
             assert client.cancel(client.submit("x", max_new_tokens=1)) in (True, False)
         stats = subprocess.run(
             [sys.executable, "-m", "genq.worker", "stats", "--redis-url", url, "--queue", queue],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert stats.returncode == 0, stats.stderr
     finally:
         assert worker.stop() == 0
@@ -103,10 +105,19 @@ def test_tls_rediss_url(tmp_path: Path, tls_files: dict[str, Path]) -> None:
 
     tls_port = free_port()
     args = [
-        "--port", "0", "--tls-port", str(tls_port), "--tls-cert-file", str(tls_files["cert"]),
-        "--tls-key-file", str(tls_files["key"]), "--tls-ca-cert-file", str(tls_files["ca"]),
-        "--tls-auth-clients", "no",
-    ]  # fmt: skip
+        "--port",
+        "0",
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        str(tls_files["cert"]),
+        "--tls-key-file",
+        str(tls_files["key"]),
+        "--tls-ca-cert-file",
+        str(tls_files["ca"]),
+        "--tls-auth-clients",
+        "no",
+    ]
     server = RedisServer(args, port=tls_port)
     try:
         server.start(tls_ca_certs=str(tls_files["ca"]))

@@ -99,9 +99,12 @@ def test_left_padding_is_what_makes_batches_correct(engine: StaticEngine) -> Non
     ids[1] = torch.tensor(long)
     mask[1] = 1
     out = engine.model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=12,
+        do_sample=False,
         pad_token_id=engine.pad_token_id,
-    )  # fmt: skip
+    )
     right_padded = engine.tokenizer.decode(out[0, width:], skip_special_tokens=True)
     assert right_padded != alone(engine, GenerationInput(prompt_ids=short, max_new_tokens=12))[0]
 

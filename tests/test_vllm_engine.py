@@ -53,15 +53,36 @@ def start_vllm_worker(
         if engine_process:
             mp.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
         worker = WorkerProcess(
-            ["--redis-url", url, "--queue", QUEUE, "--consumer", consumer, "--engine", "vllm",
-             "--model", "smollm2-135m", "--vllm-args", ENGINE_ARGS, "--max-batch-size", "8",
-             "--max-batch-tokens", str(BUDGET_TOKENS), "--max-wait-ms", "0", *args],
+            [
+                "--redis-url",
+                url,
+                "--queue",
+                QUEUE,
+                "--consumer",
+                consumer,
+                "--engine",
+                "vllm",
+                "--model",
+                "smollm2-135m",
+                "--vllm-args",
+                ENGINE_ARGS,
+                "--max-batch-size",
+                "8",
+                "--max-batch-tokens",
+                str(BUDGET_TOKENS),
+                "--max-wait-ms",
+                "0",
+                *args,
+            ],
             log,
-        )  # fmt: skip
+        )
     r = redis.Redis.from_url(url)
     try:
-        wait_until(lambda: r.exists(Keys(QUEUE).worker(consumer)) or worker.proc.poll() is not None,
-                   timeout_s=300, every_s=0.2)  # fmt: skip
+        wait_until(
+            lambda: r.exists(Keys(QUEUE).worker(consumer)) or worker.proc.poll() is not None,
+            timeout_s=300,
+            every_s=0.2,
+        )
     finally:
         r.close()
     assert worker.proc.poll() is None, worker.log()[-3000:]
@@ -127,8 +148,11 @@ def test_a_seed_reproduces_a_sample_whatever_runs_beside_it(client: Client) -> N
 
 @needs_vllm
 def test_streamed_pieces_add_up_to_the_final_text(client: Client) -> None:
-    spec = {"prompt": "Once upon a time, in a small village by the sea,", "max_new_tokens": 40,
-            "stop": [" the sea"]}  # fmt: skip
+    spec = {
+        "prompt": "Once upon a time, in a small village by the sea,",
+        "max_new_tokens": 40,
+        "stop": [" the sea"],
+    }
     streamed = client.submit(**spec, stream=True)
     items = list(client.stream(streamed, timeout=120))
     final, pieces = items[-1], items[:-1]
@@ -142,9 +166,11 @@ def test_streamed_pieces_add_up_to_the_final_text(client: Client) -> None:
 def test_a_request_vllm_cannot_serve_fails_alone(client: Client) -> None:
     # genq takes temperatures up to 100; vLLM only up to 2.
     ids = client.submit_many(
-        [{"prompt": "a", "max_new_tokens": 4, "temperature": 5.0},
-         {"prompt": "The capital of France is", "max_new_tokens": 6}]
-    )  # fmt: skip
+        [
+            {"prompt": "a", "max_new_tokens": 4, "temperature": 5.0},
+            {"prompt": "The capital of France is", "max_new_tokens": 6},
+        ]
+    )
     bad, good = client.results(ids, timeout=120)
     assert bad.status == "failed" and bad.error is not None
     assert "vLLM refused the request" in bad.error.message and "temperature" in bad.error.message
@@ -159,8 +185,9 @@ def test_cancel_and_expiry_stop_the_request_in_the_engine_and_free_its_place(
     # small one can start only when one of them leaves the engine.
     longs = client.submit_many([{"prompt": COUNTING, "max_new_tokens": 1000}] * 3)
     expiring = client.submit(COUNTING, max_new_tokens=1000, deadline_in_s=6)
-    wait_until(lambda: all(client.status(i).status == "running" for i in [*longs, expiring]),
-               timeout_s=60)  # fmt: skip
+    wait_until(
+        lambda: all(client.status(i).status == "running" for i in [*longs, expiring]), timeout_s=60
+    )
     small = client.submit("The capital of France is", max_new_tokens=60)
     time.sleep(1.0)
     assert client.status(small).status == "queued"  # no room in the budget
@@ -186,8 +213,14 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
     unfinished = [i for i in ids if client.status(i).status in ("queued", "running")]
     assert unfinished
     # The successor runs vLLM's engine core in a process of its own (vLLM's default).
-    successor = start_vllm_worker(redis_server.url, "v1", tmp_path / "worker1.log",
-                                  "--claim-idle-ms", "1000", engine_process=True)  # fmt: skip
+    successor = start_vllm_worker(
+        redis_server.url,
+        "v1",
+        tmp_path / "worker1.log",
+        "--claim-idle-ms",
+        "1000",
+        engine_process=True,
+    )
     engine_processes = psutil.Process(successor.proc.pid).children(recursive=True)
     assert engine_processes  # vLLM's engine core
     try:
@@ -215,10 +248,21 @@ def test_a_broken_engine_makes_the_worker_exit_and_loses_nothing(
     redis_server: RedisServer, vllm_env: None, tmp_path: Path
 ) -> None:
     queue = "vllm-break"
-    args = ["--redis-url", redis_server.url, "--queue", queue, "--model", "smollm2-135m",
-            "--vllm-args", ENGINE_ARGS, "--claim-idle-ms", "1000"]  # fmt: skip
-    broken = WorkerProcess(["vllm-break", *args, "--consumer", "broken"], tmp_path / "b.log",
-                           command=("tests.faults",))  # fmt: skip
+    args = [
+        "--redis-url",
+        redis_server.url,
+        "--queue",
+        queue,
+        "--model",
+        "smollm2-135m",
+        "--vllm-args",
+        ENGINE_ARGS,
+        "--claim-idle-ms",
+        "1000",
+    ]
+    broken = WorkerProcess(
+        ["vllm-break", *args, "--consumer", "broken"], tmp_path / "b.log", command=("tests.faults",)
+    )
     client = Client.from_url(redis_server.url, queue)
     ids = client.submit_many(
         [{"prompt": f"Tell me about the sea, part {i}", "max_new_tokens": 40} for i in range(4)]
@@ -228,8 +272,18 @@ def test_a_broken_engine_makes_the_worker_exit_and_loses_nothing(
     assert "vLLM's engine failed" in broken.log()
     assert all(client.status(i).status in ("queued", "running") for i in ids)  # none lost
     # Another worker takes everything over (echo: the takeover, not the model, is under test).
-    echo_args = ["--redis-url", redis_server.url, "--queue", queue, "--consumer", "e",
-                 "--engine", "echo", "--claim-idle-ms", "1000"]  # fmt: skip
+    echo_args = [
+        "--redis-url",
+        redis_server.url,
+        "--queue",
+        queue,
+        "--consumer",
+        "e",
+        "--engine",
+        "echo",
+        "--claim-idle-ms",
+        "1000",
+    ]
     echo = WorkerProcess(echo_args, tmp_path / "e.log")
     try:
         assert [r.status for r in client.results(ids, timeout=60)] == ["succeeded"] * 5
@@ -247,19 +301,33 @@ def test_the_kv_cache_is_sized_from_the_token_budget() -> None:
 
     per_token = kv_bytes_per_token(Config(), "float32")
     assert per_token == 2 * 30 * 3 * 64 * 4
-    args = engine_args("m", dtype="float32", max_batch_tokens=4096, max_batch_size=8,
-                       max_context_tokens=8192, kv_bytes_per_token=per_token, extra={})  # fmt: skip
+    args = engine_args(
+        "m",
+        dtype="float32",
+        max_batch_tokens=4096,
+        max_batch_size=8,
+        max_context_tokens=8192,
+        kv_bytes_per_token=per_token,
+        extra={},
+    )
     assert args["kv_cache_memory_bytes"] == (4096 + 16 * 8) * per_token
     assert args["max_model_len"] == 4096 and args["max_num_seqs"] == 8
-    mine = engine_args("m", dtype="float32", max_batch_tokens=4096, max_batch_size=8,
-                       max_context_tokens=8192, kv_bytes_per_token=per_token,
-                       extra={"gpu_memory_utilization": 0.5, "enforce_eager": True})  # fmt: skip
+    mine = engine_args(
+        "m",
+        dtype="float32",
+        max_batch_tokens=4096,
+        max_batch_size=8,
+        max_context_tokens=8192,
+        kv_bytes_per_token=per_token,
+        extra={"gpu_memory_utilization": 0.5, "enforce_eager": True},
+    )
     assert "kv_cache_memory_bytes" not in mine and mine["enforce_eager"] is True
 
 
 def test_vllm_args_must_be_a_json_object() -> None:
-    assert WorkerSettings.build({"vllm_args": '{"enforce_eager": true}'}, env={}).vllm_engine_args \
-        == {"enforce_eager": True}  # fmt: skip
+    assert WorkerSettings.build(
+        {"vllm_args": '{"enforce_eager": true}'}, env={}
+    ).vllm_engine_args == {"enforce_eager": True}
     for bad in ("[1]", "{not json"):
         with pytest.raises(Exception, match="vllm_args"):
             WorkerSettings.build({"vllm_args": bad}, env={})
@@ -268,10 +336,25 @@ def test_vllm_args_must_be_a_json_object() -> None:
 @needs_vllm
 def test_an_unknown_vllm_argument_is_one_clear_line(redis_server: RedisServer) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_server.url,
-         "--engine", "vllm", "--model", "tiny", "--vllm-args", '{"no_such_argument": 1}'],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "worker",
+            "--redis-url",
+            redis_server.url,
+            "--engine",
+            "vllm",
+            "--model",
+            "tiny",
+            "--vllm-args",
+            '{"no_such_argument": 1}',
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0
     assert "--vllm-args" in out.stderr and "no_such_argument" in out.stderr
     assert "Traceback" not in out.stderr
@@ -282,11 +365,17 @@ def test_without_vllm_the_worker_says_what_to_install(tmp_path: Path) -> None:
     fake = tmp_path / "vllm.py"
     fake.write_text("raise ImportError('no vllm here')\n")
     out = subprocess.run(
-        [sys.executable, "-c",
-         "from genq.worker.engines.vllm_engine import VllmEngine;"
-         "VllmEngine.load('tiny', max_batch_tokens=64, max_batch_size=1)"],
-        cwd=ROOT, capture_output=True, text=True, env=_env_with_path(tmp_path),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from genq.worker.engines.vllm_engine import VllmEngine;"
+            "VllmEngine.load('tiny', max_batch_tokens=64, max_batch_size=1)",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env_with_path(tmp_path),
+    )
     assert out.returncode != 0
     assert "pip install 'genq[vllm]'" in out.stderr
 

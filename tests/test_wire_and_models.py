@@ -18,8 +18,11 @@ def test_request_round_trips_through_an_entry() -> None:
     fields = encode_request(req)
     assert set(fields) == {"id", "body"}
     assert json.loads(fields["body"]) == {
-        "prompt": "hello", "max_new_tokens": 5, "stop": ["\n"], "seed": 3,
-    }  # fmt: skip
+        "prompt": "hello",
+        "max_new_tokens": 5,
+        "stop": ["\n"],
+        "seed": 3,
+    }
     back = decode_request("high", {k.encode(): v.encode() for k, v in fields.items()})
     assert back == req
 

@@ -72,8 +72,10 @@ def test_mixed_priority_prompts_all_succeed_and_equal_single_generation(
         )
         alone = engine.generate([row]).outputs[0]
         assert (res.text, res.usage.completion_tokens, res.finish_reason) == (
-            alone.text, alone.completion_tokens, alone.finish_reason,
-        )  # fmt: skip
+            alone.text,
+            alone.completion_tokens,
+            alone.finish_reason,
+        )
         assert res.usage.prompt_tokens == len(prompt_ids)
 
     # The streams and the consumer group are there for redis-cli, and nothing is left pending.
@@ -145,14 +147,20 @@ def test_cli_submit_and_stats(
     where = ["--redis-url", redis_url, "--queue", queue]
     out = subprocess.run(
         [*genq, "submit", *where, "hello from the cli", "--max-new-tokens", "5", "--json"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     res = Result.model_validate_json(out.stdout)
     assert res.status == "succeeded" and res.text == "hello"
     stats = subprocess.run(
         [*genq, "stats", "--redis-url", redis_url, "--queue", queue, "--json"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     snap = json.loads(stats.stdout)
     assert set(snap["streams"]) == {"high", "normal", "low"}
     assert snap["streams"]["normal"]["pending"] == 0
@@ -163,8 +171,11 @@ def test_worker_refuses_unknown_settings(redis_url: str, queue: str) -> None:
     env = {**os.environ, "GENQ_MAX_BATCH_TOKEN": "5"}
     out = subprocess.run(
         [sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode != 0 and "GENQ_MAX_BATCH_TOKEN" in out.stderr
 
 

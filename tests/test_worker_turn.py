@@ -101,8 +101,10 @@ class SlowIterationEngine(EchoEngine):
         done = [k for k, t in self.due.items() if t <= time.monotonic()]
         for k in done:
             del self.due[k]
-        return [(k, GenerationOutput(text="x", completion_tokens=1, finish_reason="length"))
-                for k in done]  # fmt: skip
+        return [
+            (k, GenerationOutput(text="x", completion_tokens=1, finish_reason="length"))
+            for k in done
+        ]
 
     def cancel(self, key: str) -> None:
         self.due.pop(key, None)
