@@ -42,3 +42,38 @@ def test_bad_device_and_queue_are_refused() -> None:
         WorkerSettings.build({"device": "gpu"}, env={})
     with pytest.raises(ConfigError, match="queue"):
         WorkerSettings.build({"queue": "a b"}, env={})
+
+
+def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
+    from click.testing import CliRunner
+    from genq.producer.gateway.settings import GatewaySettings, serve_flags
+    from genq.worker.commands.serve import serve
+
+    shown = CliRunner().invoke(serve, ["--help"], terminal_width=200).output
+    flags = serve_flags()
+    assert {f.name for f in flags} == {
+        "host",
+        "port",
+        "api_keys",
+        "admin_keys",
+        "request_timeout_s",
+        "max_file_bytes",
+    }
+    for f in flags:
+        assert f.flag in shown and f.env in shown, f
+    # Parsed flags (as click hands them over) and the environment twins of repeated flags.
+    given = {
+        "redis_url": "redis://r:6379/0",
+        "queue": "q",
+        "host": "0.0.0.0",
+        "port": 9000,
+        "api_keys": (),
+        "admin_keys": ("root",),
+        "request_timeout_s": 5.0,
+        "max_file_bytes": 10,
+    }
+    settings = GatewaySettings.from_flags(
+        given, {"GENQ_API_KEYS": "k1=a,k2", "GENQ_ADMIN_KEYS": "x"}
+    )
+    assert settings.api_keys == ("k1=a", "k2") and settings.admin_keys == ("root",)
+    assert (settings.host, settings.port, settings.max_file_bytes) == ("0.0.0.0", 9000, 10)

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from genq.common.errors import ConfigError
 from genq.common.models import DEFAULT_TENANT, tenant_problem
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_REDIS_URL, DEFAULT_RESULT_TTL_S
-
-ENV = {
-    "host": "GENQ_SERVE_HOST",
-    "port": "GENQ_SERVE_PORT",
-    "api_keys": "GENQ_API_KEYS",
-    "admin_keys": "GENQ_ADMIN_KEYS",
-    "request_timeout_s": "GENQ_SERVE_REQUEST_TIMEOUT_S",
-    "max_file_bytes": "GENQ_SERVE_MAX_FILE_BYTES",
-}
-"""The environment twin of each gateway setting (``GENQ_API_KEYS``, ``GENQ_ADMIN_KEYS``:
-comma-separated)."""
 
 
 def key_tenants(specs: tuple[str, ...]) -> dict[str, str]:
@@ -38,27 +30,95 @@ def key_tenants(specs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _flag(default: Any, *, env: str, help: str, flag: str | None = None) -> Any:
+    """A setting that is a ``genq serve`` flag (``flag``: its name, when not the field's)
+    with an environment twin (``env``); a tuple setting's flag repeats, its twin is
+    comma-separated."""
+    return field(default=default, metadata={"env": env, "help": help, "flag": flag})
+
+
 @dataclass(frozen=True, kw_only=True)
 class GatewaySettings:
-    """What ``genq serve`` is told."""
+    """What ``genq serve`` is told. Each field made with ``_flag`` is a flag of ``genq serve``
+    with an environment twin (the command builds them from here: ``serve_flags``)."""
 
     redis_url: str = DEFAULT_REDIS_URL
     queue: str = DEFAULT_QUEUE
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_keys: tuple[str, ...] = field(default_factory=tuple)
+    host: str = _flag("127.0.0.1", env="GENQ_SERVE_HOST", help="interface to listen on")
+    port: int = _flag(8000, env="GENQ_SERVE_PORT", help="TCP port")
+    api_keys: tuple[str, ...] = _flag(
+        (),
+        env="GENQ_API_KEYS",
+        flag="--api-key",
+        help="accepted 'Authorization: Bearer' key, as KEY=TENANT (a bare KEY: tenant "
+        "default): the key's requests belong to TENANT and it sees only TENANT's requests, "
+        "files and batches; repeat for several; none (and no admin keys): no key needed",
+    )
     """Accepted ``Authorization: Bearer`` keys, each ``KEY=TENANT`` (a bare ``KEY``: tenant
     ``default``): a key's requests belong to its tenant, and it sees only that tenant's
     requests, files and batches. No keys at all (and no admin keys): no key needed, everything
     is tenant ``default`` and every caller sees everything."""
-    admin_keys: tuple[str, ...] = field(default_factory=tuple)
+    admin_keys: tuple[str, ...] = _flag(
+        (),
+        env="GENQ_ADMIN_KEYS",
+        flag="--admin-key",
+        help="a key that sees every tenant's files and batches (operators); repeat for several",
+    )
     """Keys that see every tenant's files and batches (operators, the dashboard); what they
     submit is tenant ``default``."""
-    request_timeout_s: float = 600.0
-    """Longest a completion waits for its result; then it is cancelled and answered 504."""
-    max_file_bytes: int = 50_000_000
-    """Largest batch input file ``POST /v1/files`` takes (it is kept in Redis)."""
+    request_timeout_s: float = _flag(
+        600.0,
+        env="GENQ_SERVE_REQUEST_TIMEOUT_S",
+        help="longest a completion waits for its result; then it is cancelled (504)",
+    )
+    max_file_bytes: int = _flag(
+        50_000_000,
+        env="GENQ_SERVE_MAX_FILE_BYTES",
+        help="largest batch input file POST /v1/files takes (it is kept in Redis)",
+    )
     result_ttl_s: int = DEFAULT_RESULT_TTL_S
     """How long requests' states, batches and uploaded files are kept."""
     models_cache_s: float = 1.0
     """How long the list of served models (live workers) is reused before it is read again."""
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any], environ: Mapping[str, str]) -> GatewaySettings:
+        """The settings from ``genq serve``'s parsed flags (by field name); a repeated flag
+        given no value takes its comma-separated environment twin from ``environ``."""
+        values = dict(flags)
+        for f in serve_flags():
+            if f.name in values and f.type_ is tuple and not values[f.name]:
+                values[f.name] = tuple(k for k in environ.get(f.env, "").split(",") if k)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ServeFlag:
+    """One ``genq serve`` flag, as ``GatewaySettings`` defines it."""
+
+    name: str
+    """The setting's field name."""
+    flag: str
+    env: str
+    help: str
+    type_: type
+    """str, int, float, or tuple (a repeated flag of strings)."""
+    default: Any
+
+
+def serve_flags() -> list[ServeFlag]:
+    """The flags of ``genq serve`` (``--redis-url`` and ``--queue`` are every command's)."""
+    hints = typing.get_type_hints(GatewaySettings)
+    out = []
+    for f in fields(GatewaySettings):
+        if "env" not in f.metadata:
+            continue
+        hint = hints[f.name]
+        type_ = tuple if typing.get_origin(hint) is tuple else hint
+        name = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        out.append(ServeFlag(f.name, name, f.metadata["env"], f.metadata["help"], type_, f.default))
+    return out
+
+
+ENV = {f.name: f.env for f in serve_flags()}
+"""The environment twin of each gateway setting."""
