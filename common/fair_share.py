@@ -133,7 +133,10 @@ PULL = (
 -- KEYS: config, stream high, stream normal, stream low
 -- ARGV: this consumer, the policy ('fair' or 'fifo'), the Unix time now in ms (the worker's
 --       view of Redis' clock: it needs no TIME), the reader's batch budget in tokens (a limited
---       tenant's burst), then per stream: how many entries at most; then the probe: per
+--       tenant's burst), then per stream: how many entries at most; then how many in all (0:
+--       no cap; a continuous reader: its free slots, taken from the highest priority first,
+--       so that it never holds a low request a high one still waiting would have to pass);
+--       then the probe: per
 --       priority, up to so many more from tenants the reader holds none of there (0: none; a
 --       static reader with a fair order: a tenant that arrived behind another's backlog is
 --       read before its next batch, not after it), and the 'PRIORITY|TENANT' pairs it holds
@@ -211,9 +214,11 @@ local function better(p, t, per, best, best_v)  -- per: {{service per weight, 0}
   return backlog(p, t) < backlog(p, best)
 end
 local out, charged, popped, held_back = {{}}, {{}}, 0, {{}}
-local probe = tonumber(ARGV[8] or '0')
+local total = tonumber(ARGV[8] or '0')
+local probe = tonumber(ARGV[9] or '0')
 local held = {{}}
-for j = 9, #ARGV do held[ARGV[j]] = true end
+for j = 10, #ARGV do held[ARGV[j]] = true end
+local taken = 0
 local function take(s, p, score, got, room, given)
   -- Up to room entries in got, tenant by tenant from score (each one's service so far).
   local active = BASE .. ':active:' .. p
@@ -258,6 +263,7 @@ local function take(s, p, score, got, room, given)
 end
 for s = 2, 4 do
   local room, p = tonumber(ARGV[s + 3]), PRI[s - 1]
+  if total > 0 then room = math.min(room, total - taken) end  -- higher priorities first
   if room > 0 or probe > 0 then
     sweep(s, p, {{}})
     local active = BASE .. ':active:' .. p
@@ -300,6 +306,7 @@ for s = 2, 4 do
       take(s, p, others, got, #got + probe, given)
     end
     if #got > 0 then table.insert(out, {{KEYS[s], got}}) end
+    taken = taken + #got
   end
 end
 for t, c in pairs(charged) do  -- once per tenant: the service and the last minute

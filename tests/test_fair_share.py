@@ -44,7 +44,7 @@ def pull(
     if now_ms is None:
         seconds, micros = r.time()
         now_ms = seconds * 1000 + micros // 1000
-    args = ["reader", policy, now_ms, 100_000, *rooms, probe, *held]
+    args = ["reader", policy, now_ms, 100_000, *rooms, 0, probe, *held]
     reply: Any = r.eval(PULL, 4, keys.config, *keys.streams(), *args)
     out = []
     for _stream, entries in reply or []:
@@ -429,3 +429,31 @@ def test_a_read_over_several_priorities_charges_each_of_them(
     assert float(r.zscore(keys.reserved, "solo") or 0) == sum(
         served([("solo", b) for b in bodies]).values()
     )
+
+
+def test_a_read_capped_in_all_takes_the_highest_priorities_first(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    """A continuous worker reads only what it can start (its free slots): capped in all, a
+    read never brings a low request beside the high ones (it would run before the high ones
+    still waiting)."""
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(["low"] * 5, priority="low")
+    client.submit_many(["high"] * 3, priority="high")
+    seconds, micros = r.time()
+    now = seconds * 1000 + micros // 1000
+
+    def read(total: int) -> list[str]:
+        reply: Any = r.eval(
+            PULL, 4, keys.config, *keys.streams(), "reader", "fair", now, 100_000, 4, 4, 4, total
+        )
+        return [
+            json.loads(dict(zip(f[::2], f[1::2], strict=True))[b"body"])["prompt"]
+            for _, es in reply or []
+            for _, f in es
+        ]
+
+    assert read(2) == ["high", "high"]
+    assert read(2) == ["high", "low"]
+    assert read(0) == ["low"] * 4  # no cap: each priority up to its room

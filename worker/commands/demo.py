@@ -20,7 +20,7 @@ from genq.producer import Client
 from genq.worker.commands.options import ENGINE_CHOICE, REDIS_URL_ENV
 from genq.worker.commands.stats import collect
 from genq.worker.devtools.redis_server import RedisServer
-from genq.worker.devtools.worker_process import start_worker, worker_args
+from genq.worker.devtools.worker_process import start_worker, wait_until_serving, worker_args
 from genq.worker.runtime.heartbeat import derived
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -51,20 +51,22 @@ DEMO_TIMEOUT_S = 900.0
 
 
 def demo_prompts(n: int, seed: int) -> list[dict[str, object]]:
-    """``n`` requests, seeded: text to continue and chat questions, short and long, with mixed
-    priorities and ``max_new_tokens``."""
+    """``n`` requests, seeded: text to continue and chat questions, short and long: the first
+    two thirds a ``low`` priority backlog (a batch job), the rest ``high`` priority questions
+    (someone waiting), submitted after it."""
     rng = random.Random(seed)
+    n_low = n * 2 // 3
     out: list[dict[str, object]] = []
     for i in range(n):
         request: dict[str, object] = {
             "max_new_tokens": rng.randint(12, 48),
-            "priority": rng.choices(PRIORITIES, weights=[2, 5, 3])[0],
+            "priority": "low" if i < n_low else "high",
             "request_id": f"demo-{seed}-{i:03d}",
         }
-        if i % 3 == 2:
-            request["prompt"] = COMPLETIONS[(i // 3) % len(COMPLETIONS)]
+        if i < n_low and i % 2 == 0:
+            request["prompt"] = COMPLETIONS[(i // 2) % len(COMPLETIONS)]
         else:
-            question = QUESTIONS[(i - i // 3) % len(QUESTIONS)]
+            question = QUESTIONS[i % len(QUESTIONS)]
             request["messages"] = [{"role": "user", "content": question}]
         out.append(request)
     return out
@@ -110,7 +112,9 @@ def run_demo(
     seed: int,
     console: Console,
 ) -> list[Result]:
-    """Run the demo and return the results (the CLI prints them)."""
+    """Run the demo and return the results (the CLI prints them): load the model first, then
+    submit a low-priority backlog and high-priority questions after it, stream the first
+    question's answer live, and show who waited how long."""
     specs = demo_prompts(n_requests, seed)
     with (
         _redis(redis_url, console) as url,
@@ -118,25 +122,31 @@ def run_demo(
     ):
         log_path = Path(tmp) / "worker.log"
         consumer = f"demo-worker-{seed}"
-        with Client.from_url(url, queue) as client:
-            ids = client.submit_many(specs)
-            console.print(f"submitted {len(ids)} requests to queue {queue!r}")
+        args = worker_args(
+            redis_url=url,
+            queue=queue,
+            model=model,
+            engine=engine,
+            consumer=consumer,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size,
+        )
+        with Client.from_url(url, queue) as client, _worker_process(log_path, args) as proc:
+            _wait_for_the_model(client, queue, consumer, proc, log_path, model, console)
             t0 = time.perf_counter()
-            args = worker_args(
-                redis_url=url,
-                queue=queue,
-                model=model,
-                engine=engine,
-                consumer=consumer,
-                max_batch_tokens=max_batch_tokens,
-                max_batch_size=max_batch_size,
-                max_wait_ms=50,
-            )
-            with _worker_process(log_path, args) as proc:
-                results = _wait_with_progress(client, ids, proc, log_path, console)
-                elapsed_s = time.perf_counter() - t0
-                with connect(url) as r:
-                    snapshot = collect(r, queue)
+            low = [x for x in specs if x["priority"] == "low"]
+            high = [x for x in specs if x["priority"] == "high"]
+            ids = client.submit_many(low)
+            console.print(f"submitted a backlog of {len(low)} low-priority requests")
+            streamed = {**high[0], "stream": True} if high else None
+            ids += client.submit_many(([streamed] if streamed else []) + high[1:])
+            console.print(f"then {len(high)} high-priority questions: they go first")
+            if streamed is not None:
+                _stream_live(client, str(streamed["request_id"]), streamed, console)
+            results = _wait_with_progress(client, ids, proc, log_path, console)
+            elapsed_s = time.perf_counter() - t0
+            with connect(url) as r:
+                snapshot = collect(r, queue)
         _print_results(results, specs, console)
         me: dict[str, Any] = next((w for w in snapshot["workers"] if w["consumer"] == consumer), {})
         d = derived(me)
@@ -144,14 +154,58 @@ def run_demo(
         console.print(
             f"[bold]{len(results)} requests[/bold]: "
             f"{sum(r.status == 'succeeded' for r in results)} succeeded; "
-            f"batches formed: {me.get('batches', '?')}, "
-            f"sizes: {me.get('recent_batch_sizes', '?')}; "
-            f"mean batch size: {d['mean_batch_size']:.1f}; "
+            f"engine {engine}; batches formed: {me.get('batches', '?')}; "
             f"padding fraction: {d['padding_fraction']:.1%}; "
             f"engine tokens/s: {d['tokens_per_s']:.0f}; "
-            f"end to end (incl. model load): {completion / elapsed_s:.0f} tokens/s"
+            f"end to end (model loaded): {completion / elapsed_s:.0f} tokens/s"
         )
+        console.print("waits by priority: " + _waits_by_priority(results))
         return results
+
+
+def _wait_for_the_model(
+    client: Client,
+    queue: str,
+    consumer: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+    model: str,
+    console: Console,
+) -> None:
+    """Wait until the worker has loaded its model and joined the queue (its heartbeat)."""
+    t0 = time.perf_counter()
+    with console.status(f"loading {model} (built on first use)..."):
+        try:
+            wait_until_serving(client.redis, queue, consumer, proc, timeout_s=DEMO_TIMEOUT_S)
+        except RuntimeError as err:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise GenqError(f"{err}:\n{tail}") from None
+    console.print(f"worker ready: {model} loaded in {time.perf_counter() - t0:.1f} s")
+
+
+def _stream_live(
+    client: Client, request_id: str, spec: dict[str, object], console: Console
+) -> None:
+    """Print one answer as it is generated."""
+    messages: Any = spec.get("messages")
+    asked = str(spec.get("prompt") or messages[0]["content"])
+    console.print(f"[bold]streaming[/bold] the first question's answer: {asked}")
+    for piece in client.stream(request_id, timeout=DEMO_TIMEOUT_S):
+        if isinstance(piece, str):
+            console.print(piece, end="", markup=False, highlight=False, soft_wrap=True)
+    console.print()
+
+
+def _waits_by_priority(results: list[Result]) -> str:
+    """Each priority's queue wait: median and largest, ms."""
+    parts = []
+    for priority in PRIORITIES:
+        waits = sorted(r.timings.queue_wait_ms or 0 for r in results if r.priority == priority)
+        if waits:
+            parts.append(
+                f"{priority} p50 {waits[len(waits) // 2]} ms, max {waits[-1]} ms ({len(waits)})"
+            )
+    return "; ".join(parts)
 
 
 def _wait_with_progress(
@@ -188,12 +242,13 @@ def _wait_with_progress(
 
 
 def _print_results(results: list[Result], specs: list[dict[str, object]], console: Console) -> None:
-    table = Table(title=f"first 16 of {len(results)} results", show_lines=True)
+    table = Table(title=f"16 of {len(results)} results, high priority first", show_lines=True)
     for col, width in (("prio", 6), ("asked", 34), ("answer", 60)):
         table.add_column(col, max_width=width, overflow="fold")
     for col in ("new tokens", "batch", "wait ms"):
         table.add_column(col, justify="right")
-    for r, spec in list(zip(results, specs, strict=True))[:16]:
+    rows = sorted(zip(results, specs, strict=True), key=lambda rs: rs[0].priority != "high")
+    for r, spec in rows[:16]:
         messages: Any = spec.get("messages")
         asked = str(spec.get("prompt") or messages[0]["content"])
         answer = r.text if r.status == "succeeded" else f"{r.status}: {r.error}"
@@ -226,12 +281,12 @@ def _print_results(results: list[Result], specs: list[dict[str, object]], consol
 @click.option(
     "--engine",
     type=ENGINE_CHOICE,
-    default="static",
+    default="continuous",
     show_default=True,
-    help="static shows the batches it forms",
+    help="the worker's default; static shows the batches it forms",
 )
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True)
-@click.option("--max-batch-size", type=int, default=16, show_default=True)
+@click.option("--max-batch-size", type=int, default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def demo(
     redis_url: str | None,
@@ -244,8 +299,9 @@ def demo(
     seed: int,
 ) -> None:
     """Run genq end to end: a private redis-server, a worker on a real model (SmolLM2-135M-
-    Instruct), two dozen prompts and chat questions of mixed length and priority; print the
-    answers and the batching stats."""
+    Instruct) loaded first, then a backlog of low-priority prompts and high-priority chat
+    questions after it; stream one answer live, print the answers, who waited how long, and
+    the batching stats."""
     from genq.worker.commands.demo import run_demo
 
     try:

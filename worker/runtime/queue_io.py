@@ -136,6 +136,7 @@ class QueueIO:
         block_ms: int | None,
         paced: bool = False,
         probe: tuple[int, list[str]] = (0, []),
+        total: int = 0,
     ) -> Delivered:
         """Entries for this worker, each stream up to its room.
 
@@ -148,7 +149,8 @@ class QueueIO:
         empty less than ``READ_PACE_S`` ago (see ``read_wait_s``). ``block_ms`` (idle): first
         wait up to that long on the doorbell, which a submission rings. ``probe``: per priority,
         up to so many more from tenants other than the ``PRIORITY|TENANT`` pairs named, even
-        past the room (``Lookahead.probe``)."""
+        past the room (``Lookahead.probe``). ``total``: at most so many in all, the highest
+        priorities first (0: no cap)."""
         asked = [s for s, n in room.items() if n > 0]
         if not (asked or probe[0]) or (paced and block_ms is None and self.read_wait_s() > 0):
             if block_ms is not None:
@@ -156,7 +158,7 @@ class QueueIO:
             return []
         if block_ms is not None:
             self.wait_for_doorbell(block_ms)
-        delivered = self._read(asked, room, probe)
+        delivered = self._read(asked, room, probe, total)
         self._found_empty_s = None if delivered else time.monotonic()
         return delivered
 
@@ -182,7 +184,7 @@ class QueueIO:
             pipe.execute()
 
     def _read(
-        self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]]
+        self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]], total: int
     ) -> Delivered:
         """``read`` on the streams in ``asked`` (each with room), and ``probe``."""
         streams = self.keys.streams()
@@ -194,7 +196,8 @@ class QueueIO:
         rooms = [room[s] if s in asked else 0 for s in streams]
         now, burst = clock.now_ms(), self.settings.max_batch_tokens
         policy = self.settings.tenant_policy
-        args = [self.keys.config, *streams, self.consumer, policy, now, burst, *rooms, probe[0]]
+        args = [self.keys.config, *streams, self.consumer, policy, now, burst, *rooms, total]
+        args.append(probe[0])
         args += probe[1]
         pipe.execute_command("EVAL", PULL, 4, *args)  # type: ignore[no-untyped-call]
         replies = self.tenants.weights.read_with(pipe)[skip:]

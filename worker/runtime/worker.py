@@ -164,9 +164,10 @@ class Worker:
         self.heartbeat()
         if reading:
             self.reclaim()
+            room, probe, total = self.room(), self.probe(), self.read_total()
             self.admit(
                 self.queue.read(
-                    self.room(), block_ms=None, paced=self.runner.busy, probe=self.probe()
+                    room, block_ms=None, paced=self.runner.busy, probe=probe, total=total
                 )
             )
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
@@ -194,12 +195,20 @@ class Worker:
         # not (they are claimed, not added), so an idle worker looks again every tick.
         idle_ms = min(self.settings.read_block_ms, REDIS_TICK_MS)
         block_ms = idle_ms if fill_wait_ms is None else min(fill_wait_ms, MAX_BLOCK_MS)
-        self.admit(self.queue.read(self.room(), block_ms=max(1, block_ms)))
+        self.admit(self.queue.read(self.room(), block_ms=max(1, block_ms), total=self.read_total()))
 
     def room(self) -> dict[str, int]:
         """How many entries to read per stream: the look-ahead's room, within what the runner
         should hold (a continuous runner: only what it can start now)."""
         return self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
+
+    def read_total(self) -> int:
+        """How many entries a read may bring in all (0: no cap): a continuous runner's free
+        slots, filled from the highest priority first. (Its room per stream alone would let a
+        read bring one of each priority, and the low one would then take the next free slot
+        before the high ones still waiting in Redis.)"""
+        limit = self.runner.read_limit(self.settings.max_batch_size)
+        return 0 if limit is None else max(0, limit - len(self.lookahead.waiting))
 
     def probe(self) -> tuple[int, list[str]]:
         """A static worker with an order that ranks tenants reads, with each priority, up to a
