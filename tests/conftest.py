@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,11 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
-from genq.common.keys import Keys
+from genq.common.keys import GROUP, Keys
 from genq.common.settings import WorkerSettings
 from genq.worker.devtools.redis_server import RedisServer
 
@@ -168,3 +169,66 @@ def submit_keys(keys: Keys, request_ids: list[str]) -> list[str]:
 def cancel_keys(request_id: str) -> list[str]:
     """The KEYS of an FCALL genq_cancel."""
     return [Keys.result(request_id), Keys.events(request_id), Keys.attempts(request_id)]
+
+
+def varied_prompts(n: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    words = [
+        "the",
+        "queue",
+        "batches",
+        "requests",
+        "by",
+        "length",
+        "so",
+        "padding",
+        "stays",
+        "small",
+        "and",
+        "fast",
+    ]
+    return [" ".join(rng.choices(words, k=rng.randint(1, 60))) for _ in range(n)]
+
+
+def pending(r: redis.Redis, queue: str, consumer: str | None = None) -> int:
+    """Entries pending in the queue's group (held by ``consumer`` if given)."""
+    total = 0
+    for stream in Keys(queue).streams():
+        try:
+            if consumer is None:
+                total += int(r.xpending(stream, GROUP)["pending"])
+            else:
+                total += len(r.xpending_range(stream, GROUP, "-", "+", 1000, consumername=consumer))
+        except redis.ResponseError:  # no group yet: nothing pending
+            continue
+    return total
+
+
+REAL_MODEL_REQUESTS: list[dict[str, Any]] = [
+    {
+        "messages": [{"role": "user", "content": "Write one sentence about a cat."}],
+        "max_new_tokens": 40,
+    },
+    {"prompt": "The capital of France is", "max_new_tokens": 6},
+    {"messages": [{"role": "user", "content": "What is 12 times 12?"}], "max_new_tokens": 24},
+    {"prompt": "Once upon a time, in a small village by the sea,", "max_new_tokens": 16},
+    {
+        "messages": [{"role": "user", "content": "Name three fruits that are red."}],
+        "max_new_tokens": 10,
+    },
+    {"prompt": "Python is a programming language that", "max_new_tokens": 12},
+]
+"""Requests for the real model (test_real_model, test_vllm_engine): chats and completions ending
+at different lengths."""
+
+
+# The ACL line the README documents (tests/test_readme.py checks they are the same).
+GENQ_ACL = (
+    "on >genq-secret ~genq:* resetchannels -@all +@connection "
+    "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
+    "+hkeys +hmget +eval "
+    "+fcall +function|load +time "
+    "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
+    "+xgroup|create +xinfo|groups +xinfo|consumers "
+    "+rpush +lpop +llen +lindex +sadd +srem +smembers +sismember +zadd +zscore +zincrby"
+)

@@ -85,3 +85,12 @@ def test_each_package_docstring_names_every_module_in_it(package: str) -> None:
     doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
     modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
     assert not [m for m in modules if f"``{m}``" not in doc and f"`{m}`" not in doc]
+
+
+def test_a_test_module_takes_its_helpers_from_conftest_not_from_another_test_module() -> None:
+    crossing = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.test_"):
+                crossing.append(f"{path.name} imports {node.module}")
+    assert not crossing

@@ -15,8 +15,7 @@ from genq.common.keys import Keys
 from genq.producer import Client
 from genq.worker.devtools.redis_server import RedisServer
 
-from tests.conftest import WorkerProcess, wait_until
-from tests.test_recovery import pending
+from tests.conftest import WorkerProcess, pending, wait_until
 
 CHAOS_WORKER = (
     "--engine",

@@ -8,7 +8,7 @@ import pytest
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.continuous import ContinuousEngine
 
-from tests.test_static_engine import varied_prompts
+from tests.conftest import varied_prompts
 
 
 @pytest.fixture(scope="module")

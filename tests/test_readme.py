@@ -92,7 +92,7 @@ def test_compose_file_is_valid() -> None:
 
 
 def test_the_documented_acl_line_is_the_tested_one() -> None:
-    from tests.test_security import GENQ_ACL
+    from tests.conftest import GENQ_ACL
 
     block = re.search(r"<!-- acl-line.*?-->\s*```\n(.*?)\n\s*```", README, re.S)
     assert block is not None

@@ -18,25 +18,12 @@ from genq.worker.engines.continuous import ContinuousEngine
 from genq.worker.engines.packaged_models import PACKAGED_MODELS, PackagedModel
 from genq.worker.engines.static import StaticEngine
 
+from tests.conftest import REAL_MODEL_REQUESTS as REQUESTS
 from tests.conftest import worker_thread
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m"
-REQUESTS: list[dict[str, Any]] = [
-    {
-        "messages": [{"role": "user", "content": "Write one sentence about a cat."}],
-        "max_new_tokens": 40,
-    },
-    {"prompt": "The capital of France is", "max_new_tokens": 6},
-    {"messages": [{"role": "user", "content": "What is 12 times 12?"}], "max_new_tokens": 24},
-    {"prompt": "Once upon a time, in a small village by the sea,", "max_new_tokens": 16},
-    {
-        "messages": [{"role": "user", "content": "Name three fruits that are red."}],
-        "max_new_tokens": 10,
-    },
-    {"prompt": "Python is a programming language that", "max_new_tokens": 12},
-]
 
 
 @pytest.fixture(scope="module")

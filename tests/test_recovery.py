@@ -11,29 +11,15 @@ import time
 from collections.abc import Callable
 
 import redis
-from genq.common.keys import GROUP, Keys
+from genq.common.keys import Keys
 from genq.producer import Client
 
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, pending, wait_until
 
 FAST_CLAIM = ("--claim-idle-ms", "1000")
 HOLD_ALL = ("--hand-back-after-ms", "600000")
 """A worker that keeps what it read while it runs a batch (no hand-back): the drain tests need
 one worker holding several batches' worth."""
-
-
-def pending(r: redis.Redis, queue: str, consumer: str | None = None) -> int:
-    """Entries pending in the queue's group (held by ``consumer`` if given)."""
-    total = 0
-    for stream in Keys(queue).streams():
-        try:
-            if consumer is None:
-                total += int(r.xpending(stream, GROUP)["pending"])
-            else:
-                total += len(r.xpending_range(stream, GROUP, "-", "+", 1000, consumername=consumer))
-        except redis.ResponseError:  # no group yet: nothing pending
-            continue
-    return total
 
 
 def test_a_dead_workers_entries_are_taken_over_within_the_claim_time(

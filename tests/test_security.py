@@ -13,18 +13,8 @@ import redis
 from genq.producer import Client
 from genq.worker.devtools.redis_server import RedisServer
 
-from tests.conftest import WorkerProcess
+from tests.conftest import GENQ_ACL, WorkerProcess
 
-# The ACL line the README documents (tests/test_readme.py checks they are the same).
-GENQ_ACL = (
-    "on >genq-secret ~genq:* resetchannels -@all +@connection "
-    "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
-    "+hkeys +hmget +eval "
-    "+fcall +function|load +time "
-    "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
-    "+xgroup|create +xinfo|groups +xinfo|consumers "
-    "+rpush +lpop +llen +lindex +sadd +srem +smembers +sismember +zadd +zscore +zincrby"
-)
 SECRET_PROMPT = "the secret prompt 7f3a"
 
 

@@ -3,35 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.static import StaticEngine
 
+from tests.conftest import varied_prompts
+
 
 @pytest.fixture(scope="module")
 def engine() -> StaticEngine:
     return StaticEngine.load("tiny")
-
-
-def varied_prompts(n: int, seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    words = [
-        "the",
-        "queue",
-        "batches",
-        "requests",
-        "by",
-        "length",
-        "so",
-        "padding",
-        "stays",
-        "small",
-        "and",
-        "fast",
-    ]
-    return [" ".join(rng.choices(words, k=rng.randint(1, 60))) for _ in range(n)]
 
 
 def alone(engine: StaticEngine, row: GenerationInput) -> tuple[str, int, str]:

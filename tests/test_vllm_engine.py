@@ -28,8 +28,8 @@ from genq.producer import Client, Result
 from genq.worker.devtools.redis_server import RedisServer
 from genq.worker.engines.vllm_engine import engine_args, kv_bytes_per_token
 
+from tests.conftest import REAL_MODEL_REQUESTS as REQUESTS
 from tests.conftest import ROOT, WorkerProcess, wait_until
-from tests.test_real_model import REQUESTS
 
 pytestmark = pytest.mark.slow
 
