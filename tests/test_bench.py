@@ -44,7 +44,7 @@ def test_bench_reports_every_mode_in_one_run() -> None:
             "--requests",
             "8",
             "--repeats",
-            "1",
+            "2",
             "--queue-engine",
             "continuous",
             "--json",
@@ -65,6 +65,8 @@ def test_bench_reports_every_mode_in_one_run() -> None:
     }
     assert all(m["requests"] == 8 and m["tokens_per_s"] > 0 for m in modes.values())
     assert report["machine"]["transformers"]
+    # Every mode timed as often as asked: the warm-up rounds are not among the runs.
+    assert {m: len(r) for m, r in report["all_runs"].items()} == dict.fromkeys(modes, 2)
 
 
 def test_bench_sweep_covers_both_modes_at_each_size() -> None:

@@ -163,7 +163,10 @@ def _run_modes(
     queue_engine: str,
     redis_url: str | None,
 ) -> dict[str, list[Any]]:
-    """Every mode ``repeats`` times, in-process then through the queue: the runs by mode."""
+    """Every mode ``repeats`` times, the modes taking turns (each round: the in-process modes,
+    then through the queue), after an untimed round of the in-process modes (a cold device runs
+    the first round slower: #28) and, in each queue run, an untimed batch on its fresh worker
+    (``run_through_queue``): the runs by mode."""
     from genq.worker.devtools import bench_modes as b
     from genq.worker.devtools.redis_server import RedisServer
     from genq.worker.engines.continuous import ContinuousEngine
@@ -175,20 +178,17 @@ def _run_modes(
         max_batch_tokens=max_batch_tokens,
         max_batch_size=max_batch_size,
     )
-    runs: dict[str, list[b.ModeResult]] = {}
-    for _ in range(repeats):
-        for res in b.run_in_process(
+
+    def in_process() -> list[b.ModeResult]:
+        return b.run_in_process(
             engine,
             workload,
             fifo_batch_size=fifo_batch_size,
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
             continuous=continuous,
-        ):
-            runs.setdefault(res.mode, []).append(res)
-    continuous.close()
-    if queue_engine == "none":
-        return runs
+        )
+
     worker = b.queue_worker_settings(
         model=model,
         engine=queue_engine,
@@ -197,13 +197,21 @@ def _run_modes(
         max_batch_tokens=max_batch_tokens,
         max_batch_size=max_batch_size,
     )
-    server = None if redis_url else RedisServer().start()
+    server = None if redis_url or queue_engine == "none" else RedisServer().start()
     url = server.url if server else str(redis_url)
+    runs: dict[str, list[b.ModeResult]] = {}
     try:
+        in_process()  # the warm-up round, untimed
         for i in range(repeats):
-            res = b.run_through_queue(workload, redis_url=url, worker=worker, queue=f"bench{i}")
-            runs.setdefault(res.mode, []).append(res)
+            results = in_process()
+            if queue_engine != "none":
+                results.append(
+                    b.run_through_queue(workload, redis_url=url, worker=worker, queue=f"bench{i}")
+                )
+            for res in results:
+                runs.setdefault(res.mode, []).append(res)
     finally:
+        continuous.close()
         if server is not None:
             server.stop()
     return runs
