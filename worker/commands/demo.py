@@ -19,6 +19,7 @@ from genq.common.models import PRIORITIES, Result
 from genq.producer import Client
 from genq.worker.commands.options import ENGINE_CHOICE, REDIS_URL_ENV
 from genq.worker.commands.stats import collect
+from genq.worker.devtools.bench_modes import percentile
 from genq.worker.devtools.redis_server import RedisServer
 from genq.worker.devtools.worker_process import start_worker, wait_until_serving, worker_args
 from genq.worker.runtime.heartbeat import derived
@@ -200,11 +201,10 @@ def _waits_by_priority(results: list[Result]) -> str:
     """Each priority's queue wait: median and largest, ms."""
     parts = []
     for priority in PRIORITIES:
-        waits = sorted(r.timings.queue_wait_ms or 0 for r in results if r.priority == priority)
+        waits = [float(r.timings.queue_wait_ms or 0) for r in results if r.priority == priority]
         if waits:
-            parts.append(
-                f"{priority} p50 {waits[len(waits) // 2]} ms, max {waits[-1]} ms ({len(waits)})"
-            )
+            p50, most = percentile(waits, 0.5), max(waits)
+            parts.append(f"{priority} p50 {p50:.0f} ms, max {most:.0f} ms ({len(waits)})")
     return "; ".join(parts)
 
 

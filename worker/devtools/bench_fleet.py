@@ -26,6 +26,7 @@ from typing import Any
 
 import redis
 from genq.producer import Client
+from genq.worker.devtools.bench_modes import percentile
 from genq.worker.devtools.worker_process import start_worker, wait_until_serving, worker_args
 
 MAX_NEW_TOKENS = 100
@@ -71,11 +72,6 @@ def ideal_central_queue(
             nxt, taken = nxt + 1, taken + 1
         free_at[server] = now + batch_s[server]
     return starts
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
 
 def redis_counters(r: redis.Redis) -> tuple[int, float]:
@@ -209,10 +205,10 @@ def run_poisson(
         workers=list(step_ms),
         requests=len(ids),
         shares=dict(sorted(Counter(x.worker or "?" for x in results).items())),
-        wait_p50_ms=_pct(waits, 0.5),
-        wait_p99_ms=_pct(waits, 0.99),
-        ideal_wait_p50_ms=_pct(ideal, 0.5),
-        ideal_wait_p99_ms=_pct(ideal, 0.99),
+        wait_p50_ms=percentile(waits, 0.5),
+        wait_p99_ms=percentile(waits, 0.99),
+        ideal_wait_p50_ms=percentile(ideal, 0.5),
+        ideal_wait_p99_ms=percentile(ideal, 0.99),
         redis_commands_per_request=(calls1 - calls0) / max(1, len(ids)),
         redis_cpu_ms_per_request=(cpu1 - cpu0) * 1000 / max(1, len(ids)),
     )

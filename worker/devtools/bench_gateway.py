@@ -19,16 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from genq.producer import AsyncClient, Client
+from genq.worker.devtools.bench_modes import percentile
 from genq.worker.devtools.gateway_process import GatewayProcess
 from genq.worker.devtools.worker_process import start_worker
 
 PROMPT = "a short prompt for the gateway benchmark"
 QUEUE = "gateway-bench"
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def run_gateway_scenario(
@@ -69,8 +65,8 @@ def run_gateway_scenario(
         worker.terminate()
         worker.wait(timeout=30)
     return {
-        "client_ms": {"p50": statistics.median(direct), "p99": _pct(direct, 0.99)},
-        "gateway_ms": {"p50": statistics.median(via), "p99": _pct(via, 0.99)},
+        "client_ms": {"p50": statistics.median(direct), "p99": percentile(direct, 0.99)},
+        "gateway_ms": {"p50": statistics.median(via), "p99": percentile(via, 0.99)},
         "added_ms_p50": statistics.median(via) - statistics.median(direct),
         **rates,
         "sequential": sequential,

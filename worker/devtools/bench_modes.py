@@ -91,7 +91,9 @@ class ModeResult:
     latency_p99_ms: float
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (0-1) of ``values`` (NaN for none): with fewer than
+    ``1 / (1 - q)`` values, the largest. Every bench reports its percentiles this way."""
     v = sorted(values)
     return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
@@ -119,10 +121,10 @@ def _summarize(
         tokens_per_s=useful / wall_s,
         padding_fraction=1 - prompt / padded if padded else 0.0,
         wasted_decode_fraction=max(0.0, 1 - useful / slots) if slots else 0.0,
-        queue_wait_p50_ms=_pct(waits, 0.5),
-        queue_wait_p99_ms=_pct(waits, 0.99),
-        latency_p50_ms=_pct(latencies_ms, 0.5),
-        latency_p99_ms=_pct(latencies_ms, 0.99),
+        queue_wait_p50_ms=percentile(waits, 0.5),
+        queue_wait_p99_ms=percentile(waits, 0.99),
+        latency_p50_ms=percentile(latencies_ms, 0.5),
+        latency_p99_ms=percentile(latencies_ms, 0.99),
     )
 
 
@@ -311,10 +313,10 @@ def run_through_queue(
         tokens_per_s=useful / wall_s,
         padding_fraction=1 - stats["prompt_tokens"] / stats["padded_prompt_tokens"],
         wasted_decode_fraction=1 - stats["completion_tokens"] / stats["decode_slots"],
-        queue_wait_p50_ms=_pct(waits, 0.5),
-        queue_wait_p99_ms=_pct(waits, 0.99),
-        latency_p50_ms=_pct(latencies, 0.5),
-        latency_p99_ms=_pct(latencies, 0.99),
+        queue_wait_p50_ms=percentile(waits, 0.5),
+        queue_wait_p99_ms=percentile(waits, 0.99),
+        latency_p50_ms=percentile(latencies, 0.5),
+        latency_p99_ms=percentile(latencies, 0.99),
     )
 
 

@@ -15,16 +15,10 @@ from typing import Any
 from genq.common.connection import connect
 from genq.common.models import PRIORITIES
 from genq.producer import Client
+from genq.worker.devtools.bench_modes import percentile
 from genq.worker.devtools.worker_process import start_worker, wait_until_serving
 
 PROMPT = "a request of moderate length for the priority scenario"
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def run_priority_scenario(
@@ -92,10 +86,10 @@ def run_priority_scenario(
         out["priorities"][priority] = {
             "requests": len(res),
             "succeeded": sum(1 for x in res if x.status == "succeeded"),
-            "wait_p50_ms": _pct(waits, 0.5),
-            "wait_p99_ms": _pct(waits, 0.99),
+            "wait_p50_ms": percentile(waits, 0.5),
+            "wait_p99_ms": percentile(waits, 0.99),
         }
-    out["generation_p50_ms"] = _pct(gen_ms, 0.5)
+    out["generation_p50_ms"] = percentile(gen_ms, 0.5)
     return out
 
 

@@ -40,6 +40,7 @@ from genq.common.keys import Keys
 from genq.common.models import Result
 from genq.producer import Client
 from genq.worker.devtools.bench_fleet import Fleet, redis_counters
+from genq.worker.devtools.bench_modes import percentile
 
 POLICIES = ("fair", "fifo")
 FROM_FIRST = "start_from_first_submission"
@@ -86,18 +87,17 @@ class TenantsReport:
     """B's waits beside a flood on a real model (continuous engine), per policy."""
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
-
-
 def _waits(results: Sequence[Result]) -> dict[str, float]:
     return _summary([float(x.timings.queue_wait_ms or 0) for x in results])
 
 
 def _summary(waits: Sequence[float]) -> dict[str, float]:
     """p50, p99 (nearest rank: with fewer than 100 values, the largest) and max."""
-    return {"p50": _pct(waits, 0.5), "p99": _pct(waits, 0.99), "max": max(waits, default=0.0)}
+    return {
+        "p50": percentile(waits, 0.5),
+        "p99": percentile(waits, 0.99),
+        "max": max(waits, default=0.0),
+    }
 
 
 def _trickle(client: Client, n: int, every_s: float, tenant: str) -> list[str]:

@@ -126,13 +126,17 @@ class Lookahead:
     def room(self, limit: int | None = None) -> dict[str, int]:
         """How many more entries each stream may deliver to this worker now: up to
         ``max_per_stream`` waiting per stream, and (``limit``) at most that many more in all."""
-        left = None if limit is None else max(0, limit - len(self.waiting))
+        left = self.left(limit)
         return {
             s: max(0, self.max_per_stream - self._per_stream[s])
             if left is None
             else min(left, max(0, self.max_per_stream - self._per_stream[s]))
             for s in self.streams
         }
+
+    def left(self, limit: int | None) -> int | None:
+        """How many more entries may be read in all within ``limit`` waiting (None: none)."""
+        return None if limit is None else max(0, limit - len(self.waiting))
 
     def held_tenants(self) -> list[str]:
         """The tenants waiting here, per priority (``PRIORITY|TENANT``): a read's probe skips

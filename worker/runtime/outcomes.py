@@ -173,7 +173,9 @@ class Outcomes:
     def cancelled(self, held: Held) -> Outcome:
         """A request cancelled while running: its state is already final (the client's), so
         writing this only acknowledges its entry."""
-        return self._ended_held(held, "cancelled", "cancelled by a client", None, started=True)
+        return self._ended_held(
+            held, "cancelled", "cancelled by a client", None, charged_as_started=True
+        )
 
     def _ended_held(
         self,
@@ -181,7 +183,7 @@ class Outcomes:
         status: str,
         message: str,
         started_ms: int | None,
-        started: bool | None = None,
+        charged_as_started: bool | None = None,
     ) -> Outcome:
         return self._ended(
             stream=held.stream,
@@ -193,7 +195,7 @@ class Outcomes:
             message=message,
             started_ms=started_ms,
             charge=held.charge,
-            charged_as_started=started,
+            charged_as_started=charged_as_started,
         )
 
     def _ended(

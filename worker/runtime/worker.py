@@ -207,8 +207,8 @@ class Worker:
         slots, filled from the highest priority first. (Its room per stream alone would let a
         read bring one of each priority, and the low one would then take the next free slot
         before the high ones still waiting in Redis.)"""
-        limit = self.runner.read_limit(self.settings.max_batch_size)
-        return 0 if limit is None else max(0, limit - len(self.lookahead.waiting))
+        left = self.lookahead.left(self.runner.read_limit(self.settings.max_batch_size))
+        return 0 if left is None else left
 
     def probe(self) -> tuple[int, list[str]]:
         """A static worker with an order that ranks tenants reads, with each priority, up to a
