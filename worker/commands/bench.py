@@ -11,12 +11,13 @@ from typing import Any, TypeVar
 
 import click
 from genq.common.settings import EngineName, WorkerSettings
+from genq.worker.commands.options import AUTO_OR_COUNT
+from genq.worker.devtools.bench_modes import IN_PROCESS_MODES
 from rich.console import Console
 from rich.table import Table
 
-_DEFAULTS = WorkerSettings.model_fields
 T = TypeVar("T")
-QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
+QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "auto")]
 """The engines measured through the queue (echo has no model to measure)."""
 
 
@@ -35,10 +36,18 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e != "echo"]
 )
 @click.option("--fifo-batch-size", type=int, default=32, show_default=True)
 @click.option(
-    "--max-batch-tokens", type=int, default=_DEFAULTS["max_batch_tokens"].default, show_default=True
+    "--max-batch-tokens",
+    type=AUTO_OR_COUNT,
+    default="auto",
+    show_default=True,
+    help="as genq worker's: auto sizes it to the device (every mode gets the same number)",
 )
+@click.option("--max-batch-size", type=AUTO_OR_COUNT, default="auto", show_default=True)
 @click.option(
-    "--max-batch-size", type=int, default=_DEFAULTS["max_batch_size"].default, show_default=True
+    "--modes",
+    default=",".join(IN_PROCESS_MODES),
+    show_default=True,
+    help="the in-process modes to run, comma-separated (one_at_a_time is slow on a big model)",
 )
 @click.option(
     "--queue-engine",
@@ -93,10 +102,18 @@ def bench(
     quick: bool,
     bench_engine: str,
     vllm_args: str | None,
+    modes: str,
 ) -> None:
     """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
+    from genq.worker.policy.sizing import batch_limits
+
+    if bench_engine == "vllm" or scenario != "modes" or sweep:
+        # No model of its own on the device (or a CPU-only scenario): auto is a CPU's numbers.
+        cpu = batch_limits(tokens=max_batch_tokens, size=max_batch_size, device=None)
+        max_batch_tokens, max_batch_size = cpu.tokens, cpu.size
     if bench_engine == "vllm":
-        _vllm_comparison(click.get_current_context().params)
+        params = click.get_current_context().params
+        _vllm_comparison({**params, "max_batch_tokens": cpu.tokens, "max_batch_size": cpu.size})
         return
     if scenario == "priority":
         _priority_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
@@ -112,17 +129,14 @@ def bench(
         return
 
     from genq.worker.devtools import bench_modes as b
-    from genq.worker.engines.static import StaticEngine
 
-    engine = StaticEngine.load(model, device, dtype)
+    in_process = _in_process_modes(modes)
+    engine, max_batch_tokens, max_batch_size = _sized_engine(
+        model, device, dtype, max_batch_tokens, max_batch_size
+    )
     workload = b.make_workload(engine, n_requests, seed)
     if sweep:
-        points = b.run_sweep(engine, workload, [1, 4, 8, 16, 32, 64], max_batch_tokens)
-        if as_json:
-            click.echo(json.dumps({"machine": b.machine_info(), "sweep": points}, indent=2))
-        else:
-            click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
-            click.echo(b.sweep_markdown(points, max_batch_tokens))
+        _sweep(engine, workload, max_batch_tokens, as_json)
         return
     runs = _run_modes(
         engine,
@@ -136,6 +150,7 @@ def bench(
         max_batch_size=max_batch_size,
         queue_engine=queue_engine,
         redis_url=redis_url,
+        modes=in_process,
     )
     _report(
         runs,
@@ -147,6 +162,42 @@ def bench(
         repeats=repeats,
         max_batch_tokens=max_batch_tokens,
     )
+
+
+def _sized_engine(
+    model: str, device: str, dtype: str, tokens: int, size: int
+) -> tuple[Any, int, int]:
+    """The static engine on ``device`` and the batch limits (``auto``: sized to the device as
+    a worker's would be, and said on stderr) that every mode gets."""
+    from genq.worker.engines.static import StaticEngine, device_memory
+    from genq.worker.policy.sizing import batch_limits
+
+    engine = StaticEngine.load(model, device, dtype)
+    limits = batch_limits(tokens=tokens, size=size, device=device_memory(engine.model, device))
+    click.echo(f"batch limits: {limits.why}", err=True)
+    return engine, limits.tokens, limits.size
+
+
+def _sweep(engine: Any, workload: list[Any], max_batch_tokens: int, as_json: bool) -> None:
+    from genq.worker.devtools import bench_modes as b
+
+    points = b.run_sweep(engine, workload, [1, 4, 8, 16, 32, 64], max_batch_tokens)
+    if as_json:
+        click.echo(json.dumps({"machine": b.machine_info(), "sweep": points}, indent=2))
+    else:
+        click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
+        click.echo(b.sweep_markdown(points, max_batch_tokens))
+
+
+def _in_process_modes(text: str) -> tuple[str, ...]:
+    """``--modes``, checked: the in-process modes named, in their usual order."""
+    names = {m.strip() for m in text.split(",") if m.strip()}
+    unknown = sorted(names - set(IN_PROCESS_MODES))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown mode(s) {unknown}; known: {', '.join(IN_PROCESS_MODES)}", param_hint="--modes"
+        )
+    return tuple(m for m in IN_PROCESS_MODES if m in names)
 
 
 def _run_modes(
@@ -162,6 +213,7 @@ def _run_modes(
     max_batch_size: int,
     queue_engine: str,
     redis_url: str | None,
+    modes: tuple[str, ...] = IN_PROCESS_MODES,
 ) -> dict[str, list[Any]]:
     """Every mode ``repeats`` times, the modes taking turns (each round: the in-process modes,
     then through the queue), after an untimed round of the in-process modes (a cold device runs
@@ -187,6 +239,7 @@ def _run_modes(
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
             continuous=continuous,
+            modes=modes,
         )
 
     worker = b.queue_worker_settings(
@@ -210,6 +263,12 @@ def _run_modes(
                 )
             for res in results:
                 runs.setdefault(res.mode, []).append(res)
+                # Progress on stderr: a GPU model's round can take minutes.
+                click.echo(
+                    f"round {i + 1}/{repeats}: {res.mode} {res.tokens_per_s:.0f} tokens/s "
+                    f"in {res.wall_s:.1f} s",
+                    err=True,
+                )
     finally:
         continuous.close()
         if server is not None:
@@ -239,6 +298,7 @@ def _report(
         medians.append(next(r for r in mode_runs if r.tokens_per_s == speed))
     rows = b.results_table(medians)
     info = b.machine_info()
+    ratio = b.queue_ratio(medians)
     if as_json:
         click.echo(
             json.dumps(
@@ -251,6 +311,7 @@ def _report(
                     "max_batch_tokens": max_batch_tokens,
                     "modes": rows,
                     "all_runs": {m: [r.tokens_per_s for r in rs] for m, rs in runs.items()},
+                    "queue_vs_best_in_process": ratio,
                 },
                 indent=2,
             )
@@ -258,12 +319,23 @@ def _report(
         return
     if markdown:
         click.echo(b.markdown_section(rows, info, sys.argv[1:], n_requests, repeats))
+        if ratio is not None:
+            click.echo(f"\nQueue ÷ best in-process (median runs): {ratio:.3f}")
         return
-    console = Console(width=max(Console().width, 130))
-    t = Table(
-        title=f"genq bench: {n_requests} requests, model {model}, seed {seed}, "
-        f"median of {repeats}, budget {max_batch_tokens} tokens"
+    _print_table(
+        rows,
+        info,
+        ratio,
+        f"genq bench: {n_requests} requests, model {model}, "
+        f"seed {seed}, median of {repeats}, budget {max_batch_tokens} tokens",
     )
+
+
+def _print_table(
+    rows: list[dict[str, Any]], info: dict[str, str], ratio: float | None, title: str
+) -> None:
+    console = Console(width=max(Console().width, 130))
+    t = Table(title=title)
     cols = (
         "mode",
         "batches",
@@ -292,6 +364,8 @@ def _report(
             f"{row['latency_p99_ms']:.0f}",
         )
     console.print(t)
+    if ratio is not None:
+        console.print(f"queue ÷ best in-process: {ratio:.3f}")
     console.print(" ".join(f"{k}={v}" for k, v in info.items()))
 
 

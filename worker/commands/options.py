@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 from genq.common.models import DEFAULT_TENANT, PRIORITIES, tenant_problem
-from genq.common.settings import DEFAULT_QUEUE, DEFAULT_REDIS_URL, EngineName, WorkerSettings
+from genq.common.settings import AUTO, DEFAULT_QUEUE, DEFAULT_REDIS_URL, EngineName, WorkerSettings
 
 F = Callable[..., Any]
 WIDE = 160
@@ -19,6 +19,25 @@ ENGINE_CHOICE = click.Choice(list(typing.get_args(EngineName)))
 QUEUE_ENV = WorkerSettings.env_var("queue")
 REDIS_URL_ENV = WorkerSettings.env_var("redis_url")
 TENANT_ENV = "GENQ_TENANT"
+
+
+class _AutoOrCount(click.ParamType[Any]):
+    """``auto`` or a whole number (``--max-batch-tokens``, ``--max-batch-size``)."""
+
+    name = "auto|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return AUTO
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither 'auto' nor a whole number", param, ctx)
+
+
+AUTO_OR_COUNT = _AutoOrCount()
 
 
 def _tenant_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -47,13 +66,16 @@ def settings_options(func: F) -> F:
         annotation = info.annotation
         args = typing.get_args(annotation)
         click_type: Any = str
-        if typing.get_origin(annotation) is typing.Literal:
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("auto"):
+            click_type = AUTO_OR_COUNT
+        elif typing.get_origin(annotation) is typing.Literal:
             click_type = click.Choice([str(a) for a in args])
         elif annotation is int or int in args:
             click_type = int
         elif annotation is float or float in args:
             click_type = float
-        default = info.default
+        default = "auto" if click_type is AUTO_OR_COUNT else info.default
         help_text = f"{info.description} [env: {WorkerSettings.env_var(name)}; default: {default}]"
         func = click.option(
             f"--{name.replace('_', '-')}", name, type=click_type, default=None, help=help_text

@@ -32,6 +32,8 @@ from genq.worker.engines.base import (
 )
 from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
 
+IN_PROCESS_MODES = ("one_at_a_time", "fifo_static", "budgeted_static", "continuous")
+"""The modes run in the bench's own process (``--modes``), in the order they are run."""
 WORDS = (
     "the a queue batch token model worker stream redis prompt result padding length budget "
     "priority request answer fast small large many one two three and of to in on for with"
@@ -198,8 +200,9 @@ def run_in_process(
     max_batch_tokens: int,
     max_batch_size: int,
     continuous: IterationEngine | None = None,
+    modes: Sequence[str] = IN_PROCESS_MODES,
 ) -> list[ModeResult]:
-    """Modes 1-3 on ``engine``, and the continuous mode on ``continuous`` if given."""
+    """The in-process ``modes`` on ``engine``; ``continuous`` on ``continuous`` if given."""
     ids = engine.tokenize([w.prompt for w in workload])
     rows = [
         GenerationInput(prompt_ids=p, max_new_tokens=w.max_new_tokens)
@@ -208,14 +211,15 @@ def run_in_process(
     engine.generate(rows[:2])  # warm-up, untimed
     n = len(rows)
     step = fifo_batch_size
-    fifo = [list(range(i, min(n, i + step))) for i in range(0, n, step)]
-    return [
-        _run_batches(engine, "one_at_a_time", rows, [[i] for i in range(n)]),
-        _run_batches(engine, "fifo_static", rows, fifo),
-        _run_batches(
-            engine, "budgeted_static", rows, plan_budgeted(rows, max_batch_tokens, max_batch_size)
-        ),
-    ] + ([_run_continuous(continuous, rows)] if continuous is not None else [])
+    plans: dict[str, Callable[[], list[list[int]]]] = {
+        "one_at_a_time": lambda: [[i] for i in range(n)],
+        "fifo_static": lambda: [list(range(i, min(n, i + step))) for i in range(0, n, step)],
+        "budgeted_static": lambda: plan_budgeted(rows, max_batch_tokens, max_batch_size),
+    }
+    results = [_run_batches(engine, m, rows, plans[m]()) for m in modes if m in plans]
+    if continuous is not None and "continuous" in modes:
+        results.append(_run_continuous(continuous, rows))
+    return results
 
 
 def queue_worker_settings(
@@ -354,6 +358,13 @@ def machine_info() -> dict[str, str]:
     except ImportError:
         pass
     return info
+
+
+def queue_ratio(results: Sequence[ModeResult]) -> float | None:
+    """Tokens/s through the queue ÷ the best in-process mode's (None without both)."""
+    queue = [r.tokens_per_s for r in results if r.mode.startswith("queue_")]
+    local = [r.tokens_per_s for r in results if not r.mode.startswith("queue_")]
+    return queue[0] / max(local) if queue and local else None
 
 
 def results_table(results: list[ModeResult]) -> list[dict[str, Any]]:

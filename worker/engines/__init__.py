@@ -12,37 +12,58 @@ from __future__ import annotations
 
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import BatchReport, Engine, GenerationInput, GenerationOutput
+from genq.worker.policy.sizing import BatchLimits, batch_limits
 
 __all__ = ["BatchReport", "Engine", "GenerationInput", "GenerationOutput", "make_engine"]
 
 
 def make_engine(settings: WorkerSettings) -> Engine:
-    """The engine the settings ask for, loaded and ready."""
-    if settings.engine == "echo":
-        from genq.worker.engines.echo import EchoEngine
+    """The engine the settings ask for, loaded and ready, with its batch limits (``limits``):
+    the settings' numbers, or for ``auto`` sized to the device the model was loaded on."""
+    tokens, size = settings.max_batch_tokens, settings.max_batch_size
+    if settings.engine in ("echo", "vllm"):
+        # Neither loads a model genq can measure: auto is the fixed numbers on every device.
+        limits = batch_limits(tokens=tokens, size=size, device=None)
+        return _other_engine(settings, limits)
+    from genq.worker.engines.static import StaticEngine, device_memory, load_model
 
-        return EchoEngine(step_ms=settings.echo_step_ms)
+    model, tokenizer = load_model(settings.model, settings.device, settings.dtype)
+    memory = device_memory(model, settings.device)
+    paged = settings.engine == "continuous"
+    limits = batch_limits(tokens=tokens, size=size, device=memory, paged=paged)
+    engine: Engine
     if settings.engine == "continuous":
         from genq.worker.engines.continuous import ContinuousEngine
 
-        return ContinuousEngine.load(
-            settings.model,
-            settings.device,
-            settings.dtype,
-            max_batch_tokens=settings.max_batch_tokens,
-            max_batch_size=settings.max_batch_size,
+        engine = ContinuousEngine(
+            model,
+            tokenizer,
+            device=settings.device,
+            max_batch_tokens=limits.tokens,
+            max_batch_size=limits.size,
         )
-    if settings.engine == "vllm":
+    else:
+        engine = StaticEngine(model, tokenizer, settings.device)
+    engine.limits = limits
+    return engine
+
+
+def _other_engine(settings: WorkerSettings, limits: BatchLimits) -> Engine:
+    engine: Engine
+    if settings.engine == "echo":
+        from genq.worker.engines.echo import EchoEngine
+
+        engine = EchoEngine(step_ms=settings.echo_step_ms)
+    else:
         from genq.worker.engines.vllm_engine import VllmEngine
 
-        return VllmEngine.load(
+        engine = VllmEngine.load(
             settings.model,
             settings.device,
             settings.dtype,
-            max_batch_tokens=settings.max_batch_tokens,
-            max_batch_size=settings.max_batch_size,
+            max_batch_tokens=limits.tokens,
+            max_batch_size=limits.size,
             vllm_args=settings.vllm_engine_args,
         )
-    from genq.worker.engines.static import StaticEngine
-
-    return StaticEngine.load(settings.model, settings.device, settings.dtype)
+    engine.limits = limits
+    return engine

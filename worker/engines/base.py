@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from genq.worker.policy.sizing import BatchLimits
+
 
 @dataclass(slots=True, kw_only=True)
 class GenerationInput:
@@ -96,6 +98,9 @@ class Engine(Protocol):
     """The Hugging Face tokenizer whose chat template turns a chat request's messages into its
     prompt (``engines/chat.py``), or None: chats are then a plain ``role: content``
     transcript."""
+    limits: BatchLimits | None
+    """The batch limits ``make_engine`` chose for it (the settings', or sized to its device);
+    None for an engine built directly: the settings' numbers, or a CPU's for ``auto``."""
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids of each prompt, as ``generate`` will see them."""

@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from typing import Literal
 
 from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput, cut_at_stop
+from genq.worker.policy.sizing import BatchLimits
 
 
 class EchoEngine:
     """Returns each prompt's first max_new_tokens bytes (cut at a stop string) as its output."""
 
     name = "echo"
+    limits: BatchLimits | None = None
     max_context_tokens: int | None = None
     tokenizer = None
     """No chat template: a chat is echoed as its ``role: content`` transcript."""

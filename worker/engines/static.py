@@ -26,6 +26,7 @@ from genq.worker.engines.base import (
     TextStreamer,
     cut_at_stop,
 )
+from genq.worker.policy.sizing import BatchLimits, DeviceMemory
 
 
 def _torch() -> Any:
@@ -38,6 +39,7 @@ class StaticEngine:
     """Batched generation with Hugging Face transformers ``generate``."""
 
     name = "static"
+    limits: BatchLimits | None = None
 
     def __init__(self, model: Any, tokenizer: Any, device: str = "cpu") -> None:
         self.model = model.eval()
@@ -222,6 +224,24 @@ def load_model(model_name: str, device: str = "cpu", dtype: str = "auto") -> tup
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
     return model, tokenizer
+
+
+def device_memory(model: Any, device: str) -> DeviceMemory | None:
+    """What ``device`` offers a batch beside ``model`` (already on it): None on a CPU."""
+    if not device.startswith("cuda"):
+        return None
+    torch = _torch()
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    element = torch.tensor([], dtype=model.dtype).element_size()
+    return DeviceMemory(
+        free_bytes=int(free),
+        kv_bytes_per_token=2 * cfg.num_hidden_layers * kv_heads * head_dim * element,
+        max_context_tokens=int(getattr(cfg, "max_position_embeddings", None) or 2048),
+    )
 
 
 def resolve_model(model_name: str) -> str:

@@ -43,6 +43,7 @@ from genq.worker.engines.base import (
     GenerationOutput,
     run_to_completion,
 )
+from genq.worker.policy.sizing import BatchLimits
 
 log = logging.getLogger("genq.worker")
 
@@ -148,6 +149,7 @@ class VllmEngine:
     """Requests are submitted and finish one by one; ``generate`` is a convenience on top."""
 
     name = "vllm"
+    limits: BatchLimits | None = None
 
     def __init__(self, engine: Any) -> None:
         from vllm.exceptions import VLLMClientError

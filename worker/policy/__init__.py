@@ -11,5 +11,6 @@ clock (time is an argument). Each is unit-tested on plain data.
 - ``arrivals``: whether another arrival is expected within a wait-to-fill window;
 - ``fairness``: what a read charges a tenant and an end refunds; a worker's own account;
 - ``budget``: the token budget, halved for a while after an out-of-memory error;
+- ``sizing``: the batch limits ``auto`` picks (fixed on a CPU, from free memory on a GPU);
 - ``suspects``: when a request delivered before (maybe the one that kills workers) may start.
 """

@@ -8,6 +8,7 @@ runs them. A new part is built here and handed over in ``Parts``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.policy.ordering import WaitingOrder, make_order
+from genq.worker.policy.sizing import batch_limits
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
 from genq.worker.runtime.availability import Availability
@@ -34,6 +36,8 @@ from genq.worker.runtime.runners import Runner, RunnerContext, make_runner
 from genq.worker.runtime.starting import Starter
 from genq.worker.runtime.worker import Worker
 from genq.worker.runtime.writer import ResultWriter
+
+log = logging.getLogger("genq.worker")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +73,7 @@ def build_worker(
 ) -> Worker:
     """A worker with these settings serving ``engine``; on ``redis_client`` if given (its
     claim keeper shares it), else on connections of its own to ``settings.redis_url``."""
+    settings = _sized(settings, engine)
     r = redis_client or connect(settings.redis_url)
     if redis_client is None and not is_cluster(r):
         # Entries as Redis sends them: redis-py's parsing into dicts cost a tenth of the
@@ -126,6 +131,18 @@ def build_worker(
             stats=stats,
             keeper=keeper,
         )
+    )
+
+
+def _sized(settings: WorkerSettings, engine: Engine) -> WorkerSettings:
+    """The settings with ``auto`` batch limits replaced by the engine's (``make_engine`` sized
+    them to its device), or a CPU's for an engine built directly; logged once."""
+    limits = engine.limits or batch_limits(
+        tokens=settings.max_batch_tokens, size=settings.max_batch_size, device=None
+    )
+    log.info("batch limits: %s", limits.why)
+    return settings.model_copy(
+        update={"max_batch_tokens": limits.tokens, "max_batch_size": limits.size}
     )
 
 
