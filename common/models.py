@@ -19,6 +19,8 @@ MAX_NEW_TOKENS = 16_384
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_METADATA_KEYS = 32
+MAX_LOGIT_BIAS = 300
+"""Most entries in a request's ``logit_bias`` (OpenAI's limit)."""
 MAX_METADATA_VALUE_CHARS = 1_024
 
 Priority = Literal["high", "normal", "low"]
@@ -83,6 +85,9 @@ class _Strict(BaseModel):
 MAX_MESSAGES = 256
 
 
+BiasValue = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
 class ChatMessage(_Strict):
     """One message of a chat request (OpenAI's ``messages`` shape, text content)."""
 
@@ -123,6 +128,25 @@ class RequestBody(_Strict):
         Field(max_length=MAX_STOP_STRINGS),
     ] = Field(default_factory=list)
     """Generation ends before the first occurrence of any of these strings (not returned)."""
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    """Sampling only: drop tokens less likely than ``min_p`` x the likeliest one's probability."""
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    """OpenAI's: each token's logit is lowered by this x how often it was generated so far."""
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    """OpenAI's: each token already generated has its logit lowered by this, once."""
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    """vLLM's and transformers': a token in the prompt or generated so far has a positive logit
+    divided by this and a negative one multiplied by it (1: off)."""
+    logit_bias: Annotated[
+        dict[Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")], BiasValue],
+        Field(max_length=MAX_LOGIT_BIAS),
+    ] = Field(default_factory=dict)
+    """OpenAI's: token id (in the model's tokenizer, as a decimal string) -> a number from -100
+    to 100 added to that token's logit at every step (-100 bans it, 100 all but forces it)."""
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS)] = 0
+    """vLLM's: eos cannot end the text before this many tokens are generated."""
+    ignore_eos: bool = False
+    """vLLM's: eos is never picked, so the text runs to ``max_new_tokens`` (or a stop string)."""
     stream: bool = False
     """Also send the text as it is generated, as ``delta`` events on the request's event stream."""
     deadline_unix_ms: Annotated[int, Field(ge=0)] | None = None

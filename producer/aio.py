@@ -68,8 +68,9 @@ class AsyncClient:
     async def submit(self, prompt: str | None = None, **options: Any) -> str:
         """Enqueue one request and return its id. ``options`` are those of ``build_request``:
         messages (instead of a prompt), max_new_tokens, priority, tenant, temperature, top_p,
-        top_k, seed, stop, deadline_in_s, metadata, request_id. Raises InvalidRequest before
-        touching Redis if anything is wrong."""
+        top_k, seed, stop, min_p, frequency_penalty, presence_penalty, repetition_penalty,
+        logit_bias, min_tokens, ignore_eos, deadline_in_s, metadata, request_id. Raises
+        InvalidRequest before touching Redis if anything is wrong."""
         return (await self.submit_requests([build_request(prompt, **options)]))[0]
 
     async def submit_many(

@@ -4,7 +4,9 @@ Pure: no Redis (``batches.py`` keeps batches in Redis; the HTTP gateway reuses b
 Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions" or
 "/v1/chat/completions", "body": {...}}``. Body fields understood: ``prompt`` (completions) or
 ``messages`` (chat), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``stop``, and genq's own ``priority`` and ``deadline_in_s``; ``model``, ``user``,
+``seed``, ``stop``, ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, vLLM's
+``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``, and genq's own
+``priority`` and ``deadline_in_s``; ``model``, ``user``,
 ``n`` = 1 and ``stream`` = false are accepted (``model`` is whichever the queue's workers
 serve); anything else is an error for that line (it would change the output, and silently
 ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so
@@ -31,18 +33,37 @@ ENDPOINTS = {COMPLETIONS: "text_completion", CHAT: "chat.completion"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for /v1/completions."""
 _ACCEPTED = {"model", "user"}
-_SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop", "priority", "deadline_in_s")
+_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_tokens",
+    "ignore_eos",
+    "priority",
+    "deadline_in_s",
+)
 _NEUTRAL: dict[str, Any] = {
-    "frequency_penalty": 0,
-    "presence_penalty": 0,
     "logprobs": False,
     "echo": False,
     "best_of": 1,
-    "logit_bias": {},
     "top_logprobs": 0,
+    # vLLM's extras, as its clients (and `vllm bench serve`) send them by default.
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "include_stop_str_in_output": False,
+    "stop_token_ids": [],
 }
 """Fields genq does not implement, accepted at the value that changes nothing (clients send
-them by default)."""
+them by default); any other value is refused, naming the field."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,6 +39,13 @@ def build_request(
     top_k: int = 0,
     seed: int | None = None,
     stop: Sequence[str] | None = None,
+    min_p: float = 0.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+    logit_bias: Mapping[int | str, float] | None = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
     deadline_in_s: float | None = None,
     metadata: Mapping[str, Any] | None = None,
     request_id: str | None = None,
@@ -72,6 +79,13 @@ def build_request(
         "top_k": top_k,
         "seed": seed,
         "stop": list(stop or []),
+        "min_p": _float(min_p),
+        "frequency_penalty": _float(frequency_penalty),
+        "presence_penalty": _float(presence_penalty),
+        "repetition_penalty": _float(repetition_penalty),
+        "logit_bias": _logit_bias(logit_bias),
+        "min_tokens": min_tokens,
+        "ignore_eos": ignore_eos,
         "deadline_in_ms": deadline_in_ms,
         "metadata": dict(metadata or {}),
         "stream": stream,
@@ -81,6 +95,24 @@ def build_request(
         return Request.model_validate(fields)
     except ValidationError as err:
         raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
+
+
+def _float(value: Any) -> Any:
+    """An int where a float is meant (``1`` for ``1.0``) is that float; anything else is left
+    for validation to name."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _logit_bias(bias: Mapping[Any, Any] | None) -> Any:
+    """``{token id: bias}`` with ids as ints or decimal strings, as the wire's strings."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, Mapping):
+        return bias  # validation names it
+    return {
+        str(k) if isinstance(k, int) and not isinstance(k, bool) else k: _float(v)
+        for k, v in bias.items()
+    }
 
 
 class Prepared(NamedTuple):

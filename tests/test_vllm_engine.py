@@ -178,6 +178,37 @@ def test_a_request_vllm_cannot_serve_fails_alone(client: Client) -> None:
 
 
 @needs_vllm
+def test_penalties_bias_and_eos_rules_reach_vllm(client: Client) -> None:
+    """The sampling parameters clients send, honoured by vLLM's own SamplingParams: a banned
+    token is never generated, ignore_eos runs to the limit, min_tokens holds eos off."""
+    from genq.worker.engines.static import resolve_model
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    paris = tokenizer.encode(" Paris", add_special_tokens=False)[0]
+    capital = {"prompt": "The capital of France is", "max_new_tokens": 6}
+    plain, banned = client.results(
+        client.submit_many([capital, {**capital, "logit_bias": {paris: -100}}]), timeout=120
+    )
+    assert plain.text is not None and plain.text.strip().startswith("Paris")
+    assert banned.text is not None and not banned.text.strip().startswith("Paris"), banned.text
+    short = {"prompt": "The capital of France is Paris.", "max_new_tokens": 40}
+    ends = client.result(client.submit(**short), timeout=120)
+    assert ends.finish_reason == "stop" and ends.usage.completion_tokens < 35, ends
+    ignoring, held = client.results(
+        client.submit_many(
+            [
+                {**short, "ignore_eos": True},
+                {**short, "min_tokens": ends.usage.completion_tokens + 5},
+            ]
+        ),
+        timeout=120,
+    )
+    assert ignoring.finish_reason == "length" and ignoring.usage.completion_tokens == 40
+    assert held.usage.completion_tokens >= min(40, ends.usage.completion_tokens + 5)
+
+
+@needs_vllm
 def test_cancel_and_expiry_stop_the_request_in_the_engine_and_free_its_place(
     client: Client,
 ) -> None:

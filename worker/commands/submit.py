@@ -12,6 +12,30 @@ from genq.worker.commands.options import PRIORITY_CHOICE, redis_options, tenant_
 from rich.console import Console
 
 
+def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--option NAME=VALUE`` pairs: VALUE as JSON where it parses, else as text; NAME one of
+    ``build_request``'s options."""
+    import inspect
+    import json
+
+    from genq.producer.building import build_request
+
+    known = set(inspect.signature(build_request).parameters) - {"prompt"}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or name.strip() not in known:
+            raise click.BadParameter(
+                f"{pair!r} is not NAME=VALUE with NAME one of {', '.join(sorted(known))}",
+                param_hint="--option",
+            )
+        try:
+            out[name.strip()] = json.loads(text)
+        except ValueError:
+            out[name.strip()] = text
+    return out
+
+
 @click.command()
 @redis_options
 @click.argument("prompt", required=False)
@@ -28,6 +52,14 @@ from rich.console import Console
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="a stop string (repeatable)")
+@click.option(
+    "--option",
+    "extra",
+    multiple=True,
+    callback=lambda ctx, param, value: _options(value),
+    help="any other request option as NAME=VALUE, VALUE as JSON where it parses (repeatable): "
+    "--option frequency_penalty=0.5 --option 'logit_bias={\"5\": -100}' --option ignore_eos=true",
+)
 @click.option("--timeout-s", type=float, default=None, help="give up waiting after this long")
 @click.option("--no-wait", is_flag=True, help="print the request id and return")
 @click.option("--json", "as_json", is_flag=True, help="print the whole result as JSON")
@@ -42,6 +74,7 @@ def submit(
     temperature: float,
     seed: int | None,
     stop: tuple[str, ...],
+    extra: dict[str, Any],
     timeout_s: float | None,
     no_wait: bool,
     as_json: bool,
@@ -59,6 +92,7 @@ def submit(
         "temperature": temperature,
         "seed": seed,
         "stop": list(stop),
+        **extra,
     }
     if path is not None:
         _submit_file(redis_url, queue, path, options, timeout_s, no_wait)

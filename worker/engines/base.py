@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from genq.common.models import RequestBody
 from genq.worker.policy.sizing import BatchLimits
 
 
@@ -32,8 +33,54 @@ class GenerationInput:
     else is in the batch."""
     stop: tuple[str, ...] = ()
     """The row ends before the first of these strings; the string is not returned."""
+    min_p: float = 0.0
+    """Sampled rows: tokens below ``min_p`` x the likeliest one's probability are dropped."""
+    adjust: LogitAdjust | None = None
+    """Penalties, biases and eos rules for this row's logits (None: none, the fast path)."""
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     """If set, called with each new piece of text as it is generated (streaming)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogitAdjust:
+    """What a row asks done to its logits at each step before a token is picked (in this
+    order, as vLLM does): penalties, the bias, then eos masked while it may not end."""
+
+    frequency_penalty: float = 0.0
+    """Minus this x the times a token was generated so far (OpenAI's)."""
+    presence_penalty: float = 0.0
+    """Minus this once for a token generated so far (OpenAI's)."""
+    repetition_penalty: float = 1.0
+    """A token in the prompt or generated: positive logit / this, negative x this."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, added to its logit)."""
+    min_tokens: int = 0
+    """eos is masked until this many tokens are generated."""
+    ignore_eos: bool = False
+    """eos is always masked."""
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the tokens so far matter (any penalty is on)."""
+        return bool(self.frequency_penalty or self.presence_penalty) or (
+            self.repetition_penalty != 1.0
+        )
+
+
+def logit_adjust(r: RequestBody) -> LogitAdjust | None:
+    """A request's logit adjustments, or None when it asks for none (most requests)."""
+    adjust = LogitAdjust(
+        frequency_penalty=r.frequency_penalty,
+        presence_penalty=r.presence_penalty,
+        repetition_penalty=r.repetition_penalty,
+        logit_bias=tuple((int(k), v) for k, v in r.logit_bias.items() if v),
+        min_tokens=r.min_tokens,
+        ignore_eos=r.ignore_eos,
+    )
+    return None if adjust == NO_ADJUST else adjust
+
+
+NO_ADJUST = LogitAdjust()
 
 
 @dataclass(slots=True, kw_only=True)

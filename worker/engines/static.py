@@ -8,9 +8,11 @@ Per-row behaviour inside one ``generate`` call:
 
 - limits: a stopping criterion ends each row at its own ``max_new_tokens`` or stop string, and
   ``generate`` itself ends rows at eos (later steps of a finished row are padding, not counted);
+- adjustments: a logits processor applies each row's own penalties, logit bias, ``min_tokens``
+  and ``ignore_eos`` (``LogitAdjust``) to that row only;
 - sampling: a logits processor samples each sampled row with its own temperature, top-k,
-  top-p and seeded generator, then leaves only the drawn token for ``generate``'s greedy pick.
-  Greedy rows are untouched, so a greedy row's output does not depend on its batch-mates.
+  top-p, min-p and seeded generator, then leaves only the drawn token for ``generate``'s greedy
+  pick. Greedy rows are untouched, so a greedy row's output does not depend on its batch-mates.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class StaticEngine:
             if r.on_text is not None
         }
         processors = LogitsProcessorList()
+        if any(r.adjust is not None for r in batch):
+            processors.append(_RowAdjuster(batch, width, self.eos_token_ids))
         if any(r.temperature > 0 for r in batch):
             processors.append(_RowSampler(batch, self.device))
         config = GenerationConfig(
@@ -175,6 +179,40 @@ class _RowLimits:
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
+class _RowAdjuster:
+    """Logits processor: each row's own penalties, logit bias and eos rules (``LogitAdjust``);
+    rows without any are untouched, so their output does not depend on their batch-mates."""
+
+    def __init__(self, batch: Sequence[GenerationInput], prompt_width: int, eos: list[int]):
+        self.rows = [(i, r.adjust) for i, r in enumerate(batch) if r.adjust is not None]
+        self.prompt_width = prompt_width
+        self.prompt_len = [len(r.prompt_ids) for r in batch]
+        self.eos = eos
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        torch = _torch()
+        generated = input_ids.shape[1] - self.prompt_width
+        for i, a in self.rows:
+            row = scores[i]
+            if a.needs_history:
+                out = input_ids[i, self.prompt_width :]
+                if a.repetition_penalty != 1.0:
+                    seen = input_ids[i, self.prompt_width - self.prompt_len[i] :].unique()
+                    seen = seen[seen < row.shape[-1]]
+                    vals = row[seen]
+                    p = a.repetition_penalty
+                    row[seen] = torch.where(vals > 0, vals / p, vals * p)
+                if (a.frequency_penalty or a.presence_penalty) and out.numel():
+                    counts = torch.bincount(out, minlength=row.shape[-1])[: row.shape[-1]]
+                    counts = counts.to(row.dtype)
+                    row -= a.frequency_penalty * counts + a.presence_penalty * (counts > 0)
+            for token, bias in a.logit_bias:
+                row[token] += bias
+            if self.eos and (a.ignore_eos or generated < a.min_tokens):
+                row[self.eos] = float("-inf")
+        return scores
+
+
 class _RowSampler:
     """Logits processor: samples each sampled row with its own settings and generator, and
     leaves only the drawn token so that greedy selection picks it."""
@@ -202,6 +240,8 @@ class _RowSampler:
                 keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < r.top_p
                 mask = torch.zeros_like(probs, dtype=torch.bool).scatter(0, order, keep)
                 probs = probs.masked_fill(~mask, 0.0)
+            if r.min_p > 0:
+                probs = probs.masked_fill(probs < r.min_p * probs.max(), 0.0)
             token = torch.multinomial(probs, 1, generator=self.generators[i])
             scores[i] = float("-inf")
             scores[i, token] = 0.0

@@ -41,6 +41,7 @@ from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
     GenerationOutput,
+    LogitAdjust,
     run_to_completion,
 )
 from genq.worker.policy.sizing import BatchLimits
@@ -145,6 +146,20 @@ def worker_engine_args(
     )
 
 
+def _adjustments(adjust: LogitAdjust | None) -> dict[str, Any]:
+    """A row's ``LogitAdjust`` as vLLM's SamplingParams fields (vLLM has each of them)."""
+    if adjust is None:
+        return {}
+    return {
+        "frequency_penalty": adjust.frequency_penalty,
+        "presence_penalty": adjust.presence_penalty,
+        "repetition_penalty": adjust.repetition_penalty,
+        "logit_bias": dict(adjust.logit_bias) or None,
+        "min_tokens": adjust.min_tokens,
+        "ignore_eos": adjust.ignore_eos,
+    }
+
+
 class VllmEngine:
     """Requests are submitted and finish one by one; ``generate`` is a convenience on top."""
 
@@ -218,6 +233,8 @@ class VllmEngine:
                 top_k=row.top_k,
                 seed=row.seed,
                 stop=list(row.stop) or None,
+                min_p=row.min_p,
+                **_adjustments(row.adjust),
                 skip_special_tokens=True,
                 output_kind=(
                     self._kinds.CUMULATIVE if row.on_text is not None else self._kinds.FINAL_ONLY

@@ -16,6 +16,7 @@ from enum import Enum
 from genq.common.errors import (
     ContextTooLong,
     GenqError,
+    InvalidRequest,
     MaxNewTokensTooLarge,
     PromptTooLong,
     RequestTooLarge,
@@ -59,6 +60,8 @@ class Limits:
     """The model's context: prompt + generated tokens must fit in it."""
     max_batch_tokens: int
     """A request costing more could never be batched."""
+    vocab_size: int | None = None
+    """Tokens the model's tokenizer knows: ``logit_bias`` may name only these (None: any)."""
 
 
 def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqError | None:
@@ -84,6 +87,13 @@ def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqEr
             f"prompt is {prompt_tokens} tokens and max_new_tokens is {request.max_new_tokens}; "
             f"together they exceed this model's context of {ctx} tokens: shorten the prompt "
             "or lower max_new_tokens"
+        )
+    vocab = limits.vocab_size
+    unknown = [t for t in request.logit_bias if vocab is not None and int(t) >= vocab]
+    if unknown and vocab is not None:
+        return InvalidRequest(
+            f"logit_bias names token {unknown[0]}; this model's tokenizer has {vocab} tokens "
+            f"(ids 0 to {vocab - 1})"
         )
     cost = prompt_tokens + request.max_new_tokens
     if cost > limits.max_batch_tokens:

@@ -153,6 +153,7 @@ def _intake(settings: WorkerSettings, engine: Engine, outcomes: Outcomes, keys: 
         max_prompt_tokens=settings.max_prompt_tokens,
         max_context_tokens=engine.max_context_tokens,
         max_batch_tokens=settings.max_batch_tokens,
+        vocab_size=None if engine.tokenizer is None else len(engine.tokenizer),
     )
     return Intake(
         engine=engine,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from genq.common.errors import GenerationError, GenqError
-from genq.worker.engines.base import Engine, GenerationInput, IterationEngine
+from genq.worker.engines.base import Engine, GenerationInput, IterationEngine, logit_adjust
 from genq.worker.policy.admission import deadline_passed
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
@@ -143,6 +143,8 @@ class Runner:
             top_k=r.top_k,
             seed=r.seed,
             stop=tuple(r.stop),
+            min_p=r.min_p,
+            adjust=logit_adjust(r),
             on_text=on_text,
         )
 
