@@ -19,6 +19,7 @@ MAX_NEW_TOKENS = 16_384
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_METADATA_KEYS = 32
+MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300
 """Most entries in a request's ``logit_bias`` (OpenAI's limit)."""
 MAX_METADATA_VALUE_CHARS = 1_024
@@ -147,6 +148,11 @@ class RequestBody(_Strict):
     """vLLM's: eos cannot end the text before this many tokens are generated."""
     ignore_eos: bool = False
     """vLLM's: eos is never picked, so the text runs to ``max_new_tokens`` (or a stop string)."""
+    logprobs: bool = False
+    """Return each generated token's log-probability (``Result.logprobs``), from the model's
+    own distribution (before penalties and temperature)."""
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] = 0
+    """With ``logprobs``: also the this many likeliest tokens at each position (0-20)."""
     stream: bool = False
     """Also send the text as it is generated, as ``delta`` events on the request's event stream."""
     deadline_unix_ms: Annotated[int, Field(ge=0)] | None = None
@@ -169,6 +175,8 @@ class RequestBody(_Strict):
     def _prompt_or_messages(self) -> RequestBody:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         if self.messages and sum(len(m.content) for m in self.messages) > MAX_PROMPT_CHARS:
             raise ValueError(f"messages hold more than {MAX_PROMPT_CHARS} characters in all")
         return self
@@ -214,6 +222,21 @@ class Timings(_Strict):
     """Time spent in the engine for the batch that ran it."""
 
 
+class TopLogprob(_Strict):
+    """One of the likeliest tokens at a position (OpenAI's ``top_logprobs`` item)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    """The token's text as UTF-8 bytes (a token may hold part of a character)."""
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token and its log-probability (OpenAI's chat ``logprobs.content`` item)."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
 class Result(_Strict):
     """The state of one request, kept at its result key and sent as its final event."""
 
@@ -227,6 +250,9 @@ class Result(_Strict):
     """The generated text (without the prompt and without a matched stop string)."""
     finish_reason: FinishReason | None = None
     """``stop``: eos or a stop string; ``length``: reached max_new_tokens."""
+    logprobs: list[TokenLogprob] | None = None
+    """With the request's ``logprobs``: each generated token (eos not included) and its
+    log-probability, with the ``top_logprobs`` likeliest at that position."""
     usage: Usage = Field(default_factory=Usage)
     error: ErrorInfo | None = None
     """Set when status is failed, expired or cancelled."""

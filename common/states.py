@@ -91,10 +91,13 @@ def succeeded(
     worker: str,
     model: str,
     batch_size: int,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The final state of a request that generated its text."""
+    """The final state of a request that generated its text (``logprobs``: asked for)."""
+    extra = {} if logprobs is None else {"logprobs": logprobs}
     return _dump(
         {
+            **extra,
             "id": request_id,
             "status": "succeeded",
             "priority": priority,

@@ -50,10 +50,8 @@ _SAMPLING = (
     "deadline_in_s",
 )
 _NEUTRAL: dict[str, Any] = {
-    "logprobs": False,
     "echo": False,
     "best_of": 1,
-    "top_logprobs": 0,
     # vLLM's extras, as its clients (and `vllm bench serve`) send them by default.
     "use_beam_search": False,
     "length_penalty": 1.0,
@@ -89,14 +87,18 @@ def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """``build_request`` arguments for an OpenAI ``body`` sent to ``url`` (a completion or a
     chat completion); raise InvalidRequest saying what is wrong. Shared by batch lines and the
     HTTP gateway."""
+    args: dict[str, Any] = _logprobs_args(url, body)
     body = {
-        k: v for k, v in body.items() if v is not None and not (k in _NEUTRAL and v == _NEUTRAL[k])
+        k: v
+        for k, v in body.items()
+        if v is not None
+        and k not in ("logprobs", "top_logprobs")
+        and not (k in _NEUTRAL and v == _NEUTRAL[k])
     }
     if body.pop("n", 1) not in (1, None):
         raise InvalidRequest("only n = 1 is supported")
     for key in _ACCEPTED:
         body.pop(key, None)
-    args: dict[str, Any] = {}
     if url == COMPLETIONS:
         prompt = body.pop("prompt", None)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -124,6 +126,23 @@ def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
     if body:
         raise InvalidRequest(f"unsupported body fields {sorted(body)}")
     return args
+
+
+def _logprobs_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """``logprobs`` and ``top_logprobs`` in genq's terms: a chat's ``logprobs: true`` and
+    ``top_logprobs: N``, or a completion's legacy ``logprobs: N`` (0-5: N likeliest a token)."""
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if url == COMPLETIONS:
+        if top not in (None, 0):
+            raise InvalidRequest("top_logprobs is a chat field; /v1/completions takes logprobs: N")
+        if logprobs is None or logprobs is False:
+            return {}
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5:
+            raise InvalidRequest(f"logprobs on /v1/completions is an integer 0-5, not {logprobs!r}")
+        return {"logprobs": True, "top_logprobs": logprobs}
+    if logprobs not in (None, False, True):
+        raise InvalidRequest(f"logprobs on /v1/chat/completions is true or false, not {logprobs!r}")
+    return {"logprobs": bool(logprobs), "top_logprobs": top or 0} if logprobs or top else {}
 
 
 def parse_line(
@@ -231,11 +250,13 @@ def usage_of(res: Result) -> dict[str, int]:
 def response_body(url: str, res: Result) -> dict[str, Any]:
     """The OpenAI response body (a completion or a chat completion) of a succeeded result."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": res.finish_reason}
+    entries = None if res.logprobs is None else [e.model_dump() for e in res.logprobs]
     if url == CHAT:
         choice["message"] = {"role": "assistant", "content": res.text}
+        choice["logprobs"] = None if entries is None else {"content": entries, "refusal": None}
     else:
         choice["text"] = res.text
-        choice["logprobs"] = None
+        choice["logprobs"] = None if entries is None else _legacy_logprobs(entries)
     return {
         "id": res.id,
         "object": ENDPOINTS[url],
@@ -243,6 +264,22 @@ def response_body(url: str, res: Result) -> dict[str, Any]:
         "model": res.model or "unknown",
         "choices": [choice],
         "usage": usage_of(res),
+    }
+
+
+def _legacy_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat shape of log-probabilities as /v1/completions' legacy object: ``tokens``,
+    ``token_logprobs``, ``top_logprobs`` (token -> log-probability) and ``text_offset`` (each
+    token's start in the completion's text)."""
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
     }
 
 

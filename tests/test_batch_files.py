@@ -38,7 +38,7 @@ LINES = [
         "custom_id": "c4",
         "method": "POST",
         "url": "/v1/completions",
-        "body": {"prompt": "fine", "max_tokens": 4, "logprobs": 3},
+        "body": {"prompt": "fine", "max_tokens": 4, "suffix": "!"},
     },
     {
         "custom_id": "c5",
@@ -69,7 +69,7 @@ def test_a_batch_file_round_trip_on_the_tiny_model(
     bid = sub.stdout.strip()  # only the batch id on stdout
     assert bid.startswith("batch_") and "\n" not in bid
     assert "line 3: 'url' must be one of" in sub.stderr
-    assert "line 4: unsupported body fields ['logprobs']" in sub.stderr
+    assert "line 4: unsupported body fields ['suffix']" in sub.stderr
     assert "line 6: not valid JSON" in sub.stderr
     assert "3 submitted, 3 refused" in sub.stderr
     start_worker(queue, "--model", "tiny", "--engine", "static", "--max-new-tokens-limit", "256")

@@ -93,7 +93,7 @@ def test_errors_are_openai_errors_with_the_codes_the_sdk_maps(
     with pytest.raises(openai.BadRequestError, match="max_new_tokens"):
         client.completions.create(model="echo", prompt="x", max_tokens=100_000)
     with pytest.raises(openai.BadRequestError, match="unsupported body fields"):
-        client.completions.create(model="echo", prompt="x", logprobs=2)
+        client.completions.create(model="echo", prompt="x", suffix="!")
     with pytest.raises(openai.NotFoundError, match="not served"):
         client.completions.create(model="gpt-4o", prompt="x")
     with pytest.raises(openai.NotFoundError):

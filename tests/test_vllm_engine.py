@@ -209,6 +209,22 @@ def test_penalties_bias_and_eos_rules_reach_vllm(client: Client) -> None:
 
 
 @needs_vllm
+def test_logprobs_come_from_vllm_in_genqs_shape(client: Client) -> None:
+    """Greedy: each token is the likeliest of its top_logprobs; eos has no entry; the tokens
+    spell the text."""
+    spec = {"prompt": "The capital of France is", "max_new_tokens": 8}
+    (res,) = client.results(
+        client.submit_many([{**spec, "logprobs": True, "top_logprobs": 3}]), timeout=120
+    )
+    assert res.logprobs is not None and res.text is not None
+    assert len(res.logprobs) == res.usage.completion_tokens - (res.finish_reason == "stop")
+    assert "".join(e.token for e in res.logprobs) == res.text
+    for e in res.logprobs:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob) and e.logprob <= 0
+
+
+@needs_vllm
 def test_cancel_and_expiry_stop_the_request_in_the_engine_and_free_its_place(
     client: Client,
 ) -> None:

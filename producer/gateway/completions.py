@@ -61,6 +61,8 @@ async def _complete(request: Request, url: str) -> Response:
     metadata = body.pop("metadata", None)
     model = await _served_model(gw, body.get("model"))
     args = request_args(url, body)
+    if stream and args.get("logprobs"):
+        raise InvalidRequest("logprobs are returned with the whole answer: ask without stream")
     try:
         req = build_request(**args, stream=stream, metadata=metadata, tenant=caller(request).tenant)
     except TypeError as err:

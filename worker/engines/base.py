@@ -37,6 +37,9 @@ class GenerationInput:
     """Sampled rows: tokens below ``min_p`` x the likeliest one's probability are dropped."""
     adjust: LogitAdjust | None = None
     """Penalties, biases and eos rules for this row's logits (None: none, the fast path)."""
+    logprobs: int | None = None
+    """Return each generated token's log-probability and this many likeliest at each position
+    (None: none)."""
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     """If set, called with each new piece of text as it is generated (streaming)."""
 
@@ -81,6 +84,25 @@ def logit_adjust(r: RequestBody) -> LogitAdjust | None:
 
 
 NO_ADJUST = LogitAdjust()
+LOGPROB_FLOOR = -9999.0
+"""OpenAI's stand-in for a log-probability of minus infinity (JSON has no infinity)."""
+
+
+def logprob_entries(
+    decode: Callable[[list[int]], str],
+    steps: Sequence[tuple[int, float, Sequence[tuple[int, float]]]],
+) -> list[dict[str, Any]]:
+    """``TokenLogprob``-shaped dicts for (token id, log-probability, [(id, log-probability) of
+    the likeliest]) per generated token; each token's text is ``decode([id])``."""
+
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        text = decode([token])
+        value = logprob if logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
+        return {"token": text, "logprob": value, "bytes": list(text.encode())}
+
+    return [
+        {**one(token, lp), "top_logprobs": [one(t, v) for t, v in top]} for token, lp, top in steps
+    ]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -93,6 +115,8 @@ class GenerationOutput:
     """Tokens generated for this row, up to and including the one that ended it."""
     finish_reason: Literal["stop", "length"]
     """``stop``: eos or a stop string; ``length``: reached its max_new_tokens."""
+    logprobs: list[dict[str, Any]] | None = None
+    """If the row asked: one ``TokenLogprob``-shaped dict per generated token (eos excluded)."""
 
 
 @dataclass(frozen=True, kw_only=True)

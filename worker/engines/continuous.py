@@ -13,9 +13,9 @@ Semantics, same as ``static``: each request stops at its own ``max_new_tokens`` 
 strings are applied to the text and counted as in ``static`` (the manager has no stop strings, so
 the request runs on to its limit: correct output, some wasted decode steps).
 
-Sampled requests (temperature > 0), and requests with penalties, a logit bias, ``min_tokens`` or
-``ignore_eos`` (the manager applies one set of logits processors to all its requests), are
-grouped and run apart from the manager. The manager can
+Sampled requests (temperature > 0), and requests with penalties, a logit bias, ``min_tokens``,
+``ignore_eos`` or ``logprobs`` (the manager applies one set of logits processors to all its
+requests), are grouped and run apart from the manager. The manager can
 sample, but from one global random stream for all its requests, so a request's seed could not make
 its output reproducible. Instead, sampled requests wait until the manager has finished the greedy
 requests it is running (greedy requests submitted meanwhile wait too), then run together as one
@@ -169,7 +169,7 @@ class ContinuousEngine:
 
     def submit(self, key: str, row: GenerationInput) -> None:
         """Start generating ``row``; its output comes back from ``poll`` under ``key``."""
-        if row.temperature > 0 or row.adjust is not None:
+        if row.temperature > 0 or row.adjust is not None or row.logprobs is not None:
             self._sampled[key] = row  # runs as a static group once the manager is idle
             return
         if self._sampled:

@@ -3,7 +3,8 @@
 Tokens are UTF-8 bytes, so costs and limits behave like a real engine's. ``step_ms`` (worker
 ``--echo-step-ms``) makes a batch take as long as a static batch whose decode steps each take
 that long (its longest ``max_new_tokens`` steps): queue behaviour under slow generation, with no
-model (recovery tests kill workers mid-batch this way).
+model (recovery tests kill workers mid-batch this way). Asked for logprobs, it gives each byte of
+its echo a log-probability of 0 (it is certain); penalties and biases mean nothing to it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
-from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput, cut_at_stop
+from genq.worker.engines.base import (
+    BatchReport,
+    GenerationInput,
+    GenerationOutput,
+    cut_at_stop,
+    logprob_entries,
+)
 from genq.worker.policy.sizing import BatchLimits
 
 
@@ -45,7 +52,12 @@ class EchoEngine:
             reason: Literal["stop", "length"] = (
                 "stop" if stopped or len(data) <= row.max_new_tokens else "length"
             )
-            outputs.append(GenerationOutput(text=text, completion_tokens=n, finish_reason=reason))
+            out = GenerationOutput(text=text, completion_tokens=n, finish_reason=reason)
+            if row.logprobs is not None:  # each byte is certain: log-probability 0
+                top = 1 if row.logprobs else 0
+                steps = [(b, 0.0, [(b, 0.0)][:top]) for b in data[:n]]
+                out.logprobs = logprob_entries(_byte_text, steps)
+            outputs.append(out)
         prompt_tokens = sum(len(r.prompt_ids) for r in batch)
         return BatchReport(
             outputs=outputs,
@@ -53,3 +65,7 @@ class EchoEngine:
             padded_prompt_tokens=prompt_tokens,
             decode_slots=sum(o.completion_tokens for o in outputs),
         )
+
+
+def _byte_text(tokens: list[int]) -> str:
+    return bytes(tokens).decode("utf-8", errors="replace")

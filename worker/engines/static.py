@@ -27,6 +27,7 @@ from genq.worker.engines.base import (
     GenerationOutput,
     TextStreamer,
     cut_at_stop,
+    logprob_entries,
 )
 from genq.worker.policy.sizing import BatchLimits, DeviceMemory
 
@@ -91,6 +92,9 @@ class StaticEngine:
             if r.on_text is not None
         }
         processors = LogitsProcessorList()
+        logprobs = _RowLogprobs(batch) if any(r.logprobs is not None for r in batch) else None
+        if logprobs is not None:
+            processors.append(logprobs)  # first: the model's own distribution
         if any(r.adjust is not None for r in batch):
             processors.append(_RowAdjuster(batch, width, self.eos_token_ids))
         if any(r.temperature > 0 for r in batch):
@@ -115,6 +119,11 @@ class StaticEngine:
             self._finish_row(r, tokens, limits.stopped_at[i])
             for i, (r, tokens) in enumerate(zip(batch, generated, strict=True))
         ]
+        if logprobs is not None:
+            for i, steps_of_row in logprobs.finish(out[:, -1]).items():
+                n = outputs[i].completion_tokens  # eos, if it ended the row, has no entry
+                kept = n - int(n > 0 and generated[i][n - 1] in self.eos_token_ids)
+                outputs[i].logprobs = logprob_entries(self._decode, steps_of_row[:kept])
         prompt_tokens = sum(len(r.prompt_ids) for r in batch)
         return BatchReport(
             outputs=outputs,
@@ -177,6 +186,70 @@ class _RowLimits:
             limit = self.stopped_at[i] or generated
             streamer.update(input_ids[i, self.prompt_width : self.prompt_width + limit].tolist())
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class _RowLogprobs:
+    """Logits processor (first in the list, so it sees the model's own logits): for the rows
+    that ask, each step's log-probabilities in float32, the likeliest ``k`` kept; the chosen
+    token's is read at the next step (or at the end), once ``generate`` has picked it."""
+
+    def __init__(self, batch: Sequence[GenerationInput]):
+        torch = _torch()
+        self.rows = [i for i, r in enumerate(batch) if r.logprobs is not None]
+        self.k = max(batch[i].logprobs or 0 for i in self.rows)
+        self.top_of = {i: batch[i].logprobs or 0 for i in self.rows}
+        self.index = torch.tensor(self.rows, dtype=torch.long)
+        self.last: Any = None
+        self.chosen: list[Any] = []
+        self.tops: list[tuple[Any, Any]] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        torch = _torch()
+        index = self.index.to(scores.device)
+        if self.last is not None:
+            self._take(input_ids[index, -1])
+        self.last = torch.log_softmax(scores[index].float(), dim=-1)
+        if self.k:
+            top = torch.topk(self.last, self.k, dim=-1)
+            self.tops.append((top.indices, top.values))
+        return scores
+
+    def _take(self, tokens: Any) -> None:
+        lp = self.last.gather(1, tokens[:, None])[:, 0]
+        self.chosen.append((tokens, lp))
+
+    def finish(
+        self, last_tokens: Any
+    ) -> dict[int, list[tuple[int, float, list[tuple[int, float]]]]]:
+        """Each asking row's steps: (token, log-probability, [(token, log-probability)])."""
+        torch = _torch()
+        if self.last is not None:
+            self._take(last_tokens[self.index.to(last_tokens.device)])
+        if not self.chosen:
+            return {i: [] for i in self.rows}
+        tokens = torch.stack([t for t, _ in self.chosen], dim=1).tolist()
+        values = torch.stack([v for _, v in self.chosen], dim=1).tolist()
+        tops = (
+            (
+                torch.stack([t for t, _ in self.tops], 1).tolist(),
+                torch.stack([v for _, v in self.tops], 1).tolist(),
+            )
+            if self.tops
+            else None
+        )
+        out = {}
+        for n, i in enumerate(self.rows):
+            k = self.top_of[i]
+            rows = []
+            for j, (token, value) in enumerate(zip(tokens[n], values[n], strict=True)):
+                top = (
+                    []
+                    if tops is None or not k
+                    else list(zip(tops[0][n][j][:k], tops[1][n][j][:k], strict=True))
+                )
+                rows.append((token, value, top))
+            out[i] = rows
+        return out
 
 
 class _RowAdjuster:

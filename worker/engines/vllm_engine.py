@@ -33,7 +33,7 @@ import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from genq.common.errors import ConfigError, InvalidRequest
@@ -42,6 +42,7 @@ from genq.worker.engines.base import (
     GenerationInput,
     GenerationOutput,
     LogitAdjust,
+    logprob_entries,
     run_to_completion,
 )
 from genq.worker.policy.sizing import BatchLimits
@@ -235,6 +236,7 @@ class VllmEngine:
                 stop=list(row.stop) or None,
                 min_p=row.min_p,
                 **_adjustments(row.adjust),
+                logprobs=row.logprobs,
                 skip_special_tokens=True,
                 output_kind=(
                     self._kinds.CUMULATIVE if row.on_text is not None else self._kinds.FINAL_ONLY
@@ -287,7 +289,11 @@ class VllmEngine:
             if out.finished:
                 del self._rows[key]
                 self._sent.pop(key, None)
-                done.append((key, _generation_output(completion)))
+                done.append((key, _generation_output(completion, row.logprobs, self._decode)))
+
+    def _decode(self, tokens: list[int]) -> str:
+        text: str = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return text
 
     def _stream(self, key: str, row: GenerationInput, text: str) -> None:
         sent = self._sent.get(key, "")
@@ -348,9 +354,22 @@ class VllmEngine:
             self._engine.abort_request(aborts)
 
 
-def _generation_output(completion: Any) -> GenerationOutput:
-    """genq's view of vLLM's final ``CompletionOutput``."""
+def _generation_output(
+    completion: Any, top: int | None = None, decode: Callable[[list[int]], str] | None = None
+) -> GenerationOutput:
+    """genq's view of vLLM's final ``CompletionOutput``; with ``top`` (the row asked for
+    logprobs), its log-probabilities, the eos that ended it left out."""
     reason: Literal["stop", "length"] = "length" if completion.finish_reason == "length" else "stop"
-    return GenerationOutput(
+    out = GenerationOutput(
         text=completion.text, completion_tokens=len(completion.token_ids), finish_reason=reason
     )
+    if top is not None and decode is not None and completion.logprobs is not None:
+        ids = list(completion.token_ids)
+        ended_on_eos = reason == "stop" and completion.stop_reason is None
+        steps = []
+        for token, ranked in zip(ids[: len(ids) - ended_on_eos], completion.logprobs, strict=False):
+            likeliest = sorted(ranked.items(), key=lambda kv: kv[1].rank)
+            best = [(t, lp.logprob) for t, lp in likeliest if lp.rank <= top][:top]
+            steps.append((token, ranked[token].logprob, best))
+        out.logprobs = logprob_entries(decode, steps)
+    return out

@@ -83,6 +83,7 @@ class Outcomes:
             worker=self.worker,
             model=self.model,
             batch_size=batch_size,
+            logprobs=out.logprobs,
         )
         return Outcome(
             stream=held.stream,

@@ -145,6 +145,7 @@ class Runner:
             stop=tuple(r.stop),
             min_p=r.min_p,
             adjust=logit_adjust(r),
+            logprobs=r.top_logprobs if r.logprobs else None,
             on_text=on_text,
         )
 
