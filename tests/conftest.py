@@ -232,3 +232,17 @@ GENQ_ACL = (
     "+xgroup|create +xinfo|groups +xinfo|consumers "
     "+rpush +lpop +llen +lindex +sadd +srem +smembers +sismember +zadd +zscore +zincrby"
 )
+
+
+@pytest.fixture()
+def openai_client(redis_url: str, queue: str, tmp_path: Path) -> Iterator[Any]:
+    """The unmodified openai SDK on a ``genq serve`` of the test's queue (one API key)."""
+    import openai
+    from genq.worker.devtools.gateway_process import GatewayProcess
+
+    key = "sk-genq-test"
+    gateway = GatewayProcess(redis_url, queue, tmp_path / "gateway.log", ["--api-key", key])
+    try:
+        yield openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0, timeout=120)
+    finally:
+        gateway.stop()

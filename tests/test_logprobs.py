@@ -4,8 +4,7 @@ completions shapes, batched equal to alone (float32, greedy, within 1e-4), on ev
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -14,15 +13,12 @@ from genq.common.errors import InvalidRequest
 from genq.producer import Client
 from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args
 from genq.producer.building import build_request
-from genq.worker.devtools.gateway_process import GatewayProcess
 from genq.worker.engines.base import GenerationInput, GenerationOutput
 from genq.worker.engines.continuous import ContinuousEngine
 from genq.worker.engines.echo import EchoEngine
 from genq.worker.engines.static import StaticEngine
 
 from tests.conftest import WorkerProcess, varied_prompts, wait_until
-
-KEY = "sk-logprobs"
 
 
 def test_bad_logprobs_options_are_refused_before_queuing() -> None:
@@ -112,15 +108,8 @@ def test_echo_says_each_byte_is_certain() -> None:
     assert all(e["logprob"] == 0.0 and len(e["top_logprobs"]) == 1 for e in out.logprobs)
 
 
-@pytest.fixture()
-def gateway(redis_url: str, queue: str, tmp_path: Path) -> Iterator[GatewayProcess]:
-    g = GatewayProcess(redis_url, queue, tmp_path / "gateway.log", ["--api-key", KEY])
-    yield g
-    g.stop()
-
-
 def test_through_the_client_and_genq_serve_in_openais_shapes(
-    gateway: GatewayProcess,
+    openai_client: openai.OpenAI,
     redis_url: str,
     queue: str,
     start_worker: Callable[..., WorkerProcess],
@@ -131,7 +120,7 @@ def test_through_the_client_and_genq_serve_in_openais_shapes(
         assert result.logprobs is not None and len(result.logprobs[0].top_logprobs) == 2
         plain = client.generate("The queue", max_new_tokens=5)
         assert plain.logprobs is None and plain.text == result.text
-    sdk = openai.OpenAI(base_url=gateway.url, api_key=KEY, max_retries=0, timeout=120)
+    sdk = openai_client
     wait_until(lambda: [m.id for m in sdk.models.list()] == ["tiny"], timeout_s=60)
     chat = sdk.chat.completions.create(
         model="tiny",

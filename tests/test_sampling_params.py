@@ -5,8 +5,7 @@ and through genq serve with the unmodified openai SDK."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -14,13 +13,10 @@ import pytest
 from genq.common.errors import InvalidRequest
 from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args
 from genq.producer.building import build_request
-from genq.worker.devtools.gateway_process import GatewayProcess
 from genq.worker.engines.base import GenerationInput, LogitAdjust, logit_adjust
 from genq.worker.engines.static import StaticEngine
 
 from tests.conftest import WorkerProcess, varied_prompts, wait_until
-
-KEY = "sk-sampling"
 
 
 @pytest.mark.parametrize(
@@ -174,18 +170,11 @@ def test_the_continuous_engine_runs_adjusted_rows_as_static_would() -> None:
         engine.close()
 
 
-@pytest.fixture()
-def gateway(redis_url: str, queue: str, tmp_path: Path) -> Iterator[GatewayProcess]:
-    g = GatewayProcess(redis_url, queue, tmp_path / "gateway.log", ["--api-key", KEY])
-    yield g
-    g.stop()
-
-
 def test_through_genq_serve_with_the_openai_sdk(
-    gateway: GatewayProcess, queue: str, start_worker: Callable[..., WorkerProcess]
+    openai_client: openai.OpenAI, queue: str, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     start_worker(queue, "--model", "tiny", "--engine", "continuous")
-    client = openai.OpenAI(base_url=gateway.url, api_key=KEY, max_retries=0, timeout=120)
+    client = openai_client
     wait_until(lambda: [m.id for m in client.models.list()] == ["tiny"], timeout_s=60)
     a = str(StaticEngine.load("tiny").tokenize(["a"])[0][-1])
     forced = client.completions.create(
