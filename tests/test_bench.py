@@ -132,21 +132,20 @@ def test_the_queue_speed_script_runs_genq_alone_and_scaled() -> None:
     """benchmarks/queue_speed.py with genq only (the peers need a venv of their own)."""
     root = Path(__file__).resolve().parent.parent
     script = [str(root / "benchmarks" / "queue_speed.py"), "--jobs", "300", "--repeats", "1"]
-    out = subprocess.run(
-        [sys.executable, *script, "--systems", "genq"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, *script, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return done.stdout
+
+    out = run("--systems", "genq")
     assert "| genq |" in out and "Versions: redis-server" in out
-    out = subprocess.run(
-        [sys.executable, *script, "--genq-workers", "1,2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = run("--genq-workers", "1,2")
     assert "| 1 |" in out and "| 2 |" in out
 
 

@@ -71,7 +71,17 @@ class LogitAdjust:
 
 
 def logit_adjust(r: RequestBody) -> LogitAdjust | None:
-    """A request's logit adjustments, or None when it asks for none (most requests)."""
+    """A request's logit adjustments, or None when it asks for none (most requests: checked
+    field by field first, since this runs for every request the worker starts)."""
+    if not (
+        r.frequency_penalty
+        or r.presence_penalty
+        or r.repetition_penalty != 1.0
+        or r.logit_bias
+        or r.min_tokens
+        or r.ignore_eos
+    ):
+        return None
     adjust = LogitAdjust(
         frequency_penalty=r.frequency_penalty,
         presence_penalty=r.presence_penalty,

@@ -229,26 +229,17 @@ class _RowLogprobs:
             return {i: [] for i in self.rows}
         tokens = torch.stack([t for t, _ in self.chosen], dim=1).tolist()
         values = torch.stack([v for _, v in self.chosen], dim=1).tolist()
-        tops = (
-            (
-                torch.stack([t for t, _ in self.tops], 1).tolist(),
-                torch.stack([v for _, v in self.tops], 1).tolist(),
-            )
-            if self.tops
-            else None
-        )
+        top_ids = torch.stack([t for t, _ in self.tops], 1).tolist() if self.tops else None
+        top_lps = torch.stack([v for _, v in self.tops], 1).tolist() if self.tops else None
         out = {}
         for n, i in enumerate(self.rows):
             k = self.top_of[i]
-            rows = []
-            for j, (token, value) in enumerate(zip(tokens[n], values[n], strict=True)):
-                top = (
-                    []
-                    if tops is None or not k
-                    else list(zip(tops[0][n][j][:k], tops[1][n][j][:k], strict=True))
-                )
-                rows.append((token, value, top))
-            out[i] = rows
+            out[i] = [
+                (token, value, list(zip(top_ids[n][j][:k], top_lps[n][j][:k], strict=True)))
+                if k and top_ids is not None and top_lps is not None
+                else (token, value, [])
+                for j, (token, value) in enumerate(zip(tokens[n], values[n], strict=True))
+            ]
         return out
 
 
