@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Annotated, Literal
 
+from genq.common.formats import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 #: Hard limits of the wire format. A worker may set tighter ones (its settings), never looser.
@@ -153,6 +154,9 @@ class RequestBody(_Strict):
     own distribution (before penalties and temperature)."""
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] = 0
     """With ``logprobs``: also the this many likeliest tokens at each position (0-20)."""
+    response_format: ResponseFormat | None = None
+    """What the output must be: JSON of a schema, any JSON object, a regex's match, one of a
+    list of strings (``common/formats.py``), enforced by constrained decoding."""
     stream: bool = False
     """Also send the text as it is generated, as ``delta`` events on the request's event stream."""
     deadline_unix_ms: Annotated[int, Field(ge=0)] | None = None

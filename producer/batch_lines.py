@@ -5,8 +5,9 @@ Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions" or
 "/v1/chat/completions", "body": {...}}``. Body fields understood: ``prompt`` (completions) or
 ``messages`` (chat), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
 ``seed``, ``stop``, ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, vLLM's
-``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``, and genq's own
-``priority`` and ``deadline_in_s``; ``model``, ``user``,
+``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``, structured
+outputs (``response_format``, vLLM's ``structured_outputs`` and ``guided_*``:
+``structured_outputs.py``), and genq's own ``priority`` and ``deadline_in_s``; ``model``, ``user``,
 ``n`` = 1 and ``stream`` = false are accepted (``model`` is whichever the queue's workers
 serve); anything else is an error for that line (it would change the output, and silently
 ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so
@@ -26,6 +27,7 @@ from typing import Any
 from genq.common.errors import InvalidRequest
 from genq.common.models import DEFAULT_TENANT, Request, Result
 from genq.producer.building import build_request
+from genq.producer.structured_outputs import FIELDS, response_format_arg
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -88,11 +90,14 @@ def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
     chat completion); raise InvalidRequest saying what is wrong. Shared by batch lines and the
     HTTP gateway."""
     args: dict[str, Any] = _logprobs_args(url, body)
+    response_format = response_format_arg(body)
+    if response_format is not None:
+        args["response_format"] = response_format
     body = {
         k: v
         for k, v in body.items()
         if v is not None
-        and k not in ("logprobs", "top_logprobs")
+        and k not in ("logprobs", "top_logprobs", *FIELDS)
         and not (k in _NEUTRAL and v == _NEUTRAL[k])
     }
     if body.pop("n", 1) not in (1, None):

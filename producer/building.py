@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import orjson
 from genq.common import states
 from genq.common.errors import InvalidRequest
+from genq.common.formats import response_format_from
 from genq.common.models import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PRIORITY,
@@ -48,6 +49,7 @@ def build_request(
     ignore_eos: bool = False,
     logprobs: bool = False,
     top_logprobs: int = 0,
+    response_format: Any = None,
     deadline_in_s: float | None = None,
     metadata: Mapping[str, Any] | None = None,
     request_id: str | None = None,
@@ -57,7 +59,11 @@ def build_request(
     """Validate the arguments into a Request; raise InvalidRequest saying what is wrong. Give a
     ``prompt`` to continue, or chat ``messages`` (``[{"role": ..., "content": ...}]``) that the
     worker renders with the model's chat template. ``tenant`` (1-64 of ``A-Za-z0-9._-``) is
-    whom the request belongs to."""
+    whom the request belongs to. ``response_format`` constrains the output: a dict in
+    OpenAI's shapes or genq's (``{"type": "json_schema", "json_schema": {"name", "schema"}}``,
+    ``{"type": "json_object"}``, ``{"type": "regex", "regex": ...}``, ``{"type": "choice",
+    "choice": [...]}``: ``genq.common.formats``) or a pydantic model class (JSON of its
+    schema)."""
     if isinstance(stop, str):
         stop = [stop]
     problem = tenant_problem(tenant)
@@ -90,6 +96,7 @@ def build_request(
         "ignore_eos": ignore_eos,
         "logprobs": logprobs,
         "top_logprobs": top_logprobs,
+        "response_format": response_format_from(response_format),
         "deadline_in_ms": deadline_in_ms,
         "metadata": dict(metadata or {}),
         "stream": stream,

@@ -11,6 +11,8 @@ torch's thread count for the whole process it runs in.
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import psutil
 import pytest
 import redis
@@ -222,6 +225,70 @@ def test_logprobs_come_from_vllm_in_genqs_shape(client: Client) -> None:
     for e in res.logprobs:
         assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
         assert e.logprob == pytest.approx(e.top_logprobs[0].logprob) and e.logprob <= 0
+
+
+LABELS = {
+    "type": "object",
+    "properties": {
+        "label": {"enum": ["spam", "ham", "unsure"]},
+        "urgent": {"type": "boolean"},
+    },
+    "required": ["label", "urgent"],
+}
+
+
+@needs_vllm
+def test_vllm_holds_each_request_to_its_own_format(client: Client) -> None:
+    """vLLM's own structured outputs: mixed formats in one engine, each output of its format;
+    one vLLM cannot compile fails alone."""
+    label = {"type": "json_schema", "json_schema": {"name": "labels", "schema": LABELS}}
+    specs: list[dict[str, Any]] = [
+        {"prompt": "Is 'WIN A FREE PHONE' spam? Answer as JSON:", "response_format": label},
+        {
+            "prompt": "Is the sky green?",
+            "response_format": {"type": "choice", "choice": ["yes", "no"]},
+        },
+        {"prompt": "A US zip code:", "response_format": {"type": "regex", "regex": "[0-9]{5}"}},
+        {"prompt": "A cat as a JSON object:", "response_format": {"type": "json_object"}},
+        {"prompt": "x", "response_format": {"type": "regex", "regex": "[a-"}},
+    ]
+    labelled, answer, zip_code, cat, bad = client.results(
+        client.submit_many([{**s, "max_new_tokens": 60} for s in specs]), timeout=180
+    )
+    assert labelled.text is not None and answer.text in ("yes", "no")
+    jsonschema.validate(json.loads(labelled.text), LABELS)
+    assert zip_code.text is not None and re.fullmatch("[0-9]{5}", zip_code.text)
+    assert cat.finish_reason == "length" or isinstance(json.loads(cat.text or ""), dict)
+    assert bad.status == "failed" and bad.error is not None
+    assert bad.error.code == "invalid_request", bad.error
+
+
+@needs_vllm
+def test_a_500_line_batch_file_with_one_schema_all_validate(client: Client) -> None:
+    from genq.producer.batches import output_files, submit_batch, wait_for_batch
+
+    label = {"type": "json_schema", "json_schema": {"name": "labels", "schema": LABELS}}
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"m{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "messages": [{"role": "user", "content": f"Label message {i} as spam or ham."}],
+                    "max_tokens": 24,
+                    "response_format": label,
+                },
+            }
+        )
+        for i in range(500)
+    ]
+    batch = submit_batch(client, lines, source="labels.jsonl")
+    ok, errors, waiting = output_files(wait_for_batch(client, batch.id, timeout_s=900))
+    assert (len(ok), errors, waiting) == (500, [], 0)
+    for line in ok:
+        content = line["response"]["body"]["choices"][0]["message"]["content"]
+        jsonschema.validate(json.loads(content), LABELS)
 
 
 @needs_vllm

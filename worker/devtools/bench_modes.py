@@ -153,8 +153,8 @@ def _run_continuous(engine: IterationEngine, rows: list[GenerationInput]) -> Mod
     latencies: list[float] = []
     while len(outputs) < len(rows):
         for key, out in engine.poll(1.0):
-            if isinstance(out, str):
-                raise RuntimeError(out)
+            if not isinstance(out, GenerationOutput):
+                raise RuntimeError(str(out))
             outputs[key] = out
             latencies.append((time.perf_counter() - t0) * 1000)
     wall_s = time.perf_counter() - t0

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from genq.common.errors import GenqError
+from genq.common.formats import ResponseFormat
 from genq.common.models import RequestBody
 from genq.worker.policy.sizing import BatchLimits
 
@@ -40,6 +42,9 @@ class GenerationInput:
     logprobs: int | None = None
     """Return each generated token's log-probability and this many likeliest at each position
     (None: none)."""
+    constraint: Any = None
+    """What the engine's ``constrain`` made of the request's ``response_format`` (None: free
+    text): the row may generate only what it allows."""
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     """If set, called with each new piece of text as it is generated (streaming)."""
 
@@ -187,6 +192,12 @@ class Engine(Protocol):
         """Token ids of each prompt, as ``generate`` will see them."""
         ...
 
+    def constrain(self, fmt: ResponseFormat) -> Any:
+        """What a row needs (``GenerationInput.constraint``) to generate only output of
+        ``fmt``, made once per distinct format; raise InvalidRequest when it cannot be
+        enforced (the request fails alone, at admission)."""
+        ...
+
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Run one batch; outputs in input order. Must not return or count a token past a
         row's own max_new_tokens."""
@@ -202,8 +213,10 @@ class IterationEngine(Engine, Protocol):
         """Start generating ``row``; raise InvalidRequest if this engine cannot serve it."""
         ...
 
-    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
-        """Finished requests since the last call: (key, output) or (key, error message)."""
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str | GenqError]]:
+        """Finished requests since the last call: (key, output), (key, error message) for an
+        engine failure, or (key, GenqError) for a request the engine refused (it fails with
+        that error)."""
         ...
 
     def cancel(self, key: str) -> None:
@@ -224,8 +237,8 @@ def run_to_completion(engine: IterationEngine, batch: Sequence[GenerationInput])
     outputs: dict[str, GenerationOutput] = {}
     while len(outputs) < len(keys):
         for key, out in engine.poll(1.0):
-            if isinstance(out, str):
-                raise RuntimeError(out)
+            if isinstance(out, str | GenqError):
+                raise RuntimeError(str(out))
             outputs[key] = out
     prompt_tokens = sum(len(r.prompt_ids) for r in batch)
     report_outputs = [outputs[k] for k in keys]

@@ -14,8 +14,8 @@ strings are applied to the text and counted as in ``static`` (the manager has no
 the request runs on to its limit: correct output, some wasted decode steps).
 
 Sampled requests (temperature > 0), and requests with penalties, a logit bias, ``min_tokens``,
-``ignore_eos`` or ``logprobs`` (the manager applies one set of logits processors to all its
-requests), are grouped and run apart from the manager. The manager can
+``ignore_eos``, ``logprobs`` or a response format (the manager applies one set of logits
+processors to all its requests), are grouped and run apart from the manager. The manager can
 sample, but from one global random stream for all its requests, so a request's seed could not make
 its output reproducible. Instead, sampled requests wait until the manager has finished the greedy
 requests it is running (greedy requests submitted meanwhile wait too), then run together as one
@@ -33,6 +33,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from genq.common.errors import GenqError
+from genq.common.formats import ResponseFormat
 from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
@@ -41,6 +43,7 @@ from genq.worker.engines.base import (
     cut_at_stop,
     run_to_completion,
 )
+from genq.worker.engines.grammar import Constraint
 from genq.worker.engines.static import StaticEngine, load_model
 from genq.worker.policy.sizing import BatchLimits
 
@@ -81,6 +84,7 @@ class ContinuousEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = self._static.eos_token_ids
         self.max_context_tokens = self._static.max_context_tokens
+        self.grammars = self._static.grammars
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self._manager: Any = None
@@ -169,13 +173,23 @@ class ContinuousEngine:
 
     def submit(self, key: str, row: GenerationInput) -> None:
         """Start generating ``row``; its output comes back from ``poll`` under ``key``."""
-        if row.temperature > 0 or row.adjust is not None or row.logprobs is not None:
+        if (
+            row.temperature > 0
+            or row.adjust is not None
+            or row.logprobs is not None
+            or row.constraint is not None
+        ):
             self._sampled[key] = row  # runs as a static group once the manager is idle
             return
         if self._sampled:
             self._deferred[key] = row
             return
         self._add(key, row)
+
+    def constrain(self, fmt: ResponseFormat) -> Constraint:
+        """The compiled grammar of a response format (the static group runs constrained
+        rows)."""
+        return self._static.constrain(fmt)
 
     def _add(self, key: str, row: GenerationInput) -> None:
         self._rows[key] = row
@@ -201,11 +215,11 @@ class ContinuousEngine:
         """Requests submitted and not yet returned by ``poll``."""
         return len(self._rows) + len(self._sampled) + len(self._deferred)
 
-    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str | GenqError]]:
         """Finished requests: (key, output) or (key, error message). Waits up to ``timeout_s``
         for the first one, then takes whatever else is ready. With the manager idle, runs the
         waiting sampled requests, then hands it the greedy ones that waited for them."""
-        done: list[tuple[str, GenerationOutput | str]] = []
+        done: list[tuple[str, GenerationOutput | str | GenqError]] = []
         if self._sampled and not self._rows:
             done = self._run_sampled()
             for waited_key, waited in self._deferred.items():
@@ -233,7 +247,7 @@ class ContinuousEngine:
             else:
                 done.append((key, self._finish(row, list(out.generated_tokens))))
 
-    def _run_sampled(self) -> list[tuple[str, GenerationOutput | str]]:
+    def _run_sampled(self) -> list[tuple[str, GenerationOutput | str | GenqError]]:
         """The waiting sampled requests, run as one static batch."""
         if not self._sampled:
             return []

@@ -4,7 +4,8 @@ Tokens are UTF-8 bytes, so costs and limits behave like a real engine's. ``step_
 ``--echo-step-ms``) makes a batch take as long as a static batch whose decode steps each take
 that long (its longest ``max_new_tokens`` steps): queue behaviour under slow generation, with no
 model (recovery tests kill workers mid-batch this way). Asked for logprobs, it gives each byte of
-its echo a log-probability of 0 (it is certain); penalties and biases mean nothing to it.
+its echo a log-probability of 0 (it is certain); penalties and biases mean nothing to it. It
+refuses a ``response_format`` (an echo cannot be held to a schema).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
+from genq.common.errors import InvalidRequest
+from genq.common.formats import ResponseFormat
 from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
@@ -38,6 +41,13 @@ class EchoEngine:
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Each prompt's UTF-8 bytes."""
         return [list(p.encode("utf-8")) for p in prompts]
+
+    def constrain(self, fmt: ResponseFormat) -> None:
+        """Refuse: the echo of a prompt cannot be held to a format."""
+        raise InvalidRequest(
+            f"response_format {fmt.type!r} needs a model: --engine echo only echoes the prompt "
+            "(use static, continuous or vllm)"
+        )
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Echo each prompt, within its own limits."""

@@ -10,6 +10,8 @@ Per-row behaviour inside one ``generate`` call:
   ``generate`` itself ends rows at eos (later steps of a finished row are padding, not counted);
 - adjustments: a logits processor applies each row's own penalties, logit bias, ``min_tokens``
   and ``ignore_eos`` (``LogitAdjust``) to that row only;
+- constraints: a logits processor masks each row that has a response format to the tokens
+  its grammar allows next (``engines/grammar.py``);
 - sampling: a logits processor samples each sampled row with its own temperature, top-k,
   top-p, min-p and seeded generator, then leaves only the drawn token for ``generate``'s greedy
   pick. Greedy rows are untouched, so a greedy row's output does not depend on its batch-mates.
@@ -21,6 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from genq.common.formats import ResponseFormat
 from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
@@ -29,6 +32,7 @@ from genq.worker.engines.base import (
     cut_at_stop,
     logprob_entries,
 )
+from genq.worker.engines.grammar import Constraint, GrammarCache, RowGrammar
 from genq.worker.policy.sizing import BatchLimits, DeviceMemory
 
 
@@ -60,6 +64,10 @@ class StaticEngine:
             pad = self.eos_token_ids[0] if self.eos_token_ids else 0
         self.pad_token_id = int(pad)
         self.max_context_tokens: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.vocab_size = int(model.config.vocab_size)
+        self.grammars = GrammarCache(
+            tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
+        )
 
     @classmethod
     def load(cls, model_name: str, device: str = "cpu", dtype: str = "auto") -> StaticEngine:
@@ -71,6 +79,11 @@ class StaticEngine:
         """Token ids of each prompt, with the model's special tokens (e.g. bos)."""
         ids: list[list[int]] = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
         return ids
+
+    def constrain(self, fmt: ResponseFormat) -> Constraint:
+        """The compiled grammar of a response format (cached); raises InvalidRequest when
+        xgrammar cannot compile it."""
+        return self.grammars.constraint(fmt)
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Run the batch in one ``generate`` call."""
@@ -97,6 +110,8 @@ class StaticEngine:
             processors.append(logprobs)  # first: the model's own distribution
         if any(r.adjust is not None for r in batch):
             processors.append(_RowAdjuster(batch, width, self.eos_token_ids))
+        if any(r.constraint is not None for r in batch):
+            processors.append(RowGrammar([r.constraint for r in batch], self.vocab_size))
         if any(r.temperature > 0 for r in batch):
             processors.append(_RowSampler(batch, self.device))
         config = GenerationConfig(

@@ -36,7 +36,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from genq.common.errors import ConfigError, InvalidRequest
+from genq.common.errors import ConfigError, GenqError, InvalidRequest
+from genq.common.formats import ResponseFormat
 from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
@@ -222,6 +223,27 @@ class VllmEngine:
         ids: list[list[int]] = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
         return ids
 
+    def constrain(self, fmt: ResponseFormat) -> Any:
+        """vLLM's ``StructuredOutputsParams`` for a response format: vLLM compiles (and caches)
+        the grammar itself, with its xgrammar backend, compact JSON as the other engines."""
+        from vllm.sampling_params import StructuredOutputsParams
+
+        spec: dict[str, Any]
+        if fmt.type == "json_schema" and fmt.json_schema is not None:
+            spec = {"json": fmt.json_schema.schema_}
+        elif fmt.type == "json_object":
+            spec = {"json": {"type": "object"}}
+        elif fmt.type == "regex":
+            spec = {"regex": fmt.regex}
+        else:
+            spec = {"choice": list(fmt.choice or ())}
+        try:
+            return StructuredOutputsParams(
+                **spec, disable_any_whitespace=True, disable_additional_properties=True
+            )
+        except self._refusals as err:
+            raise InvalidRequest(f"vLLM refused the response_format: {err}") from err
+
     def submit(self, key: str, row: GenerationInput) -> None:
         """Queue ``row`` for the engine; its output comes back from ``poll`` under ``key``."""
         from vllm.sampling_params import SamplingParams
@@ -237,6 +259,7 @@ class VllmEngine:
                 min_p=row.min_p,
                 **_adjustments(row.adjust),
                 logprobs=row.logprobs,
+                structured_outputs=row.constraint,
                 skip_special_tokens=True,
                 output_kind=(
                     self._kinds.CUMULATIVE if row.on_text is not None else self._kinds.FINAL_ONLY
@@ -261,11 +284,11 @@ class VllmEngine:
         """Requests submitted and not yet returned by ``poll``."""
         return len(self._rows)
 
-    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str]]:
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str | GenqError]]:
         """Finished requests: (key, output) or (key, error message). Waits up to ``timeout_s``
         for the first engine output, then takes whatever else is ready; sends streaming text
         on the way. Raises EngineFailed once the engine thread has failed."""
-        done: list[tuple[str, GenerationOutput | str]] = []
+        done: list[tuple[str, GenerationOutput | str | GenqError]] = []
         wait = timeout_s
         while True:
             try:
@@ -279,7 +302,7 @@ class VllmEngine:
             row = self._rows.get(key)
             if row is None:  # cancelled meanwhile
                 continue
-            if isinstance(out, str):
+            if isinstance(out, str | GenqError):
                 del self._rows[key]
                 done.append((key, out))
                 continue
@@ -349,7 +372,7 @@ class VllmEngine:
             try:
                 self._engine.add_request(key, prompt, params)
             except self._refusals as err:  # vLLM's refusal of this request alone
-                self._outputs.put((key, f"vLLM refused the request: {err}"))
+                self._outputs.put((key, InvalidRequest(f"vLLM refused the request: {err}")))
         if aborts:
             self._engine.abort_request(aborts)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from genq.common.models import PRIORITY_RANK, Request
 from genq.common.settings import WorkerSettings
@@ -49,6 +50,8 @@ class Held:
     dead worker's look-ahead, or was handed back, was never tried: it runs as any other."""
     started_ms: int | None = None
     """When a continuous runner started it (its generation time is measured from there)."""
+    constraint: Any = None
+    """What the engine made of its ``response_format`` (``Engine.constrain``), or None."""
     charge: tuple[int, int] = (0, 0)
     """What its tenant was charged when a worker read it (``policy.fairness.charge``):
     refunded, less what it used, when it ends."""

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from genq.common.errors import GenqError, InvalidRequest
+from genq.common.formats import ResponseFormat
 from genq.common.keys import Keys
 from genq.common.models import Request
 from genq.common.wire import as_text, decode_request
@@ -17,6 +19,7 @@ from genq.worker.engines.chat import prompt_text
 from genq.worker.policy.admission import (
     Action,
     Limits,
+    Verdict,
     entry_time_ms,
     judge_entry,
     judge_prompt,
@@ -103,6 +106,16 @@ class Intake:
             self._tokenize(runnable, out)
         return out
 
+    def _constrain(self, fmt: ResponseFormat) -> Any:
+        """The engine's constraint for ``fmt`` (None for free text); raises InvalidRequest
+        when the engine cannot enforce it."""
+        if not fmt.constrains:
+            return None
+        constrain = getattr(self.engine, "constrain", None)
+        if constrain is None:
+            raise InvalidRequest(f"--engine {self.engine.name} cannot constrain output")
+        return constrain(fmt)
+
     def _tokenize(
         self, runnable: list[tuple[str, str, Request, tuple[int, int]]], out: Admitted
     ) -> None:
@@ -113,6 +126,12 @@ class Intake:
             runnable, self.engine.tokenize(texts), strict=True
         ):
             verdict = judge_prompt(request, len(ids), self.limits)
+            constraint = None
+            if verdict.action is Action.RUN and request.response_format is not None:
+                try:
+                    constraint = self._constrain(request.response_format)
+                except GenqError as err:
+                    verdict = Verdict(action=Action.FAIL, error=err)
             if verdict.action is Action.FAIL and verdict.error is not None:
                 out.outcomes.append(
                     self.outcomes.failed(
@@ -132,6 +151,7 @@ class Intake:
                     request=request,
                     prompt_ids=ids,
                     enqueued_ms=entry_time_ms(entry_id),
+                    constraint=constraint,
                     charge=charged,
                 )
             )

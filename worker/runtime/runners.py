@@ -146,6 +146,7 @@ class Runner:
             min_p=r.min_p,
             adjust=logit_adjust(r),
             logprobs=r.top_logprobs if r.logprobs else None,
+            constraint=held.constraint,
             on_text=on_text,
         )
 
@@ -289,6 +290,9 @@ class ContinuousRunner(Runner):
             if h is None:
                 continue
             started_ms = h.started_ms or finished_ms
+            if isinstance(result, GenqError):  # refused by the engine: the request's fault
+                out.append(self.outcomes.failed_held(h, result, started_ms))
+                continue
             if isinstance(result, str):
                 err = GenerationError(f"the engine failed on this request: {result}")
                 out.append(self.outcomes.failed_held(h, err, started_ms))
