@@ -21,6 +21,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_METADATA_KEYS = 32
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES_PER_REQUEST = 16
+"""Most ``n`` (choices generated for one request)."""
 MAX_LOGIT_BIAS = 300
 """Most entries in a request's ``logit_bias`` (OpenAI's limit)."""
 MAX_METADATA_VALUE_CHARS = 1_024
@@ -154,6 +156,10 @@ class RequestBody(_Strict):
     own distribution (before penalties and temperature)."""
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] = 0
     """With ``logprobs``: also the this many likeliest tokens at each position (0-20)."""
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES_PER_REQUEST)] = 1
+    """How many choices to generate for the prompt (1-16), each with its own text, finish
+    reason and logprobs (``Result.choices``); choice j of a request with a ``seed`` samples
+    with seed + j, so the set is reproducible. Counts n times in a worker's token budget."""
     response_format: ResponseFormat | None = None
     """What the output must be: JSON of a schema, any JSON object, a regex's match, one of a
     list of strings (``common/formats.py``), enforced by constrained decoding."""
@@ -179,6 +185,8 @@ class RequestBody(_Strict):
     def _prompt_or_messages(self) -> RequestBody:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if self.n > 1 and self.stream:
+            raise ValueError("stream with n > 1 is not supported: ask for one or the other")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         if self.messages and sum(len(m.content) for m in self.messages) > MAX_PROMPT_CHARS:
@@ -241,6 +249,15 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
+class Choice(_Strict):
+    """One of the ``n`` outputs of a request (OpenAI's ``choices[]`` item)."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason
+    logprobs: list[TokenLogprob] | None = None
+
+
 class Result(_Strict):
     """The state of one request, kept at its result key and sent as its final event."""
 
@@ -257,6 +274,9 @@ class Result(_Strict):
     logprobs: list[TokenLogprob] | None = None
     """With the request's ``logprobs``: each generated token (eos not included) and its
     log-probability, with the ``top_logprobs`` likeliest at that position."""
+    choices: list[Choice] | None = None
+    """With the request's ``n`` > 1: every choice, in order (``text``, ``finish_reason`` and
+    ``logprobs`` above are the first's; ``usage.completion_tokens`` counts them all)."""
     usage: Usage = Field(default_factory=Usage)
     error: ErrorInfo | None = None
     """Set when status is failed, expired or cancelled."""

@@ -92,9 +92,13 @@ def succeeded(
     model: str,
     batch_size: int,
     logprobs: list[dict[str, Any]] | None = None,
+    choices: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The final state of a request that generated its text (``logprobs``: asked for)."""
-    extra = {} if logprobs is None else {"logprobs": logprobs}
+    """The final state of a request that generated its text (``logprobs``: asked for;
+    ``choices``: all of them, for ``n`` > 1)."""
+    extra: dict[str, Any] = {} if logprobs is None else {"logprobs": logprobs}
+    if choices is not None:
+        extra["choices"] = choices
     return _dump(
         {
             **extra,

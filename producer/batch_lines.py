@@ -4,13 +4,13 @@ Pure: no Redis (``batches.py`` keeps batches in Redis; the HTTP gateway reuses b
 Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions" or
 "/v1/chat/completions", "body": {...}}``. Body fields understood: ``prompt`` (completions) or
 ``messages`` (chat), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``stop``, ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, vLLM's
-``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``, structured
-outputs (``response_format``, vLLM's ``structured_outputs`` and ``guided_*``:
-``structured_outputs.py``), and genq's own ``priority`` and ``deadline_in_s``; ``model``, ``user``,
-``n`` = 1 and ``stream`` = false are accepted (``model`` is whichever the queue's workers
-serve); anything else is an error for that line (it would change the output, and silently
-ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so
+``seed``, ``stop``, ``n`` (1-16 choices), ``frequency_penalty``, ``presence_penalty``,
+``logit_bias``, vLLM's ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and
+``ignore_eos``, structured outputs (``response_format``, vLLM's ``structured_outputs`` and
+``guided_*``: ``structured_outputs.py``), and genq's own ``priority`` and ``deadline_in_s``;
+``model``, ``user``, and ``stream`` = false are accepted (``model`` is whichever the queue's
+workers serve); anything else is an error for that line (it would change the output, and
+silently ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so
 submitting the same file again under the same batch id enqueues nothing twice.
 
 Without ``max_tokens``, a completion gets OpenAI's default of 16 tokens; a chat completion gets
@@ -100,8 +100,9 @@ def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
         and k not in ("logprobs", "top_logprobs", *FIELDS)
         and not (k in _NEUTRAL and v == _NEUTRAL[k])
     }
-    if body.pop("n", 1) not in (1, None):
-        raise InvalidRequest("only n = 1 is supported")
+    n = body.pop("n", 1)
+    if n not in (1, None):
+        args["n"] = n  # validation names a value out of 1-16
     for key in _ACCEPTED:
         body.pop(key, None)
     if url == COMPLETIONS:
@@ -253,23 +254,34 @@ def usage_of(res: Result) -> dict[str, int]:
 
 
 def response_body(url: str, res: Result) -> dict[str, Any]:
-    """The OpenAI response body (a completion or a chat completion) of a succeeded result."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": res.finish_reason}
-    entries = None if res.logprobs is None else [e.model_dump() for e in res.logprobs]
-    if url == CHAT:
-        choice["message"] = {"role": "assistant", "content": res.text}
-        choice["logprobs"] = None if entries is None else {"content": entries, "refusal": None}
+    """The OpenAI response body (a completion or a chat completion) of a succeeded result:
+    one choice, or each of a request's ``n``."""
+    if res.choices is None:
+        choices = [_choice(url, 0, res.text or "", res.finish_reason, res.logprobs)]
     else:
-        choice["text"] = res.text
-        choice["logprobs"] = None if entries is None else _legacy_logprobs(entries)
+        choices = [_choice(url, c.index, c.text, c.finish_reason, c.logprobs) for c in res.choices]
     return {
         "id": res.id,
         "object": ENDPOINTS[url],
         "created": (res.timings.finished_unix_ms or 0) // 1000,
         "model": res.model or "unknown",
-        "choices": [choice],
+        "choices": choices,
         "usage": usage_of(res),
     }
+
+
+def _choice(
+    url: str, index: int, text: str, finish_reason: str | None, logprobs: list[Any] | None
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason}
+    entries = None if logprobs is None else [e.model_dump() for e in logprobs]
+    if url == CHAT:
+        choice["message"] = {"role": "assistant", "content": text}
+        choice["logprobs"] = None if entries is None else {"content": entries, "refusal": None}
+    else:
+        choice["text"] = text
+        choice["logprobs"] = None if entries is None else _legacy_logprobs(entries)
+    return choice
 
 
 def _legacy_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ def build_request(
     logprobs: bool = False,
     top_logprobs: int = 0,
     response_format: Any = None,
+    n: int = 1,
     deadline_in_s: float | None = None,
     metadata: Mapping[str, Any] | None = None,
     request_id: str | None = None,
@@ -63,7 +64,7 @@ def build_request(
     OpenAI's shapes or genq's (``{"type": "json_schema", "json_schema": {"name", "schema"}}``,
     ``{"type": "json_object"}``, ``{"type": "regex", "regex": ...}``, ``{"type": "choice",
     "choice": [...]}``: ``genq.common.formats``) or a pydantic model class (JSON of its
-    schema)."""
+    schema). ``n`` (1-16): that many choices (``Result.choices``)."""
     if isinstance(stop, str):
         stop = [stop]
     problem = tenant_problem(tenant)
@@ -97,6 +98,7 @@ def build_request(
         "logprobs": logprobs,
         "top_logprobs": top_logprobs,
         "response_format": response_format_from(response_format),
+        "n": n,
         "deadline_in_ms": deadline_in_ms,
         "metadata": dict(metadata or {}),
         "stream": stream,

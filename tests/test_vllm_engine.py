@@ -264,6 +264,15 @@ def test_vllm_holds_each_request_to_its_own_format(client: Client) -> None:
 
 
 @needs_vllm
+def test_n_choices_come_from_vllm_reproducible_with_a_seed(client: Client) -> None:
+    spec = {"prompt": "Once upon a time", "max_new_tokens": 8, "temperature": 0.9, "seed": 5}
+    a, b = client.results(client.submit_many([{**spec, "n": 3}, {**spec, "n": 3}]), timeout=120)
+    assert a.choices is not None and len(a.choices) == 3 and b.choices == a.choices
+    assert a.text == a.choices[0].text and len({c.text for c in a.choices}) > 1
+    assert a.usage.completion_tokens == 3 * 8 or a.usage.completion_tokens > 8
+
+
+@needs_vllm
 def test_a_500_line_batch_file_with_one_schema_all_validate(client: Client) -> None:
     from genq.producer.batches import output_files, submit_batch, wait_for_batch
 

@@ -5,8 +5,8 @@ batching), ``vllm_engine`` (vLLM's engine) and ``echo`` (no model, for load test
 small interface in ``base``. Beside them: ``builtin_models`` (the tiny and random-250m models,
 built offline), ``packaged_models`` (smollm2-135m from its PyPI package), ``chat`` (chat
 templates) and ``grammar`` (response formats compiled by xgrammar, and the logits processor
-that holds rows to them). Engines that need torch import it only when built, so the worker's other modules
-stay importable without it.
+that holds rows to them). Engines that need torch import it only when built, so the worker's
+other modules stay importable without it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from genq.common.errors import GenqError
@@ -42,6 +42,9 @@ class GenerationInput:
     logprobs: int | None = None
     """Return each generated token's log-probability and this many likeliest at each position
     (None: none)."""
+    n: int = 1
+    """Choices to generate (``RequestBody.n``): engines run the row n times
+    (``expand_choices``), or natively (vLLM)."""
     constraint: Any = None
     """What the engine's ``constrain`` made of the request's ``response_format`` (None: free
     text): the row may generate only what it allows."""
@@ -132,6 +135,51 @@ class GenerationOutput:
     """``stop``: eos or a stop string; ``length``: reached its max_new_tokens."""
     logprobs: list[dict[str, Any]] | None = None
     """If the row asked: one ``TokenLogprob``-shaped dict per generated token (eos excluded)."""
+    choices: list[GenerationOutput] | None = None
+    """For a row with ``n`` > 1: every choice (the fields above are the first's, but
+    ``completion_tokens``, which counts them all)."""
+
+
+def expand_choices(batch: Sequence[GenerationInput]) -> tuple[list[GenerationInput], list[int]]:
+    """The rows to run for ``batch``: a row with ``n`` > 1 as n rows of one choice each (choice
+    j of a seeded row seeded with seed + j); and each input row's count of them."""
+    rows: list[GenerationInput] = []
+    for r in batch:
+        if r.n == 1:
+            rows.append(r)
+            continue
+        for j in range(r.n):
+            seed = None if r.seed is None else (r.seed + j) % 2**63
+            rows.append(replace(r, n=1, seed=seed))
+    return rows, [r.n for r in batch]
+
+
+def gather_choices(
+    outputs: Sequence[GenerationOutput], counts: Sequence[int]
+) -> list[GenerationOutput]:
+    """The outputs of ``expand_choices``'s rows as one per input row: a row of n choices has
+    the first's text, finish reason and logprobs, all n as ``choices``, and their tokens."""
+    out: list[GenerationOutput] = []
+    at = 0
+    for n in counts:
+        if n == 1:
+            out.append(outputs[at])
+        else:
+            out.append(combine_choices(list(outputs[at : at + n])))
+        at += n
+    return out
+
+
+def combine_choices(choices: list[GenerationOutput]) -> GenerationOutput:
+    """One output holding ``choices`` (see ``GenerationOutput.choices``)."""
+    first = choices[0]
+    return GenerationOutput(
+        text=first.text,
+        completion_tokens=sum(c.completion_tokens for c in choices),
+        finish_reason=first.finish_reason,
+        logprobs=first.logprobs,
+        choices=choices,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,18 +14,17 @@ strings are applied to the text and counted as in ``static`` (the manager has no
 the request runs on to its limit: correct output, some wasted decode steps).
 
 Sampled requests (temperature > 0), and requests with penalties, a logit bias, ``min_tokens``,
-``ignore_eos``, ``logprobs`` or a response format (the manager applies one set of logits
-processors to all its requests), are grouped and run apart from the manager. The manager can
-sample, but from one global random stream for all its requests, so a request's seed could not make
-its output reproducible. Instead, sampled requests wait until the manager has finished the greedy
+``ignore_eos``, ``logprobs``, a response format (the manager applies one set of logits processors to
+all its requests) or ``n`` > 1, are grouped and run apart from the manager. The manager can sample,
+but from one global random stream for all its requests, so a request's seed could not make its
+output reproducible. Instead, sampled requests wait until the manager has finished the greedy
 requests it is running (greedy requests submitted meanwhile wait too), then run together as one
 static batch (``StaticEngine``: per-row temperature, top-k, top-p and a generator seeded from the
 request's seed) on the same model; then the waiting greedy requests go to the manager. Not both at
-once: two threads computing on two cores change the float rounding of each other's matmuls enough
-to flip near-tied greedy picks (seen in the tests), and the guarantee that a greedy request's
-output equals its output alone would be lost. A sampled request thus gets exactly the output
-``--engine static`` gives for its seed; the cost is a drained pipeline each time one arrives.
-"""
+once: two threads computing on two cores change the float rounding of each other's matmuls enough to
+flip near-tied greedy picks (seen in the tests), and the guarantee that a greedy request's output
+equals its output alone would be lost. A sampled request thus gets exactly the output ``--engine
+static`` gives for its seed; the cost is a drained pipeline each time one arrives."""
 
 from __future__ import annotations
 
@@ -178,6 +177,7 @@ class ContinuousEngine:
             or row.adjust is not None
             or row.logprobs is not None
             or row.constraint is not None
+            or row.n > 1
         ):
             self._sampled[key] = row  # runs as a static group once the manager is idle
             return

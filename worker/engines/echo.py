@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Literal
 
 from genq.common.errors import InvalidRequest
@@ -21,6 +22,8 @@ from genq.worker.engines.base import (
     GenerationInput,
     GenerationOutput,
     cut_at_stop,
+    expand_choices,
+    gather_choices,
     logprob_entries,
 )
 from genq.worker.policy.sizing import BatchLimits
@@ -50,7 +53,11 @@ class EchoEngine:
         )
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
-        """Echo each prompt, within its own limits."""
+        """Echo each prompt, within its own limits (``n`` times for a row with ``n``)."""
+        if any(r.n > 1 for r in batch):
+            rows, counts = expand_choices(batch)
+            report = self.generate(rows)
+            return replace(report, outputs=gather_choices(report.outputs, counts))
         if self.step_ms > 0 and batch:
             time.sleep(self.step_ms * max(r.max_new_tokens for r in batch) / 1000)
         outputs = []

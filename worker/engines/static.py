@@ -19,6 +19,7 @@ Per-row behaviour inside one ``generate`` call:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from genq.worker.engines.base import (
     GenerationOutput,
     TextStreamer,
     cut_at_stop,
+    expand_choices,
+    gather_choices,
     logprob_entries,
 )
 from genq.worker.engines.grammar import Constraint, GrammarCache, RowGrammar
@@ -86,7 +89,14 @@ class StaticEngine:
         return self.grammars.constraint(fmt)
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
-        """Run the batch in one ``generate`` call."""
+        """Run the batch in one ``generate`` call (a row with ``n`` > 1 as n rows)."""
+        if all(r.n == 1 for r in batch):
+            return self._generate(batch)
+        rows, counts = expand_choices(batch)
+        report = self._generate(rows)
+        return dataclasses.replace(report, outputs=gather_choices(report.outputs, counts))
+
+    def _generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         torch = _torch()
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 

@@ -43,6 +43,7 @@ from genq.worker.engines.base import (
     GenerationInput,
     GenerationOutput,
     LogitAdjust,
+    combine_choices,
     logprob_entries,
     run_to_completion,
 )
@@ -251,6 +252,7 @@ class VllmEngine:
         try:
             params = SamplingParams(
                 max_tokens=row.max_new_tokens,
+                n=row.n,
                 temperature=row.temperature,
                 top_p=row.top_p,
                 top_k=row.top_k,
@@ -312,7 +314,8 @@ class VllmEngine:
             if out.finished:
                 del self._rows[key]
                 self._sent.pop(key, None)
-                done.append((key, _generation_output(completion, row.logprobs, self._decode)))
+                choices = [_generation_output(c, row.logprobs, self._decode) for c in out.outputs]
+                done.append((key, choices[0] if row.n == 1 else combine_choices(choices)))
 
     def _decode(self, tokens: list[int]) -> str:
         text: str = self.tokenizer.decode(tokens, skip_special_tokens=True)

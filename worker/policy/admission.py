@@ -95,12 +95,13 @@ def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqEr
             f"logit_bias names token {unknown[0]}; this model's tokenizer has {vocab} tokens "
             f"(ids 0 to {vocab - 1})"
         )
-    cost = prompt_tokens + request.max_new_tokens
+    cost = (prompt_tokens + request.max_new_tokens) * request.n
     if cost > limits.max_batch_tokens:
+        times = f" x n {request.n}" if request.n > 1 else ""
         return RequestTooLarge(
-            f"request needs {cost} tokens (prompt {prompt_tokens} + max_new_tokens "
-            f"{request.max_new_tokens}); this worker's batch budget is {limits.max_batch_tokens} "
-            "(--max-batch-tokens)"
+            f"request needs {cost} tokens ((prompt {prompt_tokens} + max_new_tokens "
+            f"{request.max_new_tokens}){times}); this worker's batch budget is "
+            f"{limits.max_batch_tokens} (--max-batch-tokens)"
         )
     return None
 

@@ -49,11 +49,13 @@ class Candidate:
     """0 = high, 1 = normal, 2 = low."""
     tenant: str = "default"
     """Whom it belongs to: the tenant with the least service anchors its priority's batch."""
+    choices: int = 1
+    """The request's ``n``: it runs as that many rows."""
 
     @property
     def cost_tokens(self) -> int:
-        """What the request takes from the batch's token budget."""
-        return self.prompt_tokens + self.max_new_tokens
+        """What the request takes from the batch's token budget (each choice a row)."""
+        return (self.prompt_tokens + self.max_new_tokens) * self.choices
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,9 +23,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from genq.common.models import DEFAULT_MAX_NEW_TOKENS
+from genq.common.models import DEFAULT_MAX_NEW_TOKENS, MAX_CHOICES_PER_REQUEST
 
 _MAX_NEW = re.compile(rb'"max_new_tokens":\s*(\d+)')
+_N = re.compile(rb'"n":\s*(\d+)')
 
 
 def charge(body: bytes) -> tuple[int, int]:
@@ -33,9 +34,12 @@ def charge(body: bytes) -> tuple[int, int]:
     whole body's bytes (an upper bound: a prompt has no more tokens than bytes, so a charge is
     never below the real cost and a tenant's tokens per minute hold); and the first
     ``"max_new_tokens": N`` in it (the default when there is none). The worker corrects the
-    estimate as soon as it has tokenized the prompt."""
+    estimate as soon as it has tokenized the prompt. A body with ``"n": N`` (N choices) is
+    charged N x max_new_tokens (N read as at most 16: still an upper bound)."""
     found = _MAX_NEW.search(body)
-    return len(body), int(found.group(1)) if found else DEFAULT_MAX_NEW_TOKENS
+    new = int(found.group(1)) if found else DEFAULT_MAX_NEW_TOKENS
+    choices = _N.search(body) if b'"n":' in body else None
+    return len(body), new * (min(int(choices.group(1)), MAX_CHOICES_PER_REQUEST) if choices else 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

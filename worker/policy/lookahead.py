@@ -69,6 +69,7 @@ class Held:
             enqueued_ms=self.enqueued_ms,
             priority_rank=PRIORITY_RANK[self.request.priority],
             tenant=self.request.tenant,
+            choices=self.request.n,
         )
 
     def recharge(self) -> Refund:

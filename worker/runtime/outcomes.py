@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from genq.common import states
 from genq.common.errors import GenqError
@@ -84,6 +85,7 @@ class Outcomes:
             model=self.model,
             batch_size=batch_size,
             logprobs=out.logprobs,
+            choices=None if out.choices is None else choice_dicts(out.choices),
         )
         return Outcome(
             stream=held.stream,
@@ -242,3 +244,16 @@ class Outcomes:
             if request
             else None,
         )
+
+
+def choice_dicts(choices: list[GenerationOutput]) -> list[dict[str, Any]]:
+    """``Result.choices`` (``Choice``-shaped dicts) of a row's outputs."""
+    return [
+        {
+            "index": j,
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            **({} if c.logprobs is None else {"logprobs": c.logprobs}),
+        }
+        for j, c in enumerate(choices)
+    ]

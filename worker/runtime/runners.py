@@ -146,6 +146,7 @@ class Runner:
             min_p=r.min_p,
             adjust=logit_adjust(r),
             logprobs=r.top_logprobs if r.logprobs else None,
+            n=r.n,
             constraint=held.constraint,
             on_text=on_text,
         )
