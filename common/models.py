@@ -12,6 +12,7 @@ import uuid
 from typing import Annotated, Literal
 
 from genq.common.formats import ResponseFormat
+from genq.common.tools import MAX_TOOLS, Tool, ToolCall, ToolChoice, check_tools
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 #: Hard limits of the wire format. A worker may set tighter ones (its settings), never looser.
@@ -39,7 +40,7 @@ DEFAULT_MAX_NEW_TOKENS = 64
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 #: A tenant: whom a request belongs to (a team, an app). Part of key names, so a safe alphabet.
 TENANT_CHARS = r"[A-Za-z0-9._\-]{1,64}"
@@ -96,8 +97,21 @@ class ChatMessage(_Strict):
     """One message of a chat request (OpenAI's ``messages`` shape, text content)."""
 
     role: Annotated[str, StringConstraints(min_length=1, max_length=32)]
-    """``system``, ``user``, ``assistant`` (or whatever roles the model's template knows)."""
-    content: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
+    """``system``, ``user``, ``assistant``, ``tool`` (or whatever roles the model's template
+    knows)."""
+    content: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | None
+    """The text (None only for an assistant message that made tool calls)."""
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    """An assistant message's calls, sent back as the conversation goes on."""
+    tool_call_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+    """A ``tool`` message: the call it answers."""
+    name: Annotated[str, StringConstraints(max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> ChatMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("a message needs content (or, from the assistant, tool_calls)")
+        return self
 
 
 class RequestBody(_Strict):
@@ -160,6 +174,11 @@ class RequestBody(_Strict):
     """How many choices to generate for the prompt (1-16), each with its own text, finish
     reason and logprobs (``Result.choices``); choice j of a request with a ``seed`` samples
     with seed + j, so the set is reproducible. Counts n times in a worker's token budget."""
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    """Functions a chat's model may call (OpenAI's ``tools``; ``common/tools.py``)."""
+    tool_choice: ToolChoice | None = None
+    """``none``, ``auto`` (the default with tools), ``required`` or ``{"type": "function",
+    "function": {"name": ...}}``: the last two are forced by constrained decoding."""
     response_format: ResponseFormat | None = None
     """What the output must be: JSON of a schema, any JSON object, a regex's match, one of a
     list of strings (``common/formats.py``), enforced by constrained decoding."""
@@ -189,7 +208,16 @@ class RequestBody(_Strict):
             raise ValueError("stream with n > 1 is not supported: ask for one or the other")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.messages and sum(len(m.content) for m in self.messages) > MAX_PROMPT_CHARS:
+        if (self.tools or self.tool_choice) and self.messages is None:
+            raise ValueError("tools are for chats: give messages, not a prompt")
+        problem = check_tools(self.tools, self.tool_choice)
+        if problem is not None:
+            raise ValueError(problem)
+        if self.response_format is not None and self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("give response_format or a forced tool_choice, not both")
+        if self.tools and self.stream:
+            raise ValueError("stream with tools is not supported: ask without stream")
+        if self.messages and sum(len(m.content or "") for m in self.messages) > MAX_PROMPT_CHARS:
             raise ValueError(f"messages hold more than {MAX_PROMPT_CHARS} characters in all")
         return self
 
@@ -274,6 +302,9 @@ class Result(_Strict):
     logprobs: list[TokenLogprob] | None = None
     """With the request's ``logprobs``: each generated token (eos not included) and its
     log-probability, with the ``top_logprobs`` likeliest at that position."""
+    tool_calls: list[ToolCall] | None = None
+    """The tools the model called (``finish_reason`` is then ``tool_calls``; ``text`` keeps
+    what it generated)."""
     choices: list[Choice] | None = None
     """With the request's ``n`` > 1: every choice, in order (``text``, ``finish_reason`` and
     ``logprobs`` above are the first's; ``usage.completion_tokens`` counts them all)."""

@@ -93,12 +93,15 @@ def succeeded(
     batch_size: int,
     logprobs: list[dict[str, Any]] | None = None,
     choices: list[dict[str, Any]] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> str:
     """The final state of a request that generated its text (``logprobs``: asked for;
     ``choices``: all of them, for ``n`` > 1)."""
     extra: dict[str, Any] = {} if logprobs is None else {"logprobs": logprobs}
     if choices is not None:
         extra["choices"] = choices
+    if tool_calls is not None:
+        extra["tool_calls"] = tool_calls
     return _dump(
         {
             **extra,

@@ -50,6 +50,8 @@ _SAMPLING = (
     "ignore_eos",
     "priority",
     "deadline_in_s",
+    "tools",
+    "tool_choice",
 )
 _NEUTRAL: dict[str, Any] = {
     "echo": False,
@@ -61,6 +63,7 @@ _NEUTRAL: dict[str, Any] = {
     "spaces_between_special_tokens": True,
     "include_stop_str_in_output": False,
     "stop_token_ids": [],
+    "parallel_tool_calls": True,
 }
 """Fields genq does not implement, accepted at the value that changes nothing (clients send
 them by default); any other value is refused, naming the field."""
@@ -191,13 +194,14 @@ def parse_line(
 def _text_message(m: Any) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise InvalidRequest("each message must be an object with 'role' and 'content'")
+    extra = {k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}
     content = m.get("content")
     if isinstance(content, list):  # OpenAI's content parts: text parts only
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(texts) != len(content):
             raise InvalidRequest("only text message content is supported")
         content = "".join(t or "" for t in texts)
-    return {"role": m.get("role"), "content": content}
+    return {"role": m.get("role"), "content": content, **extra}
 
 
 def _custom_id(text: str) -> str | None:
@@ -257,7 +261,8 @@ def response_body(url: str, res: Result) -> dict[str, Any]:
     """The OpenAI response body (a completion or a chat completion) of a succeeded result:
     one choice, or each of a request's ``n``."""
     if res.choices is None:
-        choices = [_choice(url, 0, res.text or "", res.finish_reason, res.logprobs)]
+        calls = None if res.tool_calls is None else [c.model_dump() for c in res.tool_calls]
+        choices = [_choice(url, 0, res.text or "", res.finish_reason, res.logprobs, calls)]
     else:
         choices = [_choice(url, c.index, c.text, c.finish_reason, c.logprobs) for c in res.choices]
     return {
@@ -271,11 +276,19 @@ def response_body(url: str, res: Result) -> dict[str, Any]:
 
 
 def _choice(
-    url: str, index: int, text: str, finish_reason: str | None, logprobs: list[Any] | None
+    url: str,
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    logprobs: list[Any] | None,
+    calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason}
     entries = None if logprobs is None else [e.model_dump() for e in logprobs]
-    if url == CHAT:
+    if url == CHAT and calls:
+        choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+        choice["logprobs"] = None
+    elif url == CHAT:
         choice["message"] = {"role": "assistant", "content": text}
         choice["logprobs"] = None if entries is None else {"content": entries, "refusal": None}
     else:

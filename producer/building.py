@@ -51,6 +51,8 @@ def build_request(
     top_logprobs: int = 0,
     response_format: Any = None,
     n: int = 1,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: Any = None,
     deadline_in_s: float | None = None,
     metadata: Mapping[str, Any] | None = None,
     request_id: str | None = None,
@@ -64,19 +66,13 @@ def build_request(
     OpenAI's shapes or genq's (``{"type": "json_schema", "json_schema": {"name", "schema"}}``,
     ``{"type": "json_object"}``, ``{"type": "regex", "regex": ...}``, ``{"type": "choice",
     "choice": [...]}``: ``genq.common.formats``) or a pydantic model class (JSON of its
-    schema). ``n`` (1-16): that many choices (``Result.choices``)."""
+    schema). ``n`` (1-16): that many choices (``Result.choices``). ``tools``
+    and ``tool_choice`` (chats): OpenAI's (``genq.common.tools``)."""
     if isinstance(stop, str):
         stop = [stop]
     problem = tenant_problem(tenant)
     if problem is not None:
         raise InvalidRequest(problem)
-    deadline_in_ms = None
-    if deadline_in_s is not None:
-        if not isinstance(deadline_in_s, int | float) or not math.isfinite(deadline_in_s):
-            raise InvalidRequest(f"deadline_in_s must be a finite number, got {deadline_in_s!r}")
-        # Relative to when Redis accepts the entry, by Redis' clock: this host's clock does
-        # not enter into it (a negative one has passed already).
-        deadline_in_ms = max(0, int(deadline_in_s * 1000))
     fields: dict[str, Any] = {
         "id": request_id if request_id is not None else new_request_id(),
         "prompt": prompt,
@@ -99,7 +95,9 @@ def build_request(
         "top_logprobs": top_logprobs,
         "response_format": response_format_from(response_format),
         "n": n,
-        "deadline_in_ms": deadline_in_ms,
+        "tools": None if tools is None else [dict(t) for t in tools],
+        "tool_choice": tool_choice,
+        "deadline_in_ms": _deadline_ms(deadline_in_s),
         "metadata": dict(metadata or {}),
         "stream": stream,
         "tenant": tenant,
@@ -108,6 +106,17 @@ def build_request(
         return Request.model_validate(fields)
     except ValidationError as err:
         raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
+
+
+def _deadline_ms(deadline_in_s: Any) -> int | None:
+    """``deadline_in_s`` as the wire's ``deadline_in_ms``: relative to when Redis accepts the
+    entry, by Redis' clock, so this host's clock does not enter into it (a negative one has
+    passed already)."""
+    if deadline_in_s is None:
+        return None
+    if not isinstance(deadline_in_s, int | float) or not math.isfinite(deadline_in_s):
+        raise InvalidRequest(f"deadline_in_s must be a finite number, got {deadline_in_s!r}")
+    return max(0, int(deadline_in_s * 1000))
 
 
 def _float(value: Any) -> Any:

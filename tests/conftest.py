@@ -246,3 +246,23 @@ def openai_client(redis_url: str, queue: str, tmp_path: Path) -> Iterator[Any]:
         yield openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0, timeout=120)
     finally:
         gateway.stop()
+
+
+@pytest.fixture()
+def sdk_serving(
+    openai_client: Any, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> Callable[[str], Any]:
+    """``sdk_serving(model)``: the ``openai_client`` once a ``--engine continuous`` worker of
+    ``model`` serves the test's queue (``echo``: an echo worker)."""
+
+    def serving(model: str) -> Any:
+        args = (
+            ("--engine", "echo")
+            if model == "echo"
+            else ("--model", model, "--engine", "continuous")
+        )
+        start_worker(queue, *args)
+        wait_until(lambda: [m.id for m in openai_client.models.list()] == [model], timeout_s=120)
+        return openai_client
+
+    return serving

@@ -293,3 +293,23 @@ def test_the_queue_modes_worker_gets_the_benchs_device_dtype_and_engine(redis_ur
     wrong = {**settings, "device": "no-such-device"}
     with pytest.raises(RuntimeError, match="device 'no-such-device' is not one of"):
         run_through_queue(workload, redis_url=redis_url, worker=wrong, queue="bench-device")
+
+
+def test_the_structured_bench_measures_compiles_and_reports_ratios() -> None:
+    from genq.worker.devtools.bench_structured import compile_costs, structured_markdown, workload
+
+    costs = compile_costs("tiny", distinct=5)
+    assert costs["first_schema_ms"] > costs["cache_hit_ms"] and costs["per_distinct_schema_ms"] > 0
+    assert len(workload(10)) == 10
+    runs = [
+        {
+            "engine": "static",
+            "free": {"tokens_per_s": 100.0, "requests_per_s": 2.0},
+            "schema": {"tokens_per_s": 90.0, "requests_per_s": 3.0},
+            "ratio": 0.9,
+        }
+    ]
+    text = structured_markdown(
+        {"model": "tiny", "requests": 10, "repeats": 3, "engines": runs, "compile": costs}
+    )
+    assert "| static | 100.0 | 90.0 | 0.900 |" in text and "5 distinct schemas" in text

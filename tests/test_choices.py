@@ -17,7 +17,7 @@ from genq.worker.policy.admission import Limits, check_limits
 from genq.worker.policy.batching import Candidate
 from genq.worker.policy.fairness import charge
 
-from tests.conftest import WorkerProcess, wait_until, worker_thread
+from tests.conftest import worker_thread
 
 
 def test_n_is_checked_before_queuing_and_costs_n_times() -> None:
@@ -94,12 +94,8 @@ def test_results_carry_every_choice(redis_url: str, queue: str, static: StaticEn
     )
 
 
-def test_the_sdk_gets_n_choices(
-    openai_client: openai.OpenAI, queue: str, start_worker: Callable[..., WorkerProcess]
-) -> None:
-    start_worker(queue, "--model", "tiny", "--engine", "continuous")
-    client = openai_client
-    wait_until(lambda: [m.id for m in client.models.list()] == ["tiny"], timeout_s=60)
+def test_the_sdk_gets_n_choices(sdk_serving: Callable[[str], openai.OpenAI]) -> None:
+    client = sdk_serving("tiny")
     ask = {"model": "tiny", "max_tokens": 8, "temperature": 0.9, "seed": 11, "n": 3}
     chat = client.chat.completions.create(
         messages=[{"role": "user", "content": "hi"}], logprobs=True, **ask

@@ -16,7 +16,7 @@ from genq.producer.building import build_request
 from genq.worker.engines.base import GenerationInput, LogitAdjust, logit_adjust
 from genq.worker.engines.static import StaticEngine
 
-from tests.conftest import WorkerProcess, varied_prompts, wait_until
+from tests.conftest import varied_prompts
 
 
 @pytest.mark.parametrize(
@@ -171,11 +171,9 @@ def test_the_continuous_engine_runs_adjusted_rows_as_static_would() -> None:
 
 
 def test_through_genq_serve_with_the_openai_sdk(
-    openai_client: openai.OpenAI, queue: str, start_worker: Callable[..., WorkerProcess]
+    sdk_serving: Callable[[str], openai.OpenAI],
 ) -> None:
-    start_worker(queue, "--model", "tiny", "--engine", "continuous")
-    client = openai_client
-    wait_until(lambda: [m.id for m in client.models.list()] == ["tiny"], timeout_s=60)
+    client = sdk_serving("tiny")
     a = str(StaticEngine.load("tiny").tokenize(["a"])[0][-1])
     forced = client.completions.create(
         model="tiny", prompt="The queue", max_tokens=8, logit_bias={a: 100}

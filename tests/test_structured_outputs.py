@@ -25,7 +25,7 @@ from genq.worker.engines.echo import EchoEngine
 from genq.worker.engines.static import StaticEngine
 from pydantic import BaseModel, Field
 
-from tests.conftest import WorkerProcess, varied_prompts, wait_until, worker_thread
+from tests.conftest import varied_prompts, worker_thread
 
 LABEL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -289,11 +289,9 @@ class Person(BaseModel):
 
 
 def test_chat_completions_parse_returns_a_parsed_object_streaming_too(
-    openai_client: openai.OpenAI, queue: str, start_worker: Callable[..., WorkerProcess]
+    sdk_serving: Callable[[str], openai.OpenAI],
 ) -> None:
-    start_worker(queue, "--model", "smollm2-135m", "--engine", "continuous")
-    client = openai_client
-    wait_until(lambda: [m.id for m in client.models.list()] == ["smollm2-135m"], timeout_s=120)
+    client = sdk_serving("smollm2-135m")
     messages: Any = [
         {"role": "user", "content": "Ann is 31 years old. Give her name and age as JSON."}
     ]
@@ -329,12 +327,10 @@ def test_chat_completions_parse_returns_a_parsed_object_streaming_too(
 
 
 def test_the_echo_engine_refuses_a_format_clearly(
-    openai_client: openai.OpenAI, queue: str, start_worker: Callable[..., WorkerProcess]
+    sdk_serving: Callable[[str], openai.OpenAI],
 ) -> None:
-    start_worker(queue, "--engine", "echo")
-    wait_until(lambda: [m.id for m in openai_client.models.list()] == ["echo"], timeout_s=60)
     with pytest.raises(openai.BadRequestError, match="--engine echo only echoes"):
-        openai_client.chat.completions.create(
+        sdk_serving("echo").chat.completions.create(
             model="echo",
             messages=[{"role": "user", "content": "hi"}],
             response_format={"type": "json_object"},

@@ -273,6 +273,27 @@ def test_n_choices_come_from_vllm_reproducible_with_a_seed(client: Client) -> No
 
 
 @needs_vllm
+def test_a_forced_tool_call_on_vllm_has_arguments_valid_under_its_schema(client: Client) -> None:
+    weather = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}, "days": {"enum": [1, 2, 3]}},
+        "required": ["city", "days"],
+    }
+    tool = {"type": "function", "function": {"name": "forecast", "parameters": weather}}
+    result = client.generate(
+        messages=[{"role": "user", "content": "Forecast for Rome, 2 days."}],
+        tools=[tool],
+        tool_choice="required",
+        max_new_tokens=60,
+        timeout=120,
+    )
+    assert result.finish_reason == "tool_calls" and result.tool_calls is not None
+    [call] = result.tool_calls
+    assert call.function.name == "forecast"
+    jsonschema.validate(json.loads(call.function.arguments), weather)
+
+
+@needs_vllm
 def test_a_500_line_batch_file_with_one_schema_all_validate(client: Client) -> None:
     from genq.producer.batches import output_files, submit_batch, wait_for_batch
 

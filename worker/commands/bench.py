@@ -64,13 +64,14 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "au
 )
 @click.option(
     "--scenario",
-    type=click.Choice(["modes", "priority", "fleet", "gateway", "tenants"]),
+    type=click.Choice(["modes", "priority", "fleet", "gateway", "tenants", "structured"]),
     default="modes",
     show_default=True,
     help="priority: waits per priority under a low-priority backlog; fleet: simulated GPU "
     "workers (echo, mixed speeds) under bursts and Poisson arrivals, against the ideal; "
     "gateway: genq serve's added latency and requests/s against the Python client; tenants: "
-    "a flood beside a trickle, service gaps, weights and a quota, fair against first-come",
+    "a flood beside a trickle, service gaps, weights and a quota, fair against first-come; "
+    "structured: tokens/s with a JSON schema against free, per engine, and compile costs",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
@@ -118,15 +119,8 @@ def bench(
     if scenario == "priority":
         _priority_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
         return
-    if scenario == "fleet":
-        _fleet_scenario(redis_url, quick=quick, as_json=as_json)
-        return
-    if scenario == "gateway":
-        _gateway_scenario(redis_url, quick=quick, as_json=as_json)
-        return
-    if scenario == "tenants":
-        _tenants_scenario(redis_url, quick=quick, as_json=as_json)
-        return
+    if scenario != "modes":
+        return _other_scenario(scenario, click.get_current_context().params)
 
     from genq.worker.devtools import bench_modes as b
 
@@ -427,6 +421,17 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
         click.echo(json.dumps(out, indent=2))
     else:
         _markdown(fleet_markdown(results))
+
+
+def _other_scenario(scenario: str, params: dict[str, Any]) -> None:
+    """The scenarios that take only ``--redis-url``, ``--quick`` and ``--json`` (and
+    ``structured``, which reads the rest of the parameters itself)."""
+    if scenario == "structured":
+        from genq.worker.devtools.bench_structured import run_and_print
+
+        return run_and_print(params)
+    run = {"fleet": _fleet_scenario, "gateway": _gateway_scenario, "tenants": _tenants_scenario}
+    run[scenario](params["redis_url"], quick=params["quick"], as_json=params["as_json"])
 
 
 def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:

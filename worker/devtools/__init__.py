@@ -4,5 +4,6 @@
 - ``worker_process``, ``gateway_process``: a worker or gateway in a subprocess;
 - the scenarios behind ``genq bench``: ``bench_modes`` (in-process against through the queue),
   ``bench_priority``, ``bench_fleet`` (against an ideal central queue), ``bench_gateway``,
-  ``bench_vllm`` (vLLM alone against vLLM through the queue) and ``bench_tenants``.
+  ``bench_vllm`` (vLLM alone against vLLM through the queue), ``bench_tenants`` and
+  ``bench_structured`` (a JSON schema against free text, per engine; compile costs).
 """

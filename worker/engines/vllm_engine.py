@@ -210,7 +210,14 @@ class VllmEngine:
             vllm_args=vllm_args or {},
         )
         from vllm import EngineArgs, LLMEngine
+        from vllm.config import StructuredOutputsConfig
 
+        # Compact JSON and xgrammar, as the other engines (vLLM's per-request whitespace flag
+        # is not read by its xgrammar backend: free whitespace let SmolLM2 loop on newlines).
+        args.setdefault(
+            "structured_outputs_config",
+            StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
+        )
         try:
             engine_arguments = EngineArgs(**args)
         except TypeError as err:

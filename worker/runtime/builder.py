@@ -17,6 +17,7 @@ from genq.common.connection import connect, is_cluster, refresh_cluster_view
 from genq.common.keys import Keys
 from genq.common.scripts import Applied
 from genq.common.settings import WorkerSettings
+from genq.common.tools import CALL_FORMAT_MARK
 from genq.worker.engines.base import Engine
 from genq.worker.policy.admission import Limits
 from genq.worker.policy.arrivals import ArrivalEstimate
@@ -86,7 +87,13 @@ def build_worker(
     metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
     lookahead = Lookahead.for_settings(settings, keys.streams())
     budget = AdaptiveBudget(full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s)
-    outcomes = Outcomes(worker=consumer, keys=keys, model=settings.served_model)
+    template = getattr(engine.tokenizer, "chat_template", None)
+    outcomes = Outcomes(
+        worker=consumer,
+        keys=keys,
+        model=settings.served_model,
+        reads_tool_calls=isinstance(template, str) and CALL_FORMAT_MARK in template,
+    )
     context = RunnerContext(
         outcomes=outcomes, counters=counters, metrics=metrics, send_delta=queue.send_delta
     )

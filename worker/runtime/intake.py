@@ -13,6 +13,7 @@ from genq.common.errors import GenqError, InvalidRequest
 from genq.common.formats import ResponseFormat
 from genq.common.keys import Keys
 from genq.common.models import Request
+from genq.common.tools import forced_format
 from genq.common.wire import as_text, decode_request
 from genq.worker.engines.base import Engine
 from genq.worker.engines.chat import prompt_text
@@ -120,16 +121,37 @@ class Intake:
         self, runnable: list[tuple[str, str, Request, tuple[int, int]]], out: Admitted
     ) -> None:
         """Cost each runnable request in the engine's tokenizer (one call for all), then check
-        it against the limits."""
-        texts = [prompt_text(r, self._tokenizer) for _, _, r, _ in runnable]
+        it against the limits. A chat the model's template cannot render fails alone."""
+        texts = []
+        for item in list(runnable):
+            stream, entry_id, request, charged = item
+            try:
+                texts.append(prompt_text(request, self._tokenizer))
+            except Exception as err:  # a template's own error (jinja), about these messages
+                runnable.remove(item)
+                error = InvalidRequest(
+                    f"the model's chat template cannot render these messages: "
+                    f"{type(err).__name__}: {err}"
+                )
+                out.outcomes.append(
+                    self.outcomes.failed(
+                        stream=stream,
+                        entry_id=entry_id,
+                        request_id=request.id,
+                        error=error,
+                        request=request,
+                        charge=charged,
+                    )
+                )
         for (stream, entry_id, request, charged), ids in zip(
             runnable, self.engine.tokenize(texts), strict=True
         ):
             verdict = judge_prompt(request, len(ids), self.limits)
             constraint = None
-            if verdict.action is Action.RUN and request.response_format is not None:
+            fmt = request.response_format or forced_format(request.tools, request.tool_choice)
+            if verdict.action is Action.RUN and fmt is not None:
                 try:
-                    constraint = self._constrain(request.response_format)
+                    constraint = self._constrain(fmt)
                 except GenqError as err:
                     verdict = Verdict(action=Action.FAIL, error=err)
             if verdict.action is Action.FAIL and verdict.error is not None:

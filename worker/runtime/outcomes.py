@@ -13,6 +13,7 @@ from genq.common import states
 from genq.common.errors import GenqError
 from genq.common.keys import Keys
 from genq.common.models import DEFAULT_TENANT, Request
+from genq.common.tools import calls_in_text, forced_calls
 from genq.worker.engines.base import GenerationOutput
 from genq.worker.policy.admission import entry_time_ms
 from genq.worker.policy.fairness import Refund
@@ -51,10 +52,27 @@ class Outcome:
 class Outcomes:
     """Builds the outcomes of one worker (its consumer name goes into every state)."""
 
-    def __init__(self, *, worker: str, keys: Keys, model: str) -> None:
+    def __init__(
+        self, *, worker: str, keys: Keys, model: str, reads_tool_calls: bool = False
+    ) -> None:
         self.worker = worker
         self.keys = keys
         self.model = model
+        self.reads_tool_calls = reads_tool_calls
+        """Whether the model's chat template teaches the Hermes call format (``auto`` tool
+        choices are read from the text then: ``common/tools.py``)."""
+
+    def _tool_calls(self, r: Request, out: GenerationOutput) -> list[dict[str, Any]] | None:
+        """The calls in a chat-with-tools' output: the forced one, or (``auto``, on a model
+        whose template has the call format) the Hermes blocks in its text."""
+        choice = r.tool_choice
+        if choice == "none" or r.tools is None:
+            return None
+        if choice in (None, "auto"):
+            if not self.reads_tool_calls:
+                return None
+            return calls_in_text(out.text, {t.function.name for t in r.tools})[1]
+        return None if out.finish_reason == "length" else forced_calls(out.text, choice)
 
     def succeeded(
         self,
@@ -68,13 +86,14 @@ class Outcomes:
     ) -> Outcome:
         """A request that generated its text."""
         r = held.request
+        calls = None if r.tools is None else self._tool_calls(r, out)
         state = states.succeeded(
             request_id=r.id,
             priority=r.priority,
             tenant=r.tenant,
             metadata=r.metadata,
             text=out.text,
-            finish_reason=out.finish_reason,
+            finish_reason="tool_calls" if calls else out.finish_reason,
             prompt_tokens=len(held.prompt_ids),
             completion_tokens=out.completion_tokens,
             queued_ms=held.enqueued_ms,
@@ -86,6 +105,7 @@ class Outcomes:
             batch_size=batch_size,
             logprobs=out.logprobs,
             choices=None if out.choices is None else choice_dicts(out.choices),
+            tool_calls=calls or None,
         )
         return Outcome(
             stream=held.stream,
