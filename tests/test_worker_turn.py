@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 import redis
-from genq.common.keys import Keys
+from genq.common.keys import GROUP, Keys
 from genq.common.settings import WorkerSettings
 from genq.producer import Client
 from genq.worker.engines.base import Engine, GenerationInput, GenerationOutput
 from genq.worker.engines.echo import EchoEngine
+from genq.worker.runtime import queue_io
+from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.queue_io import READ_PACE_S, QueueIO
 
 from tests.conftest import wait_until, worker_thread
@@ -162,3 +164,50 @@ def test_a_paced_read_waits_out_the_pace_after_finding_the_queue_empty(
     time.sleep(io.read_wait_s())
     assert len(io.read(room, block_ms=None, paced=True)) == 1  # the pace is over: asked
     assert io.read_wait_s() == 0  # it found something: the next read asks at once
+
+
+def test_a_busy_worker_hears_the_doorbell_instead_of_waiting_out_its_pace(
+    redis_url: str, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request arriving while an iteration-level engine generates joins the running batch
+    when the doorbell rings (``doorbell.py``), not at the next paced read: with the pace made
+    a minute long, the late request still joins while the first one runs."""
+    monkeypatch.setattr(queue_io, "READ_PACE_S", 60.0)
+    client = Client.from_url(redis_url, queue)
+    engine = SlowIterationEngine(hold_s=8.0)
+    with running_worker(redis_url, queue, engine) as worker:
+        first = client.submit("running", max_new_tokens=4)
+        wait_until(lambda: worker.runner.busy)
+        time.sleep(0.3)  # its read found the queue empty: the next paced one is a minute away
+        assert worker.queue.read_wait_s() > 30
+        late = client.submit("arrives while busy", max_new_tokens=4)
+        wait_until(lambda: len(worker.runner.running) == 2, timeout_s=4)
+        results = client.results([first, late], timeout=30)
+    assert [r.status for r in results] == ["succeeded", "succeeded"]
+    client.close()
+
+
+def test_the_doorbell_listener_hears_rings_only_while_armed_and_takes_none_from_the_group(
+    r: redis.Redis, queue: str
+) -> None:
+    """The listener reads the doorbell without the consumer group: an idle worker blocked on
+    the group still gets every ring (each ring wakes one idle worker)."""
+    keys = Keys(queue)
+    settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
+    QueueIO(r=r, keys=keys, consumer="idle", settings=settings).ensure_groups()
+    listener = DoorbellListener(r, keys.doorbell)
+    listener.start()
+    try:
+        listener.arm(True)
+        time.sleep(0.2)  # blocked on the doorbell by now
+        Client(r, queue).submit("one", max_new_tokens=2)
+        wait_until(listener.rung, timeout_s=3)
+        assert listener.take() and not listener.rung()  # take clears it
+        rings: Any = r.xreadgroup(GROUP, "idle", {keys.doorbell: ">"})
+        assert len(rings[0][1]) == 1  # the group's ring is still there for an idle worker
+        listener.arm(False)
+        Client(r, queue).submit("two", max_new_tokens=2)
+        time.sleep(1.5)  # past the listener's blocked read
+        assert not listener.rung()
+    finally:
+        listener.stop()

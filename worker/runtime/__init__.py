@@ -12,6 +12,7 @@
 - ``runners``: static and continuous engines behind one interface;
 - ``outcomes``: final results as the worker writes them;
 - ``writer``: the thread that writes results; ``recovery``: claims and takeover;
+- ``doorbell``: the thread that wakes a generating loop when a request arrives;
 - ``heartbeat``: counters and the stats hash; ``metrics``: Prometheus;
 - ``clock``: Redis' clock, which everything the worker records is in;
 - ``redis_checks``: the eviction policy checked before a model loads;

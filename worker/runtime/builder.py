@@ -2,8 +2,8 @@
 
 ``build_worker`` is the one place that knows which part needs which: the Redis connections,
 the queue's IO, the policy units (look-ahead, order, budget, suspect gate, arrival estimate),
-intake, runner, starter, writer, heartbeat and claim keeper. ``Worker`` (``worker.py``) only
-runs them. A new part is built here and handed over in ``Parts``.
+intake, runner, starter, writer, heartbeat, claim keeper and doorbell listener. ``Worker``
+(``worker.py``) only runs them. A new part is built here and handed over in ``Parts``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from genq.worker.policy.sizing import batch_limits
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
 from genq.worker.runtime.availability import Availability
+from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.metrics import Metrics
@@ -67,6 +68,8 @@ class Parts:
     stats: Heartbeat
     keeper: recovery.ClaimKeeper
     """Renews claims and the heartbeat, on a connection of its own."""
+    doorbell: DoorbellListener
+    """Wakes a generating loop when a request arrives, on a connection of its own."""
 
 
 def build_worker(
@@ -137,6 +140,10 @@ def build_worker(
             writer=writer,
             stats=stats,
             keeper=keeper,
+            doorbell=DoorbellListener(
+                connect(settings.redis_url) if redis_client is None else redis_client,
+                keys.doorbell,
+            ),
         )
     )
 

@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from genq.common.errors import GenerationError, GenqError
-from genq.worker.engines.base import Engine, GenerationInput, IterationEngine, logit_adjust
+from genq.worker.engines.base import (
+    Engine,
+    GenerationInput,
+    GenerationOutput,
+    IterationEngine,
+    logit_adjust,
+)
 from genq.worker.policy.admission import deadline_passed
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
@@ -30,6 +36,9 @@ log = logging.getLogger("genq.worker")
 POLL_S = 0.02
 """How long a turn waits, at least, for a running request to finish before checking Redis
 again (longer while its next read is paced: ``queue_io.READ_PACE_S``)."""
+POLL_SLICE_S = 0.005
+"""A continuous runner's wait for outputs is cut in slices this long, to see between them
+whether the doorbell rang (a request arrived: it should join the running batch now)."""
 FIRST_BATCH_GUESS_MS = 1000.0
 """What a static worker takes its first batch to last, before it has measured one: a real
 model's batch takes about this long, and guessing long only costs one hand-back."""
@@ -91,8 +100,9 @@ class Runner:
         """Start ``batch`` (already marked running); return outcomes of those that could not."""
         raise NotImplementedError
 
-    def collect(self, timeout_s: float) -> list[Outcome]:
-        """Outcomes of what finished, waiting up to ``timeout_s`` for the first."""
+    def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
+        """Outcomes of what finished, waiting up to ``timeout_s`` for the first, or until
+        ``until()`` says to stop waiting (an iteration-level runner only)."""
         raise NotImplementedError
 
     def cancel(self, held: Held) -> None:
@@ -183,7 +193,7 @@ class StaticRunner(Runner):
         self._started_ms = started_ms
         return []
 
-    def collect(self, timeout_s: float) -> list[Outcome]:
+    def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
         """Run the batch started this turn to the end."""
         batch = list(self.running.values())
         try:
@@ -277,12 +287,13 @@ class ContinuousRunner(Runner):
         self.counters.batch(len(self.running))
         return failed
 
-    def collect(self, timeout_s: float) -> list[Outcome]:
-        """Results of the requests that finished (waiting up to ``timeout_s`` for one)."""
+    def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
+        """Results of the requests that finished (waiting up to ``timeout_s`` for one, in
+        ``POLL_SLICE_S`` slices while ``until`` is given and says to go on)."""
         if not self.running:
             return []
         t0 = time.perf_counter()
-        done = self.engine.poll(timeout_s)
+        done = self._poll(timeout_s, until)
         self.counters.generation_ms += int((time.perf_counter() - t0) * 1000)
         finished_ms = now_ms()
         out = []
@@ -313,6 +324,18 @@ class ContinuousRunner(Runner):
                 )
             )
         return out
+
+    def _poll(
+        self, timeout_s: float, until: Callable[[], bool] | None
+    ) -> list[tuple[str, GenerationOutput | str | GenqError]]:
+        if until is None:
+            return self.engine.poll(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            done = self.engine.poll(max(0.0, min(POLL_SLICE_S, left)))
+            if done or left <= POLL_SLICE_S or until():
+                return done
 
     def cancel(self, held: Held) -> None:
         """Free the request's place in the running batch."""

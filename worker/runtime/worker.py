@@ -5,7 +5,8 @@ are built and wired in ``builder.py`` (``build_worker``); this module only runs 
     turn:   reclaim (dead workers' entries) -> read -> admit -> plan -> start (mark running,
             hand to the runner) -> collect (what finished) -> write (to the writer thread)
     beside: the ClaimKeeper thread renews this worker's claims and heartbeat (recovery.py);
-            the ResultWriter thread writes results, events, acks and stats (writer.py)
+            the ResultWriter thread writes results, events, acks and stats (writer.py);
+            the DoorbellListener thread wakes a generating loop for arrivals (doorbell.py)
     stop:   SIGTERM stops reading; the same turn, without reading, runs what is held for up
             to shutdown_grace_s; then whatever is left stays pending for other workers. A
             second signal exits at once.
@@ -78,6 +79,7 @@ class Worker:
         self.writer = parts.writer
         self.stats = parts.stats
         self.keeper = parts.keeper
+        self.doorbell = parts.doorbell
         self._stopping = threading.Event()
 
     @property
@@ -100,6 +102,7 @@ class Worker:
         install_signal_handlers(self.stop)
         self.availability.retrying(self.join, self._stopping)
         self.keeper.start()
+        self.doorbell.start()
         log.info(
             "worker %s serving queue %r with engine %s",
             self.consumer,
@@ -112,6 +115,7 @@ class Worker:
         try:
             self.drain()
         finally:
+            self.doorbell.stop()
             self.writer.stop()
             self.runner.close()
         self.account_written()
@@ -165,11 +169,8 @@ class Worker:
         if reading:
             self.reclaim()
             room, probe, total = self.room(), self.probe(), self.read_total()
-            self.admit(
-                self.queue.read(
-                    room, block_ms=None, paced=self.runner.busy, probe=probe, total=total
-                )
-            )
+            paced = not self.doorbell.take() and self.runner.busy  # a ring: read now
+            self.admit(self.queue.read(room, block_ms=None, paced=paced, probe=probe, total=total))
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         if decision.reason == "waiting":
             self.arrivals.waiting(now_ms())  # scored when the batch starts: did anyone come?
@@ -178,7 +179,10 @@ class Worker:
             self.order.started(decision.batch)
             self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
             self.starter.hand_back(self.lookahead, self.runner)
-        self.write(self.runner.collect(max(POLL_S, self.queue.read_wait_s())))
+        listening = reading and self.listens()
+        self.doorbell.arm(listening)
+        until = self.doorbell.rung if listening else None
+        self.write(self.runner.collect(max(POLL_S, self.queue.read_wait_s()), until=until))
         self.write(self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired())
         if reading and not decision.batch and not self.runner.busy:
             self.idle(decision.wait_ms if self.lookahead.waiting else None)
@@ -196,6 +200,13 @@ class Worker:
         idle_ms = min(self.settings.read_block_ms, REDIS_TICK_MS)
         block_ms = idle_ms if fill_wait_ms is None else min(fill_wait_ms, MAX_BLOCK_MS)
         self.admit(self.queue.read(self.room(), block_ms=max(1, block_ms), total=self.read_total()))
+
+    def listens(self) -> bool:
+        """Whether the doorbell listener should wake this turn's wait on the engine: an
+        iteration-level runner is generating and has room for more (``doorbell.py``)."""
+        if not self.runner.busy or self.runner.read_limit(self.settings.max_batch_size) is None:
+            return False
+        return any(n > 0 for n in self.room().values())
 
     def room(self) -> dict[str, int]:
         """How many entries to read per stream: the look-ahead's room, within what the runner
