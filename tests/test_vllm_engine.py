@@ -371,6 +371,13 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
         results = client.results(ids, timeout=180)
         assert [r.status for r in results] == ["succeeded"] * len(ids)
         assert {client.result(i).worker for i in unfinished} == {"v1"}
+        # With the engine core in its own process, the engine thread waits for the core's
+        # output itself and hands it requests submitted mid-step: the same greedy texts again,
+        # joining one by one, and a streamed one's pieces add up.
+        again = client.submit_many([{**s, "max_new_tokens": 48, "stream": True} for s in REQUESTS])
+        pieces = [p for p in client.stream(again[0], timeout=180) if isinstance(p, str)]
+        assert [r.text for r in client.results(again, timeout=180)] == [r.text for r in results]
+        assert "".join(pieces) == results[0].text
         # SIGTERM while requests generate: they finish and are written, then it exits 0.
         more = client.submit_many([{"prompt": COUNTING, "max_new_tokens": 64}] * 3)
         wait_until(lambda: all(client.status(i).status == "running" for i in more), timeout_s=60)

@@ -54,6 +54,10 @@ log = logging.getLogger("genq.worker")
 BLOCK_TOKENS = 16
 """vLLM's KV block size (its default on CPU and GPU): every request rounds up to whole blocks."""
 
+CORE_POLL_S = 0.001
+"""While vLLM's engine core computes a step, how often the engine thread looks whether its
+output arrived (between looks, it hands the core any request submitted meanwhile)."""
+
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -357,12 +361,20 @@ class VllmEngine:
 
     def _run(self) -> None:
         engine = self._engine
+        arriving = _core_outputs(engine)
         try:
             while not self._closing:
                 self._wake.clear()
                 self._apply_commands()
                 if not engine.has_unfinished_requests():
                     self._wake.wait()
+                    continue
+                if arriving is not None and arriving.empty():
+                    # vLLM's engine core steps on its own, in its process: wait for its next
+                    # output here rather than inside step(), so that a request submitted
+                    # meanwhile reaches the core now and joins its next step, as under
+                    # `vllm serve`, and not the step after (~1 step of time to first token).
+                    self._wake.wait(CORE_POLL_S)
                     continue
                 for out in engine.step():
                     self._outputs.put((out.request_id, out))
@@ -385,6 +397,13 @@ class VllmEngine:
                 self._outputs.put((key, InvalidRequest(f"vLLM refused the request: {err}")))
         if aborts:
             self._engine.abort_request(aborts)
+
+
+def _core_outputs(engine: Any) -> queue.Queue[Any] | None:
+    """The queue that vLLM's engine-core client fills with the core's outputs (its
+    multiprocess client), or None (in-process: ``step()`` computes the step itself)."""
+    found = getattr(getattr(engine, "engine_core", None), "outputs_queue", None)
+    return found if isinstance(found, queue.Queue) else None
 
 
 def _generation_output(
