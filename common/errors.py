@@ -108,3 +108,17 @@ class ResultTimeout(GenqError, TimeoutError):
     """The request did not reach a final state within the time the caller gave."""
 
     code = "timeout"
+
+
+INPUT_ERRORS = frozenset(
+    {
+        InvalidRequest.code,
+        PromptTooLong.code,
+        ContextTooLong.code,
+        MaxNewTokensTooLarge.code,
+        RequestTooLarge.code,
+        MalformedEntry.code,
+    }
+)
+"""Result error codes that mean the request itself was wrong (HTTP 400; a response's
+``invalid_prompt``)."""

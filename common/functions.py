@@ -11,7 +11,7 @@ function            what it does
 ``genq_submit``     the SUBMIT script of ``scripts.py``: the depth limit, one request per
                     id, the ``queued`` state and the entry that owns the id, all in one step
 ``genq_cancel``     cancel a queued or running request: 1 cancelled, 0 already final,
-                    -1 no such request
+                    -1 no such request (with a response's keys, its webhook event too)
 ``genq_version``    the library's version (``VERSION``)
 ==================  =======================================================================
 
@@ -25,21 +25,24 @@ import logging
 from typing import Any
 
 import redis
-from genq.common.scripts import IS_FINAL_LUA, SUBMIT
+from genq.common.scripts import HOOK_LUA, IS_FINAL_LUA, SUBMIT
 from genq.common.settings import DEFAULT_RESULT_TTL_S
 from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 
 log = logging.getLogger("genq")
 
 LIBRARY = "genq"
-VERSION = 2
+VERSION = 3
 """Raised whenever a function's arguments or answers change (2: genq_submit indexes each request
-under its tenant and may answer GENQ_TENANT_FULL)."""
+under its tenant and may answer GENQ_TENANT_FULL; 3: genq_cancel takes a response's record and
+the webhook outbox as optional KEYS 4 and 5)."""
 
 CANCEL = (
     IS_FINAL_LUA
+    + HOOK_LUA
     + f"""
--- KEYS: state key, event key, attempts key of one request
+-- KEYS: state key, event key, attempts key of one request [, its response record key, the
+--       queue's webhook outbox: a response cancelled this way then has its webhook event]
 -- ARGV: [ttl_s (default {DEFAULT_RESULT_TTL_S})]
 -- Returns 1 (cancelled: its state is now final 'cancelled', with its final event), 0 (it was
 -- final already: nothing changed) or -1 (no such request: never submitted, or expired).
@@ -65,6 +68,7 @@ redis.call('SET', res, state, 'EX', ttl)
 redis.call('XADD', ev, '*', '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
 redis.call('EXPIRE', ev, ttl)
 redis.call('DEL', att)
+if KEYS[5] then hook(KEYS[5], KEYS[4], state) end
 return 1
 """
 )

@@ -58,6 +58,16 @@ key                    type    written by                  read by             T
                                                                                dropped on read
 ``genq:file:{F}``      hash    ``POST /v1/files``          ``/v1/files``,      result_ttl_s
                                (content, filename, ...)    ``/v1/batches``
+``genq:{Q}:hooks``     stream  APPLY, cancel (a response gateways (group     none; entries
+                               became final: type, id,     ``deliverers``)     deleted when
+                               tenant)                                         delivered
+``genq:{Q}:hooks:done``  hash  gateways (ENTRY ENDPOINT:   gateways            fields deleted
+                               delivered)                                      with the event
+``genq:{Q}:hooks:dead``        gateways (deliveries that   ``genq webhooks``   none; capped at
+                       stream  gave up)                                        ~10,000 entries
+``genq:resp:{ID}``     string  ``POST /v1/responses``      ``/v1/responses``   result_ttl_s;
+                               (the record: input, options deleted by DELETE
+                               and context, JSON)          /v1/responses/ID
 =====================  ======  ==========================  ==================  ===============
 
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``). Entries a
@@ -90,6 +100,9 @@ next ids of the tenant with the least service (see ``scripts.PULL``). Not a proc
 RETURNED = "genq.returned"
 """The consumer that holds entries a worker handed back unstarted (it was about to be busy for
 a while): every worker takes these first when it reads. Not a process: no heartbeat."""
+
+WEBHOOK_GROUP = "deliverers"
+"""The consumer group of the webhook outbox: every gateway that delivers webhooks joins it."""
 
 DEAD_LETTER_MAX_ENTRIES = 10_000
 """The dead-letter stream is trimmed (approximately) to this many entries."""
@@ -240,6 +253,30 @@ class Keys:
         (``PRIORITY/ENTRY_ID``: another entry with the id is a duplicate); deleted when it
         ends."""
         return f"{PREFIX}:att:{{{request_id}}}"
+
+    @property
+    def webhook_events(self) -> str:
+        """The webhook outbox: one entry per event to deliver (``type``, ``id``, ``tenant``),
+        added where the state is decided (APPLY); read by gateways (consumer group
+        ``WEBHOOK_GROUP``), deleted once every endpoint has it or gave up."""
+        return f"{self._base}:hooks"
+
+    @property
+    def webhook_done(self) -> str:
+        """Which endpoints already took which pending webhook event (a hash: field ``ENTRY
+        ENDPOINT``), so a retry skips them; emptied as each event is acknowledged."""
+        return f"{self._base}:hooks:done"
+
+    @property
+    def webhook_dead(self) -> str:
+        """Webhook deliveries that gave up (a stream: event, endpoint, why)."""
+        return f"{self._base}:hooks:dead"
+
+    @staticmethod
+    def response(request_id: str) -> str:
+        """A ``/v1/responses`` response's record (its id is ``resp_`` + the request's id): in
+        the request's slot, so one MGET reads it with the request's state."""
+        return f"{PREFIX}:resp:{{{request_id}}}"
 
     @staticmethod
     def events(request_id: str) -> str:

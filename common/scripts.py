@@ -81,6 +81,27 @@ local function is_final(raw)
 end
 """
 
+HOOK_LUA = """
+-- If RESP (a response's record) exists, add its final event to OUTBOX: the type from the final
+-- STATE, the tenant from the record (genq writes both: their fields are where it put them).
+local function hook(outbox, resp, state)
+  local record = redis.call('GET', resp)
+  if not record then return end
+  local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
+  local kind = 'response.failed'
+  if status == 'succeeded' then
+    kind = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
+      or 'response.completed'
+  elseif status == 'cancelled' then
+    kind = 'response.cancelled'
+  end
+  local id = string.match(record, '^{"id":"([^"]*)"') or ''
+  local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
+  redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
+end
+"""
+"""Lua: the webhook event of a response that became final (APPLY and ``genq_cancel``)."""
+
 SUBMIT = (
     TENANTS_LUA
     + f"""
@@ -206,18 +227,23 @@ APPLY = (
     + f"""
 -- KEYS: S work streams (high, normal, low; S = ARGV[5] is 3, or 0 when the caller acknowledges
 --       entries itself, as on a Redis Cluster), then per request: state key, event key,
---       attempts key
+--       attempts key, response record key; then, if ARGV[7] is 1, the webhook outbox stream
 -- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, start token
---       (running: unique per start), then per request: its entry's work stream (1 high,
---       2 normal, 3 low; 0: no entry; negative: the caller never started this entry, so it
---       must prove it owns the id before it may end it), entry id, state JSON
+--       (running: unique per start), H (1: the outbox is the last key), then per request: its
+--       entry's work stream (1 high, 2 normal, 3 low; 0: no entry; negative: the caller never
+--       started this entry, so it must prove it owns the id before it may end it), entry id,
+--       state JSON
+-- A final state written for a request that is a /v1/responses response (its record exists)
+-- adds that response's event to the outbox, once: the webhooks' source.
 -- Per request, returns an Applied answer: WRITTEN, ALREADY_FINAL (its entry is then
 -- acknowledged and deleted: nothing more to do), NOT_FOUND ('cancel' found no state), POISON
 -- ('running' found it started max attempts times already: nothing written) or DUPLICATE
 -- (another entry owns the id: nothing written; this entry acknowledged and deleted).
 local group, ttl, mode, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local ns, token = tonumber(ARGV[5]), ARGV[6]
+local outbox = ARGV[7] == '1' and KEYS[#KEYS] or nil
 local PRIORITY = {PRIORITY_LUA}
+{HOOK_LUA}
 -- The attempts key holds "STARTS ENTRY TOKEN": how many times workers started the request, the
 -- work entry that owns its id (set by SUBMIT, or by the first start of an entry added with a
 -- plain XADD) and the last start's token. ("STARTS TOKEN", with no entry, before genq 0.2.)
@@ -236,10 +262,10 @@ local done = {{}}  -- per work stream, the entries to acknowledge and delete
 -- The common paths cost few commands: the new state is written with SET ... GET, which
 -- answers the old one, and the old one is put back in the rare cases that must not change it
 -- (already final: kept, with its TTL renewed; poison: left as it was).
-for i = 1, (#KEYS - ns) / 3 do
-  local k = ns + 3 * (i - 1)
-  local res, ev, att = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local a = 4 + 3 * i
+for i = 1, (#KEYS - ns - (outbox and 1 or 0)) / 4 do
+  local k = ns + 4 * (i - 1)
+  local res, ev, att, resp = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local a = 5 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
   -- Whether this entry must prove it owns the id: at every start, and when ending an entry
   -- the caller never started (s < 0: expired, malformed); one it started was checked then.
@@ -304,6 +330,7 @@ for i = 1, (#KEYS - ns) / 3 do
         '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
       redis.call('EXPIRE', ev, ttl)
       redis.call('DEL', att)
+      if outbox then hook(outbox, resp, state) end
       out[i] = {Applied.WRITTEN:d}
     end
     ack = out[i] >= {Applied.ALREADY_FINAL:d}
@@ -366,22 +393,29 @@ def apply_args(
     *,
     acknowledge: bool = True,
     unstarted: Sequence[bool] = (),
+    hooks: bool = True,
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of one APPLY call. The work streams are among its keys only if an item
     has an entry to acknowledge (so a cancel touches only the request's own slot), and the
     script is to acknowledge them (``acknowledge``; on a cluster the caller does).
     ``unstarted`` (per item, 'final' mode): the caller never started this entry (expired,
     malformed), so the script checks that it owns its id; a started one was checked at its
-    start."""
+    start. ``hooks``: a response's final state adds its webhook event to the queue's outbox
+    (``Keys.webhook_events``); not on a Redis Cluster, where the outbox (the queue's slot) and
+    the request (its own) cannot meet in one script."""
+    hooks = hooks and mode != "running"
     streams = keys.streams()
     ack = acknowledge and any(stream for _, stream, _, _ in items)
     script_keys: list[str] = list(streams) if ack else []
-    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(script_keys), token]
+    args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(script_keys), token, int(hooks)]
     flags = list(unstarted) or [False] * len(items)
     for (request_id, stream, entry_id, state), check in zip(items, flags, strict=True):
         script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
+        script_keys.append(keys.response(request_id))
         number = streams.index(stream) + 1 if stream else 0
         args += [-number if check else number, entry_id, state]
+    if hooks:
+        script_keys.append(keys.webhook_events)
     return script_keys, args
 
 
@@ -408,7 +442,15 @@ def apply(
         flags = list(unstarted) or [False] * len(items)
         calls = [
             apply_args(
-                keys, ttl_s, mode, [item], max_attempts, token, acknowledge=False, unstarted=[f]
+                keys,
+                ttl_s,
+                mode,
+                [item],
+                max_attempts,
+                token,
+                acknowledge=False,
+                unstarted=[f],
+                hooks=False,
             )
             for item, f in zip(items, flags, strict=True)
         ]

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
+from genq.common import webhooks
 from genq.common.errors import ConfigError
 from genq.common.keys import Keys
 from genq.common.models import tenant_problem
@@ -35,6 +36,10 @@ class TenantSettings:
     max_queued: int = 0
     """Most of its requests waiting at once (0: no limit); beyond it its submits raise
     QueueFull (HTTP 429)."""
+    webhook_url: str = ""
+    """Where its webhook events go too ("": only the gateway's own endpoint)."""
+    webhook_secret: str = ""
+    """The ``whsec_...`` secret its events are signed with (never printed: ``public``)."""
 
     def __post_init__(self) -> None:
         w = self.weight
@@ -48,6 +53,22 @@ class TenantSettings:
                 raise ConfigError(
                     f"{name} must be a whole number >= 0 (0: no limit), got {value!r}"
                 )
+        if bool(self.webhook_url) != bool(self.webhook_secret):
+            raise ConfigError("a webhook needs both --webhook-url and --webhook-secret")
+        if self.webhook_url:
+            webhooks.endpoint("tenant", self.webhook_url, self.webhook_secret)
+
+    def webhook(self, name: str) -> webhooks.Endpoint | None:
+        """The tenant's webhook endpoint (None: it has none)."""
+        if not self.webhook_url:
+            return None
+        return webhooks.Endpoint(f"tenant:{name}", self.webhook_url, self.webhook_secret)
+
+    def public(self) -> dict[str, Any]:
+        """The settings as shown by ``genq tenants``: the webhook secret only as set or not."""
+        shown = asdict(self)
+        shown["webhook_secret"] = "(set)" if self.webhook_secret else ""
+        return shown
 
     def to_json(self) -> str:
         """The stored form."""

@@ -118,7 +118,9 @@ class Client:
         at the worker's next step). False if it was already final; RequestNotFound if it has
         no state (never submitted with a client, or expired)."""
         raw = self.redis.get(self.keys.result(request_id))
-        call = cancel_call(self.keys, request_id, raw, self.result_ttl_s)
+        call = cancel_call(
+            self.keys, request_id, raw, self.result_ttl_s, cluster=is_cluster(self.redis)
+        )
         if call is None:
             return False
         script_keys, args = call

@@ -59,17 +59,18 @@ def queued_writes(
 
 
 def cancel_call(
-    keys: Keys, request_id: str, raw: bytes | str | None, ttl_s: int
+    keys: Keys, request_id: str, raw: bytes | str | None, ttl_s: int, *, cluster: bool = False
 ) -> tuple[list[str], list[str | int]] | None:
     """KEYS and ARGV of the APPLY call that cancels a request whose state is ``raw``; None if
-    it is already final. Raises RequestNotFound if it has no state."""
+    it is already final. Raises RequestNotFound if it has no state. A cancelled response adds
+    its webhook event, except on a Redis Cluster (``apply_args``)."""
     current = parse_stored(raw)
     if current is None:
         raise RequestNotFound(f"no request {request_id!r} in Redis (never submitted, or expired)")
     if current.is_final:
         return None
     state = states.cancelled(current, finished_ms=host_now_ms())
-    return apply_args(keys, ttl_s, "cancel", [(request_id, None, "", state)])
+    return apply_args(keys, ttl_s, "cancel", [(request_id, None, "", state)], hooks=not cluster)
 
 
 def cancel_outcome(request_id: str, reply: Any) -> bool:

@@ -140,14 +140,17 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
         "weight": 3.0,
         "tokens_per_minute": 900,
         "max_queued": 0,
+        "webhook_url": "",
+        "webhook_secret": "",
     }
     # Only what is given changes.
     assert genq("tenants", "set", *common, "team-a", "--max-queued", "5").returncode == 0
     assert genq("tenants", "set", *common, "b", "--weight", "0.5").returncode == 0
     listed = json.loads(genq("tenants", "list", *common, "--json").stdout)
+    no_hook = {"webhook_url": "", "webhook_secret": ""}
     assert listed == [
-        {"name": "b", "weight": 0.5, "tokens_per_minute": 0, "max_queued": 0},
-        {"name": "team-a", "weight": 3.0, "tokens_per_minute": 900, "max_queued": 5},
+        {"name": "b", "weight": 0.5, "tokens_per_minute": 0, "max_queued": 0, **no_hook},
+        {"name": "team-a", "weight": 3.0, "tokens_per_minute": 900, "max_queued": 5, **no_hook},
     ]
     table = genq("tenants", "list", *common)
     assert table.returncode == 0 and "team-a" in table.stdout and "900" in table.stdout

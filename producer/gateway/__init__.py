@@ -11,6 +11,9 @@ module             what it holds
 ``openai_errors``  genq's errors as OpenAI error JSON with the status codes the SDKs map
 ``fleet``          which models the queue's live workers serve (``GET /v1/models``)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE
+``responses_routes``  ``/v1/responses``: create (background, stream), retrieve, cancel,
+                   delete, input items (records in Redis; shapes in ``producer.responses``)
+``webhook_delivery``  the queue's webhook events delivered, signed, retried (any gateway)
 ``files``          ``/v1/files``: batch input files in Redis; batch output files rendered
 ``batch_routes``   ``/v1/batches``: create, retrieve, list, cancel (on ``producer.batches``)
 =================  ===========================================================================

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from genq.common import webhooks
 from genq.producer.aio import AsyncClient
 from genq.producer.client import Client
-from genq.producer.gateway import batch_routes, completions, files, openai_errors
+from genq.producer.gateway import (
+    batch_routes,
+    completions,
+    files,
+    openai_errors,
+    responses_routes,
+)
 from genq.producer.gateway.context import Gateway, callers, check_key, gateway
 from genq.producer.gateway.fleet import Fleet
 from genq.producer.gateway.settings import GatewaySettings
+from genq.producer.gateway.webhook_delivery import Deliverer
 
 
 def _model(gw: Gateway, model: str) -> dict[str, Any]:
@@ -24,6 +34,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     """The OpenAI-compatible app for ``settings.queue``. Raises ConfigError for a bad
     ``--api-key``."""
     keys = callers(settings)
+    if settings.webhook_url or settings.webhook_secret:  # a bad one: one line at start
+        webhooks.endpoint(webhooks.GLOBAL_ENDPOINT, settings.webhook_url, settings.webhook_secret)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -35,9 +47,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         )
         fleet = Fleet(client.redis, client.keys, settings.models_cache_s)
         app.state.gateway = Gateway(settings, client, sync_client, fleet, keys)
+        deliverer = Deliverer(client.redis, client.keys, settings)
+        delivering = asyncio.create_task(deliverer.run())
         try:
             yield
         finally:
+            delivering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await delivering
+            await deliverer.close()
             await client.close()
             sync_client.close()
 
@@ -48,7 +66,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         dependencies=[Depends(check_key)],
     )
     openai_errors.install(app)
-    for module in (completions, files, batch_routes):
+    for module in (completions, responses_routes, files, batch_routes):
         app.include_router(module.router)
 
     @app.get("/v1/models")

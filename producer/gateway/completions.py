@@ -59,7 +59,7 @@ async def _complete(request: Request, url: str) -> Response:
     stream = bool(body.pop("stream", False))
     options = body.pop("stream_options", None) or {}
     metadata = body.pop("metadata", None)
-    model = await _served_model(gw, body.get("model"))
+    model = await served_model(gw, body.get("model"))
     args = request_args(url, body)
     if stream and args.get("logprobs"):
         raise InvalidRequest("logprobs are returned with the whole answer: ask without stream")
@@ -72,13 +72,13 @@ async def _complete(request: Request, url: str) -> Response:
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
         events = _events(gw, request_id, url, model, include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
-    result = await _wait_or_cancel(gw, request, request_id)
+    result = await wait_or_cancel(gw, request, request_id)
     if result.status != "succeeded":
-        raise _result_error(result)
+        raise result_error(result)
     return JSONResponse(response_body(url, result))
 
 
-async def _served_model(gw: Gateway, model: Any) -> str:
+async def served_model(gw: Gateway, model: Any) -> str:
     """The model to answer with: the one asked for, if a live worker serves it (404 if none
     does); 503 if no live worker serves the queue at all (the request would wait forever)."""
     models = await gw.fleet.models()
@@ -99,13 +99,13 @@ async def _served_model(gw: Gateway, model: Any) -> str:
     return str(model)
 
 
-def _result_error(result: Result) -> ApiError:
+def result_error(result: Result) -> ApiError:
     err = result.error
     code = err.code if err else result.status
     return error_for_result(result.status, code, err.message if err else result.status)
 
 
-async def _cancel(gw: Gateway, request_id: str) -> None:
+async def cancel_quietly(gw: Gateway, request_id: str) -> None:
     """Cancel a request nobody waits for any more (it may have ended meanwhile)."""
     with anyio.CancelScope(shield=True), contextlib.suppress(GenqError, OSError):
         await gw.client.cancel(request_id)
@@ -117,7 +117,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _wait_or_cancel(gw: Gateway, request: Request, request_id: str) -> Result:
+async def wait_or_cancel(gw: Gateway, request: Request, request_id: str) -> Result:
     """The request's final result; cancel it if the client disconnects (499) or it is not
     final within ``request_timeout_s`` (504)."""
     wait = asyncio.ensure_future(
@@ -130,13 +130,13 @@ async def _wait_or_cancel(gw: Gateway, request: Request, request_id: str) -> Res
         gone.cancel()
         if not wait.done():
             wait.cancel()
-            await _cancel(gw, request_id)
+            await cancel_quietly(gw, request_id)
     if wait.cancelled():
         raise ApiError(499, "the client disconnected", type_="cancelled", code="client_closed")
     try:
         return wait.result()
     except ResultTimeout:
-        await _cancel(gw, request_id)
+        await cancel_quietly(gw, request_id)
         raise ApiError(
             504,
             f"no result within {gw.settings.request_timeout_s} s (genq serve "
@@ -178,7 +178,7 @@ async def _events(
                 continue
             finished = True
             if item.status != "succeeded":
-                yield _sse(_result_error(item).body)
+                yield _sse(result_error(item).body)
                 break
             yield _sse(_chunk(url, request_id, model, created, finish_reason=item.finish_reason))
             if include_usage:
@@ -191,4 +191,4 @@ async def _events(
         yield _sse({"error": {"message": message, "type": "timeout", "code": "timeout"}})
     finally:
         if not finished:
-            await _cancel(gw, request_id)
+            await cancel_quietly(gw, request_id)

@@ -11,7 +11,13 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from genq.common.errors import InvalidRequest, QueueFull, RequestNotFound, SubmitFailed
+from genq.common.errors import (
+    INPUT_ERRORS,
+    InvalidRequest,
+    QueueFull,
+    RequestNotFound,
+    SubmitFailed,
+)
 from starlette.exceptions import HTTPException
 
 
@@ -56,19 +62,6 @@ def error_for_result(status: str, code: str, message: str) -> ApiError:
     if code in INPUT_ERRORS:
         return invalid(message, code=code)
     return ApiError(500, message, type_="server_error", code=code)
-
-
-INPUT_ERRORS = frozenset(
-    {
-        "invalid_request",
-        "prompt_too_long",
-        "context_too_long",
-        "max_new_tokens_too_large",
-        "request_too_large",
-        "malformed_entry",
-    }
-)
-"""Result error codes that mean the request itself was wrong."""
 
 
 def _answer(err: ApiError) -> JSONResponse:

@@ -76,6 +76,30 @@ class GatewaySettings:
         env="GENQ_SERVE_MAX_FILE_BYTES",
         help="largest batch input file POST /v1/files takes (it is kept in Redis)",
     )
+    webhook_url: str = _flag(
+        "",
+        env="GENQ_WEBHOOK_URL",
+        help="where every webhook event goes (responses that end); with --webhook-secret",
+    )
+    webhook_secret: str = _flag(
+        "",
+        env="GENQ_WEBHOOK_SECRET",
+        help="the whsec_... secret that signs webhook deliveries (prefer the environment twin: "
+        "a flag shows in ps)",
+    )
+    webhook_timeout_s: float = _flag(
+        10.0, env="GENQ_WEBHOOK_TIMEOUT_S", help="longest one webhook delivery may take"
+    )
+    webhook_first_retry_s: float = _flag(
+        5.0,
+        env="GENQ_WEBHOOK_FIRST_RETRY_S",
+        help="wait before a failed webhook delivery's first retry (then doubling, up to 10 min)",
+    )
+    webhook_retry_for_s: float = _flag(
+        86_400.0,
+        env="GENQ_WEBHOOK_RETRY_FOR_S",
+        help="how long a webhook event is retried before it goes to the dead letters",
+    )
     result_ttl_s: int = DEFAULT_RESULT_TTL_S
     """How long requests' states, batches and uploaded files are kept."""
     models_cache_s: float = 1.0

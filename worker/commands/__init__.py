@@ -9,7 +9,8 @@ module             commands
 ``dlq``            ``genq dlq list | retry | purge``
 ``batch``          ``genq batch submit | status | results | cancel``
 ``functions``      ``genq functions load | code`` (the Redis Functions library)
-``tenants``        ``genq tenants set | list | delete`` (tenants' weights and limits)
+``tenants``        ``genq tenants set | list | delete`` (tenants' weights, limits, webhooks)
+``webhooks``       ``genq webhooks list | retry`` (webhook deliveries that gave up)
 ``serve``          ``genq serve`` (the OpenAI-compatible HTTP gateway)
 ``demo``           ``genq demo``
 ``bench``          ``genq bench``
@@ -35,6 +36,7 @@ from genq.worker.commands.serve import serve
 from genq.worker.commands.stats import stats, top
 from genq.worker.commands.submit import submit
 from genq.worker.commands.tenants import tenants
+from genq.worker.commands.webhooks import webhooks
 from genq.worker.commands.worker import worker
 
 
@@ -67,7 +69,20 @@ def main(verbose: bool) -> None:
     )
 
 
-for _command in (worker, submit, stats, top, dlq, batch, functions, tenants, serve, demo, bench):
+for _command in (
+    worker,
+    submit,
+    stats,
+    top,
+    dlq,
+    batch,
+    functions,
+    tenants,
+    webhooks,
+    serve,
+    demo,
+    bench,
+):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
-"""``genq tenants set | list | delete``: each tenant's weight and limits, kept in Redis and
-seen by every worker and gateway of the queue without a restart."""
+"""``genq tenants set | list | delete``: each tenant's weight, limits and webhook, kept in
+Redis and seen by every worker and gateway of the queue without a restart."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import click
@@ -26,6 +25,8 @@ def tenants() -> None:
     "--tokens-per-minute", type=int, default=None, help="most tokens served in any 60 s (0: none)"
 )
 @click.option("--max-queued", type=int, default=None, help="most requests waiting (0: no limit)")
+@click.option("--webhook-url", default=None, help="where NAME's webhook events go too ('': none)")
+@click.option("--webhook-secret", default=None, help="whsec_... secret that signs them")
 def tenants_set(
     redis_url: str,
     queue: str,
@@ -33,8 +34,11 @@ def tenants_set(
     weight: float | None,
     tokens_per_minute: int | None,
     max_queued: int | None,
+    webhook_url: str | None,
+    webhook_secret: str | None,
 ) -> None:
-    """Set NAME's weight and limits (those not given keep their values); print them all."""
+    """Set NAME's weight, limits and webhook (those not given keep their values); print them
+    all (the webhook secret only as set)."""
     from genq.common import tenants as registry
     from genq.common.connection import connect
     from genq.common.keys import Keys
@@ -48,10 +52,12 @@ def tenants_set(
                 weight=weight,
                 tokens_per_minute=tokens_per_minute,
                 max_queued=max_queued,
+                webhook_url=webhook_url,
+                webhook_secret=webhook_secret,
             )
         except ConfigError as err:
             raise click.UsageError(f"tenant {name!r}: {err}") from None
-    click.echo(json.dumps({"name": name, **dataclasses.asdict(settings)}))
+    click.echo(json.dumps({"name": name, **settings.public()}))
 
 
 @tenants.command("list")
@@ -65,16 +71,16 @@ def tenants_list(redis_url: str, queue: str, as_json: bool) -> None:
 
     with connect(redis_url) as r:
         found = registry.read_all(r, Keys(queue))
-    rows = [{"name": n, **dataclasses.asdict(s)} for n, s in sorted(found.items())]
+    rows = [{"name": n, **s.public()} for n, s in sorted(found.items())]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     t = Table(title=f"tenants of queue {queue!r} (others: weight 1, no limits)")
-    for col in ("tenant", "weight", "tokens/min", "max queued"):
+    for col in ("tenant", "weight", "tokens/min", "max queued", "webhook"):
         t.add_column(col, justify="left" if col == "tenant" else "right")
     for row in rows:
         limits = [str(row[k]) if row[k] else "-" for k in ("tokens_per_minute", "max_queued")]
-        t.add_row(row["name"], f"{row['weight']:g}", *limits)
+        t.add_row(row["name"], f"{row['weight']:g}", *limits, row["webhook_url"] or "-")
     Console().print(t)
 
 

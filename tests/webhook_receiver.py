@@ -1,0 +1,53 @@
+"""A webhook receiver for the tests: a real HTTP server on a free loopback port, in a thread,
+that records every delivery (headers and body) and answers 500 to the first ``fail_first``
+deliveries it gets (or to all while ``failing``)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Delivery:
+    headers: dict[str, str]
+    body: str
+    accepted: bool
+
+
+class Receiver:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.fail_first = fail_first
+        self.failing = False
+        self.deliveries: list[Delivery] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
+                with receiver._lock:
+                    ok = not receiver.failing and len(receiver.deliveries) >= receiver.fail_first
+                    headers = {k.lower(): v for k, v in self.headers.items()}
+                    receiver.deliveries.append(Delivery(headers, body, ok))
+                self.send_response(200 if ok else 500)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def accepted(self) -> list[Delivery]:
+        with self._lock:
+            return [d for d in self.deliveries if d.accepted]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
