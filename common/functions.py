@@ -41,8 +41,9 @@ CANCEL = (
     IS_FINAL_LUA
     + HOOK_LUA
     + f"""
--- KEYS: state key, event key, attempts key of one request [, its response record key, the
---       queue's webhook outbox: a response cancelled this way then has its webhook event]
+-- KEYS: state key, event key, attempts key of one request [, its owner record key (its
+--       response's, or its batch's for a batch line), the queue's webhook outbox: the
+--       response's or the batch's webhook event is then added as APPLY adds it]
 -- ARGV: [ttl_s (default {DEFAULT_RESULT_TTL_S})]
 -- Returns 1 (cancelled: its state is now final 'cancelled', with its final event), 0 (it was
 -- final already: nothing changed) or -1 (no such request: never submitted, or expired).

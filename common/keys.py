@@ -49,7 +49,8 @@ key                    type    written by                  read by             T
                                the entry owning the id,    entries)
                                once per token; DEL at the
                                end)
-``genq:batch:{B}``     hash    ``genq batch submit``       ``genq batch``      result_ttl_s
+``genq:batch:{B}``     hash    ``genq batch submit``;      ``genq batch``      result_ttl_s
+                               APPLY (``open`` -1)
 ``genq:batch:{B}:items`` list  ``genq batch submit``       ``genq batch``      result_ttl_s
 ``genq:batch:{B}:rejected``    ``genq batch submit``       ``genq batch``      result_ttl_s
                        list    (refused lines)
@@ -224,7 +225,9 @@ class Keys:
 
     @staticmethod
     def batch(batch_id: str) -> str:
-        """A batch file's record: queue, created_at, total, input name, cancelled."""
+        """A batch file's record: id, queue, created_at, total, input name, cancelled, and
+        ``open`` (its requests not yet final: APPLY counts it down, and the last adds the
+        batch's webhook event)."""
         return f"{PREFIX}:batch:{{{batch_id}}}"
 
     @staticmethod

@@ -27,10 +27,12 @@ other languages.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Any
 
+import orjson
 from genq.common.connection import is_cluster
 from genq.common.fair_share import DOORBELL_MAX, PRIORITY_LUA, TENANTS_LUA
 from genq.common.keys import GROUP, QUEUED, Keys
@@ -82,25 +84,35 @@ end
 """
 
 HOOK_LUA = """
--- If RESP (a response's record) exists, add its final event to OUTBOX: the type from the final
--- STATE, the tenant from the record (genq writes both: their fields are where it put them).
-local function hook(outbox, resp, state)
-  local record = redis.call('GET', resp)
-  if not record then return end
-  local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
-  local kind = 'response.failed'
-  if status == 'succeeded' then
-    kind = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
-      or 'response.completed'
-  elseif status == 'cancelled' then
-    kind = 'response.cancelled'
+-- A request became final: if OWNER is a response's record (a string), add that response's
+-- event to OUTBOX, its type from the final STATE; if OWNER is a batch's record (a hash with
+-- 'open', the requests not yet final), count one down, and at zero add the batch's event.
+-- (genq writes these records and states: their fields are where it put them.)
+local function hook(outbox, owner, state)
+  local kind_of = redis.call('TYPE', owner)['ok']
+  if kind_of == 'string' then
+    local record = redis.call('GET', owner)
+    local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
+    local kind = 'response.failed'
+    if status == 'succeeded' then
+      kind = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
+        or 'response.completed'
+    elseif status == 'cancelled' then
+      kind = 'response.cancelled'
+    end
+    local id = string.match(record, '^{"id":"([^"]*)"') or ''
+    local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
+    redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
+  elseif kind_of == 'hash' and redis.call('HEXISTS', owner, 'open') == 1 then
+    if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end
+    local f = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
+    local kind = f[3] == '1' and 'batch.cancelled' or 'batch.completed'
+    redis.call('XADD', outbox, '*', 'type', kind, 'id', f[1] or '', 'tenant', f[2] or 'default')
   end
-  local id = string.match(record, '^{"id":"([^"]*)"') or ''
-  local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
-  redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
 end
 """
-"""Lua: the webhook event of a response that became final (APPLY and ``genq_cancel``)."""
+"""Lua: the webhook event of a response, or of a batch whose last request became final
+(APPLY and ``genq_cancel``)."""
 
 SUBMIT = (
     TENANTS_LUA
@@ -227,14 +239,16 @@ APPLY = (
     + f"""
 -- KEYS: S work streams (high, normal, low; S = ARGV[5] is 3, or 0 when the caller acknowledges
 --       entries itself, as on a Redis Cluster), then per request: state key, event key,
---       attempts key, response record key; then, if ARGV[7] is 1, the webhook outbox stream
+--       attempts key, owner record key (its response's, or its batch's when it is a batch
+--       line and ARGV[7] is 1, else its response's: it may not exist); then, if ARGV[7] is
+--       1, the webhook outbox stream
 -- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, start token
 --       (running: unique per start), H (1: the outbox is the last key), then per request: its
 --       entry's work stream (1 high, 2 normal, 3 low; 0: no entry; negative: the caller never
 --       started this entry, so it must prove it owns the id before it may end it), entry id,
 --       state JSON
--- A final state written for a request that is a /v1/responses response (its record exists)
--- adds that response's event to the outbox, once: the webhooks' source.
+-- A final state written for a /v1/responses response adds that response's event to the
+-- outbox, once; for a batch's last open request, the batch's: the webhooks' source.
 -- Per request, returns an Applied answer: WRITTEN, ALREADY_FINAL (its entry is then
 -- acknowledged and deleted: nothing more to do), NOT_FOUND ('cancel' found no state), POISON
 -- ('running' found it started max attempts times already: nothing written) or DUPLICATE
@@ -264,7 +278,7 @@ local done = {{}}  -- per work stream, the entries to acknowledge and delete
 -- (already final: kept, with its TTL renewed; poison: left as it was).
 for i = 1, (#KEYS - ns - (outbox and 1 or 0)) / 4 do
   local k = ns + 4 * (i - 1)
-  local res, ev, att, resp = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local res, ev, att, record = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local a = 5 + 3 * i
   local s, eid, state = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
   -- Whether this entry must prove it owns the id: at every start, and when ending an entry
@@ -330,7 +344,7 @@ for i = 1, (#KEYS - ns - (outbox and 1 or 0)) / 4 do
         '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
       redis.call('EXPIRE', ev, ttl)
       redis.call('DEL', att)
-      if outbox then hook(outbox, resp, state) end
+      if outbox then hook(outbox, record, state) end
       out[i] = {Applied.WRITTEN:d}
     end
     ack = out[i] >= {Applied.ALREADY_FINAL:d}
@@ -411,12 +425,26 @@ def apply_args(
     flags = list(unstarted) or [False] * len(items)
     for (request_id, stream, entry_id, state), check in zip(items, flags, strict=True):
         script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
-        script_keys.append(keys.response(request_id))
+        script_keys.append(
+            owner_key(keys, request_id, state) if hooks else keys.response(request_id)
+        )
         number = streams.index(stream) + 1 if stream else 0
         args += [-number if check else number, entry_id, state]
     if hooks:
         script_keys.append(keys.webhook_events)
     return script_keys, args
+
+
+def owner_key(keys: Keys, request_id: str, state: str) -> str:
+    """The record a request's final state may tell of (``HOOK_LUA``): its batch's, when it is
+    one of a batch's lines (id ``BATCH-LINE``, metadata ``batch``), else its response's (which
+    exists only for a ``/v1/responses`` response)."""
+    if '"batch":"' in state:  # cheap: most requests are no batch line
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            batch = orjson.loads(state).get("metadata", {}).get("batch")
+            if isinstance(batch, str) and request_id.startswith(batch + "-"):
+                return keys.batch(batch)
+    return keys.response(request_id)
 
 
 def apply(

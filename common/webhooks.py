@@ -2,7 +2,8 @@
 the retry schedule. No Redis, no HTTP (the gateway's ``webhook_delivery.py`` delivers).
 
 An event is an entry of the queue's outbox (``Keys.webhook_events``), added where the state is
-decided: APPLY (and ``genq_cancel``) when a ``/v1/responses`` response becomes final. Its
+decided: APPLY (and ``genq_cancel``) when a ``/v1/responses`` response becomes final, or the
+last open request of a batch does (the batch's ``open`` count reaches zero). Its
 payload is OpenAI's: ``{"object": "event", "id": "evt_...", "type": "response.completed",
 "created_at": ..., "data": {"id": "resp_..."}}`` (ids, never the generated text). Each delivery
 is signed as Standard Webhooks says: headers ``webhook-id`` (the same on every retry),
@@ -31,6 +32,9 @@ RESPONSE_EVENTS = (
     "response.cancelled",
     "response.incomplete",
 )
+BATCH_EVENTS = ("batch.completed", "batch.failed", "batch.cancelled")
+"""Batch events genq sends (OpenAI's ``batch.expired`` never: a genq batch runs as long as its
+queue takes, and is kept for the result TTL)."""
 GLOBAL_ENDPOINT = "*"
 """The name of the endpoint every event goes to (``genq serve --webhook-url``)."""
 

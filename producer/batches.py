@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from genq.common.connection import is_cluster
 from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout, SubmitFailed
 from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES, Result, tenant_problem
 from genq.common.wire import as_text
@@ -127,9 +128,13 @@ def _record(
     for start in range(0, len(rejected), SUBMIT_CHUNK):
         docs = [json.dumps(rejected_output(batch_id, b)) for b in rejected[start : start + 500]]
         pipe.rpush(keys.batch_rejected(batch_id), *docs)
+    # The requests not yet final: APPLY counts it down, and its last adds the batch's
+    # webhook event. Set once: the same batch submitted again enqueues nothing twice.
+    pipe.hsetnx(keys.batch(batch_id), "open", len(items))
     pipe.hset(
         keys.batch(batch_id),
         mapping={
+            "id": batch_id,
             "queue": keys.queue,
             "tenant": tenant,
             "created_at": now,
@@ -144,6 +149,9 @@ def _record(
     for key in (keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_rejected(batch_id)):
         pipe.expire(key, ttl_s)
     pipe.zadd(keys.batches, {batch_id: now})
+    if not items and not is_cluster(client.redis):  # nothing to run: it failed as it came
+        event = {"type": "batch.failed", "id": batch_id, "tenant": tenant}
+        pipe.xadd(keys.webhook_events, event)  # type: ignore[arg-type]
     pipe.execute()
 
 
@@ -156,11 +164,17 @@ def _refuse_rest(client: Client, batch_id: str, rest: Sequence[RejectedLine]) ->
     pipe = client.redis.pipeline(transaction=True)
     pipe.ltrim(keys.batch_items(batch_id), 0, kept - 1)
     pipe.hset(keys.batch(batch_id), "total", kept)
+    pipe.hincrby(keys.batch(batch_id), "open", -len(rest))  # never enqueued: never final
     for start in range(0, len(rest), SUBMIT_CHUNK):
         docs = [json.dumps(rejected_output(batch_id, r)) for r in rest[start : start + 500]]
         pipe.rpush(keys.batch_rejected(batch_id), *docs)
     pipe.expire(keys.batch_rejected(batch_id), client.result_ttl_s)
-    pipe.execute()
+    left = pipe.execute()[2]
+    if left == 0 and not is_cluster(client.redis):  # what was enqueued had all ended: its event
+        kind = "batch.completed" if kept else "batch.failed"
+        tenant = as_text(client.redis.hget(keys.batch(batch_id), "tenant") or DEFAULT_TENANT)
+        event = {"type": kind, "id": batch_id, "tenant": tenant}
+        client.redis.xadd(keys.webhook_events, event)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)

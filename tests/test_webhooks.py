@@ -246,3 +246,51 @@ def test_deliveries_that_give_up_are_dead_letters_sent_again_with_the_same_id(
         assert dead() == []
     finally:
         g.stop()
+
+
+def test_a_batch_is_one_event_when_its_last_request_ends(
+    redis_url: str,
+    queue: str,
+    tmp_path: Path,
+    receiver: Receiver,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """batch.completed once the last line ends; batch.cancelled for a cancelled one (its last
+    request cancelled); batch.failed for a file with no valid line."""
+    g = gateway(redis_url, queue, tmp_path / "g.log", receiver.url)
+    try:
+        client = sdk(g)
+
+        def batch_of(prompts: list[str]) -> str:
+            lines = [
+                {"custom_id": f"c{i}", "url": "/v1/completions", "body": {"prompt": p}}
+                for i, p in enumerate(prompts)
+            ]
+            data = "\n".join(json.dumps(line) for line in lines).encode()
+            file = client.files.create(file=("in.jsonl", data), purpose="batch")
+            created = client.batches.create(
+                input_file_id=file.id, endpoint="/v1/completions", completion_window="24h"
+            )
+            return created.id
+
+        start_worker(queue, "--engine", "echo", "--echo-step-ms", "20", "--max-batch-size", "2")
+        wait_until(lambda: len(client.models.list().data) == 1, timeout_s=60)
+        done = batch_of([f"line {i}" for i in range(10)])
+        cancelled = batch_of([f"later {i}" for i in range(10)])
+        client.batches.cancel(cancelled)
+        bad = {"custom_id": "x", "url": "/v1/nothing", "body": {}}
+        file = client.files.create(file=("bad.jsonl", json.dumps(bad).encode()), purpose="batch")
+        failed = client.batches.create(
+            input_file_id=file.id, endpoint="/v1/completions", completion_window="24h"
+        ).id
+        wait_until(lambda: len(receiver.accepted()) >= 3, timeout_s=60)
+        events = {str(e["data"]["id"]): e["type"] for e in map(verified, receiver.accepted())}  # type: ignore[index]
+        assert events == {
+            done: "batch.completed",
+            cancelled: "batch.cancelled",
+            failed: "batch.failed",
+        }
+        assert client.batches.retrieve(done).status == "completed"
+        assert len(receiver.deliveries) == 3  # one each
+    finally:
+        g.stop()

@@ -35,6 +35,7 @@ from genq.common.wire import as_text
 from genq.producer.gateway.settings import GatewaySettings
 
 log = logging.getLogger("genq.webhooks")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per delivery
 
 READ_BLOCK_MS = 500
 """How long one read of new events blocks (then the retry scan runs)."""
@@ -46,6 +47,9 @@ PER_ENDPOINT = 8
 """Deliveries in flight to one endpoint at once, per gateway."""
 MOST_IN_FLIGHT = 256
 """Events in flight per gateway; beyond it new ones wait in the stream (for any gateway)."""
+REDIS_AT_ONCE = 8
+"""The deliveries' Redis calls in flight at once: the gateway's connection pool serves its
+HTTP requests first."""
 TENANTS_CACHE_S = 1.0
 
 
@@ -67,6 +71,8 @@ class Deliverer:
         self.http = httpx.AsyncClient(timeout=settings.webhook_timeout_s, follow_redirects=False)
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
+        self._redis_slots = asyncio.Semaphore(REDIS_AT_ONCE)
+        self._tenants_lock = asyncio.Lock()
         self._tenants: dict[str, webhooks.Endpoint] = {}
         self._tenants_read_s = 0.0
         self._last_scan_s = 0.0
@@ -162,17 +168,32 @@ class Deliverer:
         task.add_done_callback(lambda _t: self._in_flight.pop(entry_id, None))
 
     async def _tenant_endpoints(self) -> dict[str, webhooks.Endpoint]:
-        if time.monotonic() - self._tenants_read_s >= TENANTS_CACHE_S:
-            found = {}
-            for name, raw in (await self.redis.hgetall(self.keys.tenants) or {}).items():
-                with contextlib.suppress(Exception):  # an unreadable entry: no webhook
-                    hook = TenantSettings.from_json(raw).webhook(as_text(name))
-                    if hook is not None:
-                        found[as_text(name)] = hook
-            self._tenants, self._tenants_read_s = found, time.monotonic()
+        async with self._tenants_lock:  # one read per refresh, however many events wait
+            if time.monotonic() - self._tenants_read_s >= TENANTS_CACHE_S:
+                await self._read_tenants()
         return self._tenants
 
+    async def _read_tenants(self) -> None:
+        found = {}
+        async with self._redis_slots:
+            stored = await self.redis.hgetall(self.keys.tenants) or {}
+        for name, raw in stored.items():
+            with contextlib.suppress(Exception):  # an unreadable entry: no webhook
+                hook = TenantSettings.from_json(raw).webhook(as_text(name))
+                if hook is not None:
+                    found[as_text(name)] = hook
+        self._tenants, self._tenants_read_s = found, time.monotonic()
+
     async def _deliver(self, entry_id: str, fields: dict[str, str], deliveries: int) -> None:
+        """``_send``, whose failure leaves the event pending: it is tried again when due."""
+        try:
+            await self._send(entry_id, fields, deliveries)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # Redis away, a bug: the event stays pending, not lost
+            log.warning("webhook event %s: %s (it will be tried again)", entry_id, err)
+
+    async def _send(self, entry_id: str, fields: dict[str, str], deliveries: int) -> None:
         """Send one event to each of its endpoints not yet done; acknowledge it when every
         one has it, or it is too old to try again (those that never took it: dead letters)."""
         tenant = fields.get("tenant", "default")
@@ -181,7 +202,8 @@ class Deliverer:
         if only:  # a dead letter sent again, for its one endpoint
             endpoints = [e for e in endpoints if e.name == only]
         marks = [f"{entry_id} {e.name}" for e in endpoints]
-        done = await self.redis.hmget(self.keys.webhook_done, marks) if marks else []
+        async with self._redis_slots:
+            done = await self.redis.hmget(self.keys.webhook_done, marks) if marks else []
         todo = [e for e, d in zip(endpoints, done, strict=True) if d is None]
         webhook_id = fields.get("webhook_id") or webhooks.event_id(entry_id)
         created_s = int(fields.get("created_at") or int(entry_id.split("-")[0]) // 1000)
@@ -207,7 +229,8 @@ class Deliverer:
             pipe.xdel(self.keys.webhook_events, entry_id)
             if marks:
                 pipe.hdel(self.keys.webhook_done, *marks)
-        await pipe.execute()
+        async with self._redis_slots:
+            await pipe.execute()
 
     async def _post(self, target: webhooks.Endpoint, webhook_id: str, body: str) -> str | None:
         """One delivery attempt: None if the endpoint took it (a 2xx), else why not."""

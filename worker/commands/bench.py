@@ -7,6 +7,7 @@ import json
 import sys
 import typing
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any, TypeVar
 
 import click
@@ -64,14 +65,17 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "au
 )
 @click.option(
     "--scenario",
-    type=click.Choice(["modes", "priority", "fleet", "gateway", "tenants", "structured"]),
+    type=click.Choice(
+        ["modes", "priority", "fleet", "gateway", "tenants", "structured", "webhooks"]
+    ),
     default="modes",
     show_default=True,
     help="priority: waits per priority under a low-priority backlog; fleet: simulated GPU "
     "workers (echo, mixed speeds) under bursts and Poisson arrivals, against the ideal; "
     "gateway: genq serve's added latency and requests/s against the Python client; tenants: "
     "a flood beside a trickle, service gaps, weights and a quota, fair against first-come; "
-    "structured: tokens/s with a JSON schema against free, per engine, and compile costs",
+    "structured: tokens/s with a JSON schema against free, per engine, and compile costs; "
+    "webhooks: delivery latency after a final state, and deliveries/s of one gateway",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
@@ -426,10 +430,9 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
 def _other_scenario(scenario: str, params: dict[str, Any]) -> None:
     """The scenarios that take only ``--redis-url``, ``--quick`` and ``--json`` (and
     ``structured``, which reads the rest of the parameters itself)."""
-    if scenario == "structured":
-        from genq.worker.devtools.bench_structured import run_and_print
-
-        return run_and_print(params)
+    if scenario in ("structured", "webhooks"):
+        module = import_module(f"genq.worker.devtools.bench_{scenario}")
+        return module.run_and_print(params)  # type: ignore[no-any-return]
     run = {"fleet": _fleet_scenario, "gateway": _gateway_scenario, "tenants": _tenants_scenario}
     run[scenario](params["redis_url"], quick=params["quick"], as_json=params["as_json"])
 

@@ -5,5 +5,6 @@
 - the scenarios behind ``genq bench``: ``bench_modes`` (in-process against through the queue),
   ``bench_priority``, ``bench_fleet`` (against an ideal central queue), ``bench_gateway``,
   ``bench_vllm`` (vLLM alone against vLLM through the queue), ``bench_tenants`` and
-  ``bench_structured`` (a JSON schema against free text, per engine; compile costs).
+  ``bench_structured`` (a JSON schema against free text, per engine; compile costs),
+  ``bench_webhooks`` (webhook delivery latency and deliveries per second).
 """
