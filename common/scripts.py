@@ -89,9 +89,9 @@ HOOK_LUA = """
 -- 'open', the requests not yet final), count one down, and at zero add the batch's event.
 -- (genq writes these records and states: their fields are where it put them.)
 local function hook(outbox, owner, state)
-  local kind_of = redis.call('TYPE', owner)['ok']
-  if kind_of == 'string' then
-    local record = redis.call('GET', owner)
+  if redis.call('EXISTS', owner) == 0 then return end
+  local record = redis.pcall('GET', owner)  -- a batch's record is a hash: WRONGTYPE
+  if type(record) == 'string' then
     local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
     local kind = 'response.failed'
     if status == 'succeeded' then
@@ -103,7 +103,7 @@ local function hook(outbox, owner, state)
     local id = string.match(record, '^{"id":"([^"]*)"') or ''
     local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
     redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
-  elseif kind_of == 'hash' and redis.call('HEXISTS', owner, 'open') == 1 then
+  elseif redis.call('HGET', owner, 'open') then
     if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end
     local f = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
     local kind = f[3] == '1' and 'batch.cancelled' or 'batch.completed'

@@ -44,8 +44,10 @@ RETRY_SCAN_S = 0.5
 MOST_RETRY_S = 600.0
 """The longest wait between two tries of an event."""
 PER_ENDPOINT = 8
-"""Deliveries in flight to one endpoint at once, per gateway."""
-MOST_IN_FLIGHT = 256
+"""Deliveries in flight to one endpoint at once, per gateway; an event that waits longer than
+the delivery timeout for one of them waits for its retry instead, so a slow or dead endpoint
+holds the gateway's room (``MOST_IN_FLIGHT``) for one timeout at most, not its backlog."""
+MOST_IN_FLIGHT = 1024
 """Events in flight per gateway; beyond it new ones wait in the stream (for any gateway)."""
 REDIS_AT_ONCE = 8
 """The deliveries' Redis calls in flight at once: the gateway's connection pool serves its
@@ -235,12 +237,19 @@ class Deliverer:
     async def _post(self, target: webhooks.Endpoint, webhook_id: str, body: str) -> str | None:
         """One delivery attempt: None if the endpoint took it (a 2xx), else why not."""
         limit = self._limits.setdefault(target.name, asyncio.Semaphore(PER_ENDPOINT))
-        async with limit:
+        try:  # a slow or dead endpoint: its event waits for a retry, not here
+            await asyncio.wait_for(limit.acquire(), self.settings.webhook_timeout_s)
+        except TimeoutError:
+            return (
+                f"{PER_ENDPOINT} deliveries to it in flight for {self.settings.webhook_timeout_s} s"
+            )
+        try:
             headers = webhooks.signed_headers(target.secret, webhook_id, int(time.time()), body)
-            try:
-                reply = await self.http.post(target.url, content=body, headers=headers)
-            except httpx.HTTPError as err:
-                return f"{type(err).__name__}: {err}"[:300]
+            reply = await self.http.post(target.url, content=body, headers=headers)
+        except httpx.HTTPError as err:
+            return f"{type(err).__name__}: {err}"[:300]
+        finally:
+            limit.release()
         if 200 <= reply.status_code < 300:
             self.delivered += 1
             return None
