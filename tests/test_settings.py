@@ -58,6 +58,11 @@ def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
         "admin_keys",
         "request_timeout_s",
         "max_file_bytes",
+        "webhook_url",
+        "webhook_secret",
+        "webhook_timeout_s",
+        "webhook_first_retry_s",
+        "webhook_retry_for_s",
     }
     for f in flags:
         assert f.flag in shown and f.env in shown, f
