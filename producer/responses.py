@@ -99,8 +99,9 @@ def request_id_of(response_id: str) -> str | None:
     return response_id[len(RESPONSE_PREFIX) :]
 
 
-def parse_create(body: Mapping[str, Any]) -> CreateArgs:
-    """A ``POST /v1/responses`` body, checked (InvalidRequest says what is wrong)."""
+def parse_create(body: Mapping[str, Any], request_id: str = "") -> CreateArgs:
+    """A ``POST /v1/responses`` body, checked (InvalidRequest says what is wrong); its input
+    items without an id of their own get ``msg_REQUESTID_N``."""
     body = dict(body)
     for key, neutral in _PASSING.items():
         if key in body and body[key] in (neutral, None):
@@ -110,7 +111,7 @@ def parse_create(body: Mapping[str, Any]) -> CreateArgs:
     instructions = body.pop("instructions", None)
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("'instructions' must be a string")
-    items = input_items(body.pop("input", None))
+    items = input_items(body.pop("input", None), request_id)
     stream, background = bool(body.pop("stream", False)), bool(body.pop("background", False))
     store = body.pop("store", True) is not False
     if background and not store:
@@ -154,16 +155,16 @@ def parse_create(body: Mapping[str, Any]) -> CreateArgs:
     )
 
 
-def input_items(value: Any) -> list[dict[str, Any]]:
+def input_items(value: Any, request_id: str = "") -> list[dict[str, Any]]:
     """``input`` as OpenAI's input message items (ids added where missing)."""
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise InvalidRequest("'input' must be a string or a non-empty list of messages")
-    return [_input_item(i, m) for i, m in enumerate(value)]
+    return [_input_item(i, m, request_id) for i, m in enumerate(value)]
 
 
-def _input_item(index: int, m: Any) -> dict[str, Any]:
+def _input_item(index: int, m: Any, request_id: str) -> dict[str, Any]:
     if not isinstance(m, dict) or m.get("type", "message") != "message":
         kind = m.get("type") if isinstance(m, dict) else type(m).__name__
         raise InvalidRequest(f"input item {index}: only messages are supported, not {kind!r}")
@@ -187,7 +188,7 @@ def _input_item(index: int, m: Any) -> dict[str, Any]:
         out_part["annotations"] = []
     item_id = m.get("id") if isinstance(m.get("id"), str) else None
     return {
-        "id": item_id or f"{MESSAGE_PREFIX}in{index}",
+        "id": item_id or f"{MESSAGE_PREFIX}{request_id or 'in'}_{index}",
         "type": "message",
         "role": role,
         "status": "completed",

@@ -51,7 +51,8 @@ router = APIRouter()
 @router.post("/v1/responses")
 async def create(request: Request) -> Response:
     gw, who = gateway(request), caller(request)
-    args = parse_create(await json_object(request))
+    request_id = uuid.uuid4().hex
+    args = parse_create(await json_object(request), request_id)
     model = await served_model(gw, args.model)
     context: list[dict[str, Any]] = []
     if args.previous_response_id is not None:
@@ -59,7 +60,6 @@ async def create(request: Request) -> Response:
         if previous_result is None:
             raise InvalidRequest(f"previous response {previous.id} has not run yet")
         context = context_after(previous, previous_result)
-    request_id = uuid.uuid4().hex
     req = build_request(
         messages=conversation(args.instructions, context, args.input_items),
         **args.options,

@@ -1,14 +1,14 @@
 """Webhook delivery: every ``genq serve`` delivers the queue's webhook events, at least once.
 
 The events wait in the queue's outbox stream (``Keys.webhook_events``; APPLY adds one when a
-response becomes final), read through the consumer group ``deliverers``: any live gateway
+response or a batch becomes final), read through the consumer group ``deliverers``: any live gateway
 delivers, and a killed one's unacknowledged events are claimed by another once they have been
 idle for their retry time. Each event goes to the gateway's endpoint (``--webhook-url``) and
 its tenant's (``genq tenants set NAME --webhook-url``), signed (``common/webhooks.py``), each
 endpoint on its own: an endpoint that succeeded is remembered (``Keys.webhook_done``) and not
 sent the event again, a slow or dead one holds only its own deliveries (a per-delivery timeout,
 a few at a time per endpoint). A failed event is tried again after ``--webhook-first-retry-s``,
-doubling up to ten minutes (and never before the timeout of the attempt still running), with
+doubling up to ten minutes (never while the attempt before may still run), with
 the same ``webhook-id``, for ``--webhook-retry-for-s``; then it goes to the dead letters
 (``Keys.webhook_dead``: ``genq webhooks list`` / ``retry``). An event with no endpoint is
 dropped. The secret is never logged.
@@ -94,6 +94,7 @@ class Deliverer:
                 raise
             except REDIS_ERRORS as err:
                 log.warning("webhook delivery: Redis: %s", err)
+                joined = False  # a Redis that lost the outbox (NOGROUP): make its group again
                 await asyncio.sleep(1.0)
 
     async def close(self) -> None:
@@ -131,12 +132,13 @@ class Deliverer:
 
     def _due_after_ms(self, deliveries: int) -> int:
         """How long after its last try an event that was tried ``deliveries`` times is due:
-        the backoff, and never before the timeout of an attempt that may still run."""
+        the backoff, and never before an attempt that may still run is over (a wait for a
+        slot and the post: a timeout each)."""
         s = self.settings
         wait = webhooks.retry_after_s(
             deliveries, first_s=s.webhook_first_retry_s, most_s=MOST_RETRY_S
         )
-        return int(max(wait, s.webhook_timeout_s + 1.0) * 1000)
+        return int(max(wait, 2 * s.webhook_timeout_s + 1.0) * 1000)
 
     async def _retry_due(self) -> None:
         """Claim the pending events whose retry time has come (this gateway's, or a dead
