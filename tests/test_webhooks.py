@@ -294,3 +294,33 @@ def test_a_batch_is_one_event_when_its_last_request_ends(
         assert len(receiver.deliveries) == 3  # one each
     finally:
         g.stop()
+
+
+def test_a_dead_endpoint_delays_neither_other_endpoints_nor_the_queue(
+    redis_url: str,
+    queue: str,
+    tmp_path: Path,
+    receiver: Receiver,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """team-a's own endpoint answers after 5 s (past the 1 s timeout): every event still
+    reaches the gateway's endpoint at once, every response completes, and team-a's endpoint
+    has its deliveries retried, not dropped."""
+    stuck = Receiver(delay_s=5.0)
+    keys = ["--api-key", "key-a=team-a", "--api-key", "key-b=team-b"]
+    g = gateway(redis_url, queue, tmp_path / "g.log", receiver.url, *keys)
+    try:
+        base = [sys.executable, "-m", "genq.worker", "tenants", "set", "team-a"]
+        flags = ["--redis-url", redis_url, "--queue", queue, "--webhook-url", stuck.url]
+        subprocess.run([*base, *flags, "--webhook-secret", TENANT_SECRET], check=True)
+        start_worker(queue, "--engine", "echo")
+        a, b = sdk(g, "key-a"), sdk(g, "key-b")
+        wait_until(lambda: len(a.models.list().data) == 1, timeout_s=60)
+        ids = [a.responses.create(model="echo", input=f"a{i}").id for i in range(30)]
+        ids.append(b.responses.create(model="echo", input="b").id)  # answered when final
+        wait_until(lambda: len(receiver.accepted()) == 31, timeout_s=15)
+        assert {verified(d)["data"]["id"] for d in receiver.accepted()} == set(ids)  # type: ignore[index]
+        wait_until(lambda: len(stuck.deliveries) > 30, timeout_s=30)  # tried, and tried again
+    finally:
+        g.stop()
+        stuck.close()

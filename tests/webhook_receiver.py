@@ -1,10 +1,11 @@
 """A webhook receiver for the tests: a real HTTP server on a free loopback port, in a thread,
 that records every delivery (headers and body) and answers 500 to the first ``fail_first``
-deliveries it gets (or to all while ``failing``)."""
+deliveries it gets (or to all while ``failing``), each after ``delay_s``."""
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -18,8 +19,9 @@ class Delivery:
 
 
 class Receiver:
-    def __init__(self, fail_first: int = 0) -> None:
+    def __init__(self, fail_first: int = 0, delay_s: float = 0.0) -> None:
         self.fail_first = fail_first
+        self.delay_s = delay_s
         self.failing = False
         self.deliveries: list[Delivery] = []
         self._lock = threading.Lock()
@@ -28,6 +30,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
+                time.sleep(receiver.delay_s)  # a slow endpoint (past the sender's timeout)
                 with receiver._lock:
                     ok = not receiver.failing and len(receiver.deliveries) >= receiver.fail_first
                     headers = {k.lower(): v for k, v in self.headers.items()}
