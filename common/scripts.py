@@ -27,16 +27,15 @@ other languages.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Any
 
-import orjson
 from genq.common.connection import is_cluster
 from genq.common.fair_share import DOORBELL_MAX, PRIORITY_LUA, TENANTS_LUA
 from genq.common.keys import GROUP, QUEUED, Keys
 from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES
+from genq.common.webhooks import HOOK_LUA, owner_key
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
 
 QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
@@ -83,36 +82,6 @@ local function is_final(raw)
 end
 """
 
-HOOK_LUA = """
--- A request became final: if OWNER is a response's record (a string), add that response's
--- event to OUTBOX, its type from the final STATE; if OWNER is a batch's record (a hash with
--- 'open', the requests not yet final), count one down, and at zero add the batch's event.
--- (genq writes these records and states: their fields are where it put them.)
-local function hook(outbox, owner, state)
-  if redis.call('EXISTS', owner) == 0 then return end
-  local record = redis.pcall('GET', owner)  -- a batch's record is a hash: WRONGTYPE
-  if type(record) == 'string' then
-    local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
-    local kind = 'response.failed'
-    if status == 'succeeded' then
-      kind = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
-        or 'response.completed'
-    elseif status == 'cancelled' then
-      kind = 'response.cancelled'
-    end
-    local id = string.match(record, '^{"id":"([^"]*)"') or ''
-    local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
-    redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
-  elseif redis.call('HGET', owner, 'open') then
-    if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end
-    local f = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
-    local kind = f[3] == '1' and 'batch.cancelled' or 'batch.completed'
-    redis.call('XADD', outbox, '*', 'type', kind, 'id', f[1] or '', 'tenant', f[2] or 'default')
-  end
-end
-"""
-"""Lua: the webhook event of a response, or of a batch whose last request became final
-(APPLY and ``genq_cancel``)."""
 
 SUBMIT = (
     TENANTS_LUA
@@ -433,18 +402,6 @@ def apply_args(
     if hooks:
         script_keys.append(keys.webhook_events)
     return script_keys, args
-
-
-def owner_key(keys: Keys, request_id: str, state: str) -> str:
-    """The record a request's final state may tell of (``HOOK_LUA``): its batch's, when it is
-    one of a batch's lines (id ``BATCH-LINE``, metadata ``batch``), else its response's (which
-    exists only for a ``/v1/responses`` response)."""
-    if '"batch":"' in state:  # cheap: most requests are no batch line
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            batch = orjson.loads(state).get("metadata", {}).get("batch")
-            if isinstance(batch, str) and request_id.startswith(batch + "-"):
-                return keys.batch(batch)
-    return keys.response(request_id)
 
 
 def apply(

@@ -1,5 +1,7 @@
-"""Webhooks, the pure part: endpoints, OpenAI's event payload, Standard Webhooks signatures, and
-the retry schedule. No Redis, no HTTP (the gateway's ``webhook_delivery.py`` delivers).
+"""Webhooks, the pure part: endpoints, OpenAI's event payload, Standard Webhooks signatures, the
+retry schedule, and the Lua that adds an event where a state becomes final (``HOOK_LUA``, run by
+APPLY and ``genq_cancel``). No Redis calls, no HTTP (the gateway's ``webhook_delivery.py``
+delivers).
 
 An event is an entry of the queue's outbox (``Keys.webhook_events``), added where the state is
 decided: APPLY (and ``genq_cancel``) when a ``/v1/responses`` response becomes final, or the
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
@@ -22,7 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import orjson
 from genq.common.errors import ConfigError
+from genq.common.keys import Keys
 
 SECRET_PREFIX = "whsec_"
 EVENT_PREFIX = "evt_"
@@ -123,3 +128,47 @@ def targets(tenant: str, own: Endpoint | None, tenants: Mapping[str, Endpoint]) 
     if tenant in tenants:
         found.append(tenants[tenant])
     return found
+
+
+HOOK_LUA = """
+-- A request became final: if OWNER is a response's record (a string), add that response's
+-- event to OUTBOX, its type from the final STATE; if OWNER is a batch's record (a hash with
+-- 'open', the requests not yet final), count one down, and at zero add the batch's event.
+-- (genq writes these records and states: their fields are where it put them.)
+local function hook(outbox, owner, state)
+  if redis.call('EXISTS', owner) == 0 then return end
+  local record = redis.pcall('GET', owner)  -- a batch's record is a hash: WRONGTYPE
+  if type(record) == 'string' then
+    local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
+    local kind = 'response.failed'
+    if status == 'succeeded' then
+      kind = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
+        or 'response.completed'
+    elseif status == 'cancelled' then
+      kind = 'response.cancelled'
+    end
+    local id = string.match(record, '^{"id":"([^"]*)"') or ''
+    local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
+    redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
+  elseif redis.call('HGET', owner, 'open') then
+    if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end
+    local f = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
+    local kind = f[3] == '1' and 'batch.cancelled' or 'batch.completed'
+    redis.call('XADD', outbox, '*', 'type', kind, 'id', f[1] or '', 'tenant', f[2] or 'default')
+  end
+end
+"""
+"""Lua: the webhook event of a response, or of a batch whose last request became final
+(APPLY and ``genq_cancel``)."""
+
+
+def owner_key(keys: Keys, request_id: str, state: str) -> str:
+    """The record a request's final state may tell of (``HOOK_LUA``): its batch's, when it is
+    one of a batch's lines (id ``BATCH-LINE``, metadata ``batch``), else its response's (which
+    exists only for a ``/v1/responses`` response)."""
+    if '"batch":"' in state:  # cheap: most requests are no batch line
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            batch = orjson.loads(state).get("metadata", {}).get("batch")
+            if isinstance(batch, str) and request_id.startswith(batch + "-"):
+                return keys.batch(batch)
+    return keys.response(request_id)
