@@ -23,9 +23,9 @@ from genq.common import webhooks
 from genq.common.errors import ConfigError
 from genq.common.keys import Keys
 from genq.worker.devtools.gateway_process import GatewayProcess
+from genq.worker.devtools.webhook_receiver import Delivery, Receiver
 
 from tests.conftest import WorkerProcess, wait_until
-from tests.webhook_receiver import Delivery, Receiver
 
 SECRET = "whsec_" + base64.b64encode(b"genq webhook test secret!").decode()
 TENANT_SECRET = "whsec_" + base64.b64encode(b"team-a's own webhook secret").decode()

@@ -2,6 +2,7 @@
 
 - ``redis_server``: a private redis-server (tests, the demo, benchmarks);
 - ``worker_process``, ``gateway_process``: a worker or gateway in a subprocess;
+- ``webhook_receiver``: an HTTP endpoint that records the webhook deliveries it gets;
 - the scenarios behind ``genq bench``: ``bench_modes`` (in-process against through the queue),
   ``bench_priority``, ``bench_fleet`` (against an ideal central queue), ``bench_gateway``,
   ``bench_vllm`` (vLLM alone against vLLM through the queue), ``bench_tenants`` and

@@ -2,13 +2,13 @@
 deliveries one gateway makes per second (#25).
 
 A private redis-server (unless ``--redis-url``), one echo worker, one ``genq serve`` with
-``--webhook-url`` pointing at a receiver in this process (a threaded HTTP server that answers
-200 at once and notes when each delivery arrived). **Latency**: background responses created
-one by one, each delivery's arrival against its response's ``finished_unix_ms`` (the final
-state's time, Redis' clock on this same host): median and p99. **Throughput**: with the
-gateway stopped, events are put in the outbox directly; a fresh gateway delivers them all:
-deliveries per second from its first delivery to its last (a lower bound: the receiver is
-Python's http.server, one connection per delivery).
+``--webhook-url`` pointing at a receiver in this process (``webhook_receiver.py``: a threaded
+HTTP server that answers 200 at once and notes when each delivery arrived). **Latency**:
+background responses created one by one, each delivery's arrival against its response's
+``finished_unix_ms`` (the final state's time, Redis' clock on this same host): median and p99.
+**Throughput**: with the gateway stopped, events are put in the outbox directly; a fresh gateway
+delivers them all: deliveries per second from its first delivery to its last (a lower bound: the
+receiver is Python's http.server, one connection per delivery).
 """
 
 from __future__ import annotations
@@ -18,41 +18,13 @@ import json
 import os
 import statistics
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from genq.worker.devtools.webhook_receiver import Receiver
+
 SECRET = "whsec_" + base64.b64encode(b"genq bench webhook secret").decode()
-
-
-class _Arrivals:
-    """The receiver: data id -> arrival time (Unix ms), and every arrival's time."""
-
-    def __init__(self) -> None:
-        self.by_id: dict[str, float] = {}
-        self.times: list[float] = []
-        self.lock = threading.Lock()
-        arrivals = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                now_ms = time.time() * 1000
-                with arrivals.lock:
-                    arrivals.by_id.setdefault(json.loads(body)["data"]["id"], now_ms)
-                    arrivals.times.append(now_ms)
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 def run_webhooks(redis_url: str, *, responses: int, events: int) -> dict[str, Any]:
@@ -69,7 +41,7 @@ def run_webhooks(redis_url: str, *, responses: int, events: int) -> dict[str, An
     logging.getLogger("httpx").setLevel(logging.WARNING)
     queue, log = "bench-hooks", Path(tempfile.mkdtemp())
     keys, r = Keys(queue), redis.Redis.from_url(redis_url)
-    receiver = _Arrivals()
+    receiver = Receiver()
     flags = ["--webhook-url", receiver.url, "--webhook-secret", SECRET]
     worker = start_worker(redis_url=redis_url, queue=queue, consumer="hooks0", engine="echo")
     gateway = GatewayProcess(redis_url, queue, log / "gateway.log", flags)
@@ -81,26 +53,27 @@ def run_webhooks(redis_url: str, *, responses: int, events: int) -> dict[str, An
                 body = {"model": "echo", "input": f"n{i}", "background": True}
                 finished[http.post("/responses", json=body).json()["id"]] = 0.0
                 time.sleep(0.01)  # one at a time, as a steady stream of jobs ends
-        _wait(lambda: set(receiver.by_id) >= set(finished), 120)
+        _wait(lambda: set(_first_arrivals(receiver)) >= set(finished), 120)
         for response_id in finished:
             raw = r.get(keys.result(response_id.removeprefix("resp_")))
             finished[response_id] = json.loads(raw or "{}")["timings"]["finished_unix_ms"]
-        latencies = [receiver.by_id[i] - f for i, f in finished.items()]
+        arrived = _first_arrivals(receiver)
+        latencies = [arrived[i] - f for i, f in finished.items()]
         gateway.stop()
-        with receiver.lock:
-            receiver.times.clear()
+        before = len(receiver.deliveries)
         pipe = r.pipeline(transaction=False)
         for i in range(events):
             pipe.xadd(keys.webhook_events, {"type": "response.completed", "id": f"resp_b{i}"})
         pipe.execute()
         gateway = GatewayProcess(redis_url, queue, log / "gateway2.log", flags)
-        _wait(lambda: len(receiver.times) >= events, 300)
-        span_s = (max(receiver.times) - min(receiver.times)) / 1000
+        _wait(lambda: len(receiver.deliveries) - before >= events, 300)
+        times = [d.at_ms for d in receiver.deliveries[before:]]
+        span_s = (max(times) - min(times)) / 1000
     finally:
         gateway.stop()
         worker.terminate()
         worker.wait(30)
-        receiver.server.shutdown()
+        receiver.close()
         r.close()
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return {
@@ -112,6 +85,14 @@ def run_webhooks(redis_url: str, *, responses: int, events: int) -> dict[str, An
         "deliveries_per_s": (events - 1) / span_s if span_s > 0 else float("inf"),
         "cpus": os.cpu_count(),
     }
+
+
+def _first_arrivals(receiver: Receiver) -> dict[str, float]:
+    """Each event's object id -> when its first delivery arrived (Unix ms)."""
+    out: dict[str, float] = {}
+    for d in list(receiver.deliveries):
+        out.setdefault(json.loads(d.body)["data"]["id"], d.at_ms)
+    return out
 
 
 def _wait(done: Any, timeout_s: float) -> None:

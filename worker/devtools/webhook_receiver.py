@@ -1,6 +1,7 @@
-"""A webhook receiver for the tests: a real HTTP server on a free loopback port, in a thread,
-that records every delivery (headers and body) and answers 500 to the first ``fail_first``
-deliveries it gets (or to all while ``failing``), each after ``delay_s``."""
+"""A webhook receiver for the tests and ``genq bench --scenario webhooks``: a real HTTP server
+on a free loopback port, in a thread, that records every delivery (headers, body, when it
+arrived) and answers 500 to the first ``fail_first`` deliveries it gets (or to all while
+``failing``), each after ``delay_s``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class Delivery:
     headers: dict[str, str]
     body: str
     accepted: bool
+    at_ms: float = 0.0
+    """When it arrived (Unix ms)."""
 
 
 class Receiver:
@@ -30,11 +33,12 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
+                at_ms = time.time() * 1000
                 time.sleep(receiver.delay_s)  # a slow endpoint (past the sender's timeout)
                 with receiver._lock:
                     ok = not receiver.failing and len(receiver.deliveries) >= receiver.fail_first
                     headers = {k.lower(): v for k, v in self.headers.items()}
-                    receiver.deliveries.append(Delivery(headers, body, ok))
+                    receiver.deliveries.append(Delivery(headers, body, ok, at_ms))
                 self.send_response(200 if ok else 500)
                 self.send_header("content-length", "0")
                 self.end_headers()
