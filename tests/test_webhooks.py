@@ -192,6 +192,7 @@ def test_every_event_arrives_though_deliveries_fail_and_a_gateway_is_killed(
         ]
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
+        wait_until(lambda: len(two.models.list().data) == 1, timeout_s=60)  # sees the worker
         ids += [
             two.responses.create(model="echo", input=f"m{i}", background=True).id
             for i in range(100)
