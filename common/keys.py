@@ -36,6 +36,10 @@ key                    type    written by                  read by             T
                                PULL (-1 per request)
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
+``genq:{Q}:hist:N``    hash    workers at each heartbeat   the dashboard       16 min (180
+                               (HISTORY: requests, tokens, (SNAPSHOT)          buckets of 5 s
+                               waits by bin, depth_max of                      are shown)
+                               5-s bucket N of Unix time)
 ``genq:{Q}:sub:ID``    string  client (submit script;      client (submit      result_ttl_s
                                Redis Cluster only)         script)
 ``genq:res:{ID}``      string  client (queued, naming the  client (GET)        result_ttl_s
@@ -217,6 +221,12 @@ class Keys:
     def worker(self, consumer: str) -> str:
         """A worker's heartbeat and counters."""
         return f"{self._base}:worker:{consumer}"
+
+    def history(self, bucket: int | str) -> str:
+        """The queue's history for one 5-s bucket of Redis' Unix time (``unix_s // 5``), a
+        hash every worker adds to at its heartbeat (``genq.common.history``). ``history("")``
+        is the prefix the scripts append a bucket number to."""
+        return f"{self._base}:hist:{bucket}"
 
     @staticmethod
     def result(request_id: str) -> str:

@@ -93,8 +93,13 @@ def check_name(name: str) -> str:
 def read_all(r: Any, keys: Keys) -> dict[str, TenantSettings]:
     """Every tenant with settings of its own, by name (one HGETALL). An entry that cannot be
     read (written by hand) is left out: the tenant has the defaults."""
+    return parse_all(r.hgetall(keys.tenants) or {})
+
+
+def parse_all(stored: dict[Any, Any]) -> dict[str, TenantSettings]:
+    """``read_all``'s answer from the tenants hash as stored (name -> JSON)."""
     out: dict[str, TenantSettings] = {}
-    for name, raw in (r.hgetall(keys.tenants) or {}).items():
+    for name, raw in stored.items():
         try:
             out[as_text(name)] = TenantSettings.from_json(raw)
         except (ConfigError, orjson.JSONDecodeError, TypeError, AttributeError):

@@ -116,6 +116,7 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
         "file_id": "F",
         "tenant": "T",
         "priority": "P",
+        "bucket": "N",
     }
     found = [*k.streams()]
     for name, member in inspect.getmembers(Keys):

@@ -1,6 +1,6 @@
-"""``genq stats`` and ``genq top``. What they show: per priority stream and per worker, read
-with plain Redis commands (XLEN, XINFO GROUPS, XINFO CONSUMERS, XRANGE, HGETALL) so redis-cli
-can do the same."""
+"""``genq stats`` and ``genq top``. What they show: per priority stream, per tenant and per
+worker, read in one round trip by ``genq.common.snapshot`` (one script of plain Redis commands:
+XLEN, XINFO GROUPS, XINFO CONSUMERS, XRANGE, HGETALL, so redis-cli can do the same)."""
 
 from __future__ import annotations
 
@@ -8,169 +8,12 @@ import json
 from typing import Any
 
 import click
-import redis
-from genq.common.keys import GROUP, QUEUED, RETURNED, Keys
-from genq.common.models import PRIORITIES, host_now_ms
-from genq.common.wire import as_text
+from genq.common.models import host_now_ms
+from genq.common.snapshot import collect
 from genq.worker.commands.options import WIDE, redis_options
 from genq.worker.runtime.heartbeat import derived
 from rich.console import Console
 from rich.table import Table
-
-THROTTLED_RECENT_MS = 5_000
-"""A tenant a read held back this recently (and still waiting) shows as throttled."""
-
-
-def collect(r: redis.Redis, queue: str) -> dict[str, Any]:
-    """A JSON-ready snapshot of the queue: streams by priority, and workers."""
-    keys = Keys(queue)
-    streams: dict[str, Any] = {}
-    consumers: dict[str, dict[str, Any]] = {}
-    now = redis_now_ms(r)  # ages by Redis' clock (entry ids), not this host's
-    for priority in PRIORITIES:
-        streams[priority] = _stream_info(r, keys.stream(priority), now, consumers)
-    workers = []
-    for name, entry in sorted(consumers.items()):
-        h: Any = r.hgetall(keys.worker(name))
-        stats = {as_text(k): as_text(v) for k, v in h.items()}
-        entry["alive"] = bool(stats)
-        if stats:
-            for k, v in stats.items():
-                entry[k] = int(v) if isinstance(v, str) and v.isdigit() else v
-            if "recent_batch_sizes" in entry:
-                entry["recent_batch_sizes"] = json.loads(entry["recent_batch_sizes"])
-            held_since = json.loads(str(stats.get("oldest_held_unix_ms") or "{}"))
-            for priority, since in held_since.items():  # read, waiting in a worker's look-ahead
-                row = streams.get(priority)
-                if row is not None:
-                    age = max(0, now - int(since))
-                    row["oldest_waiting_ms"] = max(row.get("oldest_waiting_ms", 0), age)
-        workers.append(entry)
-    return {
-        "queue": queue,
-        "streams": streams,
-        "tenants": tenants_info(r, keys, now // 1000, workers),
-        "dead_letter": int(r.xlen(keys.dead_letter)),
-        "workers": workers,
-        "redis": redis_memory(r),
-    }
-
-
-def tenants_info(
-    r: redis.Redis, keys: Keys, now_s: int, workers: list[dict[str, Any]]
-) -> dict[str, dict[str, Any]]:
-    """Per tenant: its settings, requests waiting and running, tokens served in the last
-    minute and in all, whether it is over its tokens per minute (``throttled``: it has requests
-    waiting and a read left them for its token bucket in the last few seconds). Every tenant
-    with settings, waiting work, or service on record; two round trips."""
-    from genq.common.tenants import read_all
-
-    settings = read_all(r, keys)
-    served: Any = r.hgetall(keys.served)
-    pipe = r.pipeline(transaction=False)
-    for p in PRIORITIES:
-        pipe.smembers(keys.active(p))
-    names = set(settings) | {as_text(k).split(":")[0] for k in served}
-    for members in pipe.execute():
-        names |= {as_text(m) for m in members}
-    running: dict[str, int] = {}
-    for w in workers:
-        for tenant, n in json.loads(str(w.get("in_flight_by_tenant") or "{}")).items():
-            running[tenant] = running.get(tenant, 0) + int(n)
-    names |= set(running)
-    ordered = sorted(names)
-    pipe = r.pipeline(transaction=False)
-    for t in ordered:
-        for p in PRIORITIES:
-            pipe.llen(keys.tenant_index(p, t))
-        pipe.hgetall(keys.window(t))
-        pipe.hget(keys.bucket(t), "held_back_ms")
-    replies = pipe.execute()
-    out: dict[str, dict[str, Any]] = {}
-    for i, t in enumerate(ordered):
-        row = replies[i * 5 : i * 5 + 5]
-        window = row[3] or {}
-        last_minute = sum(int(v) for k, v in window.items() if int(k) > now_s - 60)
-        s = settings.get(t)
-        weight, per_minute = (s.weight, s.tokens_per_minute) if s else (1.0, 0)
-        held_back = row[4]  # when a read last left its requests waiting for its bucket
-        waiting = sum(int(x) for x in row[:3])
-        out[t] = {
-            "waiting": waiting,
-            "running": running.get(t, 0),
-            "tokens_last_minute": max(0, last_minute),
-            "tokens_total": int(as_text(served.get(t.encode(), b"0"))),
-            "requests_total": int(as_text(served.get(f"{t}:requests".encode(), b"0"))),
-            "weight": weight,
-            "tokens_per_minute": per_minute,
-            "max_queued": s.max_queued if s else 0,
-            "throttled": bool(per_minute and waiting and held_back)
-            and int(held_back) >= now_s * 1000 - THROTTLED_RECENT_MS,
-        }
-    return out
-
-
-def _age_ms(now: int, entry_id: Any) -> int:
-    return max(0, now - int(as_text(entry_id).split("-")[0]))
-
-
-def _stream_info(
-    r: redis.Redis, key: str, now: int, consumers: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
-    """One priority stream: length, pending, lag, handed back, and how long its oldest waiting
-    request has waited: not yet read, handed back, or (added by ``collect``) read into a
-    worker's look-ahead. Adds each consumer's pending and idle time to ``consumers``."""
-    info: dict[str, Any] = {"key": key, "length": int(r.xlen(key)), "pending": 0, "lag": None}
-    groups: Any = r.xinfo_groups(key) if r.exists(key) else []
-    group = next((g for g in groups if as_text(g["name"]) == GROUP), None)
-    if group is None:
-        return info
-    info["pending"] = int(group["pending"])
-    info["lag"] = group.get("lag")
-    nxt: Any = r.xrange(key, min=f"({as_text(group['last-delivered-id'])}", count=1)
-    info["oldest_waiting_ms"] = _age_ms(now, nxt[0][0]) if nxt else 0
-    info["handed_back"] = info["waiting"] = 0
-    group_consumers: Any = r.xinfo_consumers(key, GROUP)
-    for c in group_consumers:
-        name = as_text(c["name"])
-        if name in (RETURNED, QUEUED):  # handed back, or waiting: for the next free worker
-            info["handed_back" if name == RETURNED else "waiting"] = int(c["pending"])
-            first: Any = r.xpending_range(key, GROUP, "-", "+", 1, consumername=name)
-            if first:
-                age = _age_ms(now, first[0]["message_id"])
-                info["oldest_waiting_ms"] = max(info["oldest_waiting_ms"], age)
-            continue
-        entry = consumers.setdefault(name, {"consumer": name, "pending": 0})
-        entry["pending"] += int(c["pending"])
-        idle = int(c.get("idle", 0))
-        entry["idle_ms"] = min(entry.get("idle_ms", idle), idle)
-    return info
-
-
-def redis_now_ms(r: redis.Redis) -> int:
-    """Redis' clock, in Unix milliseconds; this host's if the user may not run TIME."""
-    from genq.worker.runtime.clock import redis_time_ms
-
-    ms = redis_time_ms(r)
-    return host_now_ms() if ms is None else ms
-
-
-def redis_memory(r: redis.Redis) -> dict[str, Any]:
-    """Redis' memory: used and max bytes, the eviction policy, and whether it is full (writes
-    refused: workers hold their results and wait). Empty if this user may not run INFO."""
-    try:
-        info: Any = r.info("memory")
-    except redis.ResponseError:
-        return {}
-    if info and all(isinstance(v, dict) for v in info.values()):  # a cluster: the fullest node
-        info = max(info.values(), key=lambda n: n.get("used_memory", 0))
-    used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
-    return {
-        "used_memory": used,
-        "maxmemory": limit,
-        "maxmemory_policy": info.get("maxmemory_policy"),
-        "full": bool(limit) and used >= limit,
-    }
 
 
 @click.command()

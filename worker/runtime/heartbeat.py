@@ -10,12 +10,14 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genq.common import history
 from genq.common.scripts import Applied
 from genq.worker.engines.base import BatchReport
 from genq.worker.policy.lookahead import Held
@@ -32,9 +34,9 @@ RECENT = 1000
 class StatsSink(Protocol):
     """Where the stats hash goes (the worker's QueueIO)."""
 
-    def add_stats(self, pipe: Any, fields: dict[str, Any]) -> None: ...
+    def add_stats(self, pipe: Any, fields: dict[str, Any], recent: dict[str, int]) -> None: ...
 
-    def publish_stats(self, fields: dict[str, Any]) -> None: ...
+    def publish_stats(self, fields: dict[str, Any], recent: dict[str, int]) -> None: ...
 
 
 class Ended(Protocol):
@@ -70,6 +72,8 @@ class Counters:
     """Sizes of the last ``RECENT`` batches (static) or starts (continuous)."""
     recent_waits_ms: list[int] = field(default_factory=list)
     """Queue waits of the last ``RECENT`` requests that started (for the published percentiles)."""
+    unsent_waits_ms: list[int] = field(default_factory=list)
+    """Queue waits not yet added to the queue's history (``Heartbeat.recent``)."""
 
     def as_hash(self) -> dict[str, int]:
         """The integer counters, as the stats hash holds them."""
@@ -84,8 +88,16 @@ class Counters:
                 self.failed += 1
             elif o.status == "expired":
                 self.expired += 1
-        self.recent_waits_ms += [o.queue_wait_ms for o in outcomes if o.queue_wait_ms is not None]
+        waits = [o.queue_wait_ms for o in outcomes if o.queue_wait_ms is not None]
+        self.recent_waits_ms += waits
         del self.recent_waits_ms[:-RECENT]
+        self.unsent_waits_ms += waits
+        del self.unsent_waits_ms[:-RECENT]
+
+    @property
+    def finished(self) -> int:
+        """Requests that reached a final state here."""
+        return self.succeeded + self.failed + self.expired
 
     def count_answers(self, answers: Sequence[int]) -> None:
         """Count what APPLY found instead of writing: already final, or a duplicate entry."""
@@ -146,7 +158,10 @@ class Identity:
 
 class Heartbeat:
     """Publishes a worker's stats hash: from the loop at most every ``HEARTBEAT_S``, and with
-    every batch of results the writer writes (``latest``, a copy the writer thread reads)."""
+    every batch of results the writer writes (``latest``, a copy the writer thread reads).
+    Each publication also adds what the worker did since the last one to the queue's history
+    (``genq.common.history``): the loop gathers it when it builds the fields, the thread that
+    publishes takes it (under a lock: the loop and the writer both publish)."""
 
     def __init__(
         self,
@@ -164,11 +179,34 @@ class Heartbeat:
         self.latest: dict[str, Any] = {}
         """The fields as of the last results handed to the writer."""
         self._last_s = 0.0
+        self._lock = threading.Lock()
+        self._recent: dict[str, int] = {}
+        """History increments gathered and not yet published."""
+        self._finished_seen = counters.finished
+        self._tokens_seen = counters.completion_tokens
 
     def fields(self) -> dict[str, Any]:
-        """The stats hash's fields, now."""
+        """The stats hash's fields, now (and gather the history increments since the last
+        call; the loop's thread only)."""
+        c = self.counters
+        gathered = history.increments(
+            c.finished - self._finished_seen,
+            c.completion_tokens - self._tokens_seen,
+            c.unsent_waits_ms,
+        )
+        self._finished_seen, self._tokens_seen = c.finished, c.completion_tokens
+        c.unsent_waits_ms.clear()
+        with self._lock:
+            for k, v in gathered.items():
+                self._recent[k] = self._recent.get(k, 0) + v
         waiting, in_flight = self.holdings()
-        return stats_fields(self.identity, self.counters, waiting=waiting, in_flight=in_flight)
+        return stats_fields(self.identity, c, waiting=waiting, in_flight=in_flight)
+
+    def recent(self) -> dict[str, int]:
+        """Take the history increments gathered so far (to publish them)."""
+        with self._lock:
+            taken, self._recent = self._recent, {}
+        return taken
 
     def beat(self, *, force: bool = False) -> bool:
         """Publish now if ``HEARTBEAT_S`` passed since the last time (or ``force``); True if
@@ -176,13 +214,14 @@ class Heartbeat:
         if not force and time.monotonic() - self._last_s < HEARTBEAT_S:
             return False
         self._last_s = time.monotonic()
-        self.queue.publish_stats(self.fields())
+        fields = self.fields()
+        self.queue.publish_stats(fields, self.recent())
         return True
 
     def add_latest(self, pipe: Any) -> None:
         """The writer thread's call: add ``latest`` to its round trip."""
         self._last_s = time.monotonic()
-        self.queue.add_stats(pipe, self.latest)
+        self.queue.add_stats(pipe, self.latest, self.recent())
 
 
 def stats_fields(

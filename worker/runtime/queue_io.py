@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from genq.common import functions, states
+from genq.common import functions, history, states
 from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
@@ -282,18 +282,20 @@ class QueueIO:
         raws = self.redis.mget([self.keys.result(i) for i in request_ids])
         return {i for i, raw in zip(request_ids, raws, strict=True) if states.is_final(raw)}
 
-    def add_stats(self, pipe: Any, fields: dict[str, Any]) -> None:
-        """Queue the refresh of this worker's stats hash (and its TTL) on ``pipe``, and of the
-        doorbell's TTL: it lives while workers do (a joining worker makes it again)."""
+    def add_stats(self, pipe: Any, fields: dict[str, Any], recent: dict[str, int]) -> None:
+        """Queue the refresh of this worker's stats hash (and its TTL) on ``pipe``, of the
+        doorbell's TTL (it lives while workers do: a joining worker makes it again), and the
+        addition of ``recent`` (what it did since the last time) to the queue's history."""
         key = self.keys.worker(self.consumer)
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.settings.heartbeat_ttl_s)
         pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
+        history.add(pipe, self.keys, recent, clock.now_ms())
 
-    def publish_stats(self, fields: dict[str, Any]) -> None:
+    def publish_stats(self, fields: dict[str, Any], recent: dict[str, int]) -> None:
         """Refresh this worker's stats hash now."""
         pipe = self.redis.pipeline(transaction=False)
-        self.add_stats(pipe, fields)
+        self.add_stats(pipe, fields, recent)
         pipe.execute()
 
     def leave(self) -> None:

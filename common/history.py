@@ -1,0 +1,126 @@
+"""The queue's recent history: a bounded rolling series in Redis, written by workers.
+
+Every worker adds what it did since its last heartbeat to the hash of the current 5-s bucket
+of Redis' clock (``Keys.history(unix_s // BUCKET_S)``) with ``HISTORY``, one script call in the
+heartbeat's round trip; each bucket expires ``BUCKET_TTL_S`` after its last write. So the
+history is the same for every reader (every gateway replica's dashboard draws the same
+picture), survives a gateway's restart, and costs the queue nothing when nobody looks.
+
+A bucket's fields:
+
+==============  ==========================================================================
+field           what
+==============  ==========================================================================
+``requests``    requests that reached a final state in the bucket (succeeded, failed,
+                expired), summed over workers
+``tokens``      tokens generated
+``w:B``         requests that started after waiting in the queue a time in bin ``B``
+                (``wait_bin``: quarter-octaves of milliseconds), for the wait percentiles
+``depth_max``   the most requests waiting for a worker (``LLEN genq:{Q}:waiting``) any
+                worker saw at a heartbeat in the bucket
+==============  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from genq.common.keys import Keys
+from genq.common.wire import as_text
+
+BUCKET_S = 5
+"""Seconds per history bucket."""
+BUCKETS = 180
+"""Buckets a dashboard shows: the last 15 minutes."""
+BUCKET_TTL_S = 16 * 60
+"""A bucket expires this long after its last write (a little more than ``BUCKETS`` cover)."""
+BINS_PER_OCTAVE = 4
+"""Resolution of the wait histogram: a bin spans a factor of 2 ** (1/4), about 19 %."""
+
+WAIT_PREFIX = "w:"
+
+HISTORY = """
+-- KEYS: the queue's waiting list (its length is the depth sampled)
+-- ARGV: the history key prefix, seconds per bucket, bucket TTL, the caller's Unix seconds (if
+--       this user may not run TIME), then FIELD INCREMENT pairs
+-- Adds the increments to the bucket of Redis' clock now and raises its depth_max.
+local ok, t = pcall(redis.call, 'TIME')
+if not ok then t = {ARGV[4]} end
+local key = ARGV[1] .. math.floor(tonumber(t[1]) / tonumber(ARGV[2]))
+for i = 5, #ARGV, 2 do redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1]) end
+local depth = redis.call('LLEN', KEYS[1])
+local top = tonumber(redis.call('HGET', key, 'depth_max') or '-1')
+if depth > top then redis.call('HSET', key, 'depth_max', depth) end
+redis.call('EXPIRE', key, ARGV[3])
+return depth
+"""
+
+
+def wait_bin(wait_ms: int) -> int:
+    """The histogram bin of a queue wait: 0 for 0 ms, then quarter-octaves (bin ``b`` holds
+    waits up to ``bin_upper_ms(b)``)."""
+    if wait_ms <= 0:
+        return 0
+    return max(1, math.ceil(math.log2(wait_ms + 1) * BINS_PER_OCTAVE))
+
+
+def bin_upper_ms(b: int) -> int:
+    """The longest wait (ms) bin ``b`` holds."""
+    return max(0, round(2 ** (b / BINS_PER_OCTAVE) - 1))
+
+
+def increments(requests: int, tokens: int, waits_ms: Iterable[int]) -> dict[str, int]:
+    """The fields a worker adds to the current bucket (only those that are not zero)."""
+    out: dict[str, int] = {}
+    if requests:
+        out["requests"] = requests
+    if tokens:
+        out["tokens"] = tokens
+    for w in waits_ms:
+        field = f"{WAIT_PREFIX}{wait_bin(w)}"
+        out[field] = out.get(field, 0) + 1
+    return out
+
+
+def add(pipe: Any, keys: Keys, fields: Mapping[str, int], now_ms: int) -> None:
+    """Queue ``HISTORY`` on ``pipe``: ``fields`` added to the current bucket, depth sampled
+    (``now_ms``, the caller's clock, is used only where Redis' TIME is not allowed)."""
+    args: list[Any] = [keys.history(""), BUCKET_S, BUCKET_TTL_S, now_ms // 1000]
+    for k, v in fields.items():
+        args += [k, v]
+    pipe.execute_command("EVAL", HISTORY, 1, keys.waiting, *args)
+
+
+def percentile(bins: Mapping[int, int], q: float) -> int | None:
+    """The ``q`` quantile (0-1) of a wait histogram, as its bin's upper edge (ms); None if
+    empty."""
+    total = sum(bins.values())
+    if not total:
+        return None
+    rank = math.ceil(q * total)
+    seen = 0
+    for b in sorted(bins):
+        seen += bins[b]
+        if seen >= rank:
+            return bin_upper_ms(b)
+    return bin_upper_ms(max(bins))
+
+
+def series(buckets: Iterable[tuple[int, Mapping[Any, Any]]]) -> dict[str, list[Any]]:
+    """Chart series from ``(bucket number, bucket hash)`` pairs, oldest first: the bucket's
+    start (Unix s), requests/s, tokens/s, depth (None where no worker wrote), wait p50/p99."""
+    names = ("t", "requests_per_s", "tokens_per_s", "depth", "wait_p50_ms", "wait_p99_ms")
+    out: dict[str, list[Any]] = {k: [] for k in names}
+    for number, raw in buckets:
+        h = {as_text(k): int(as_text(v)) for k, v in raw.items()}
+        bins = {int(k[len(WAIT_PREFIX) :]): v for k, v in h.items() if k.startswith(WAIT_PREFIX)}
+        written = bool(h)
+        out["t"].append(number * BUCKET_S)
+        out["requests_per_s"].append(h.get("requests", 0) / BUCKET_S if written else None)
+        out["tokens_per_s"].append(h.get("tokens", 0) / BUCKET_S if written else None)
+        out["depth"].append(h.get("depth_max") if written else None)
+        out["wait_p50_ms"].append(percentile(bins, 0.5))
+        out["wait_p99_ms"].append(percentile(bins, 0.99))
+    return out

@@ -1,0 +1,283 @@
+"""A snapshot of a queue in one Redis round trip: what ``genq stats``, ``genq top``, the demo
+and the dashboard show.
+
+``SNAPSHOT`` is one read-only script: per priority stream its length, the group's pending, lag
+and next entry, its consumers (and the oldest entry handed back or waiting); every worker's
+stats hash; every tenant's settings, waiting requests, last minute and total service; the
+dead-letter stream's length; Redis' memory; and, for the dashboard, the last buckets of the
+queue's history (``genq.common.history``). One call, so a refresh costs one round trip however
+many rows it shows, and every number in it is of the same instant. The same commands, one at a
+time, give the same numbers from redis-cli (README: "Looking at a queue").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from genq.common import history
+from genq.common.connection import is_cluster
+from genq.common.keys import GROUP, QUEUED, RETURNED, Keys
+from genq.common.models import PRIORITIES, host_now_ms
+from genq.common.tenants import parse_all
+from genq.common.wire import as_text
+
+THROTTLED_RECENT_MS = 5_000
+"""A tenant a read held back this recently (and still waiting) shows as throttled."""
+
+SNAPSHOT = """
+-- KEYS: the high, normal, low streams, the dead letters, tenants' settings, served, the
+--       active sets of high, normal, low
+-- ARGV: group, returned consumer, queued consumer, worker key prefix, window prefix, bucket
+--       prefix, index prefixes of high, normal, low, history prefix, buckets, bucket seconds,
+--       the caller's Unix ms (used only if this user may not run TIME)
+-- Returns JSON: {now_ms, streams, workers, tenants, dead_letter, memory, history}.
+local group, returned, queued = ARGV[1], ARGV[2], ARGV[3]
+local ok_time, t = pcall(redis.call, 'TIME')
+if not ok_time then
+  local ms = tonumber(ARGV[13])
+  t = {tostring(math.floor(ms / 1000)), tostring((ms % 1000) * 1000)}
+end
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function kv(list)
+  local m = {}
+  for i = 1, #list, 2 do m[list[i]] = list[i + 1] end
+  return m
+end
+local out = {now_ms = now, streams = {}, workers = {}, tenants = {}, history = {}}
+local names = {}
+for i = 1, 3 do
+  local key = KEYS[i]
+  local s = {length = redis.call('XLEN', key), consumers = {}}
+  if redis.call('EXISTS', key) == 1 then
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+      local gm = kv(g)
+      if gm['name'] == group then
+        s.group = true
+        s.pending, s.lag = gm['pending'], gm['lag']
+        local nxt = redis.call('XRANGE', key, '(' .. gm['last-delivered-id'], '+', 'COUNT', 1)
+        if nxt[1] then s.next_id = nxt[1][1] end
+        for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', key, group)) do
+          local cm = kv(c)
+          local row = {name = cm['name'], pending = cm['pending'], idle = cm['idle']}
+          if cm['name'] == returned or cm['name'] == queued then
+            local first = redis.call('XPENDING', key, group, '-', '+', 1, cm['name'])
+            if first[1] then row.first_id = first[1][1] end
+          else
+            names[cm['name']] = true
+          end
+          table.insert(s.consumers, row)
+        end
+      end
+    end
+  end
+  out.streams[i] = s
+end
+local tenants = {}
+for name, _ in pairs(names) do
+  local h = redis.call('HGETALL', ARGV[4] .. name)
+  out.workers[name] = h
+  local running = kv(h)['in_flight_by_tenant']
+  if running then
+    local ok, doc = pcall(cjson.decode, running)
+    if ok and type(doc) == 'table' then
+      for tenant, _ in pairs(doc) do tenants[tenant] = true end
+    end
+  end
+end
+local settings = redis.call('HGETALL', KEYS[5])
+local served = redis.call('HGETALL', KEYS[6])
+out.settings, out.served = settings, served
+for i = 1, #settings, 2 do tenants[settings[i]] = true end
+for i = 1, #served, 2 do tenants[string.match(served[i], '^[^:]*')] = true end
+for i = 7, 9 do
+  for _, m in ipairs(redis.call('SMEMBERS', KEYS[i])) do tenants[m] = true end
+end
+for tenant, _ in pairs(tenants) do
+  out.tenants[tenant] = {
+    waiting = redis.call('LLEN', ARGV[7] .. tenant) + redis.call('LLEN', ARGV[8] .. tenant)
+      + redis.call('LLEN', ARGV[9] .. tenant),
+    window = redis.call('HGETALL', ARGV[5] .. tenant),
+    held_back = redis.call('HGET', ARGV[6] .. tenant, 'held_back_ms'),
+  }
+end
+out.dead_letter = redis.call('XLEN', KEYS[4])
+local ok, info = pcall(redis.call, 'INFO', 'memory')
+if ok then out.memory = info end
+local n, width = tonumber(ARGV[11]), tonumber(ARGV[12])
+local last = math.floor(tonumber(t[1]) / width) - 1  -- the last whole bucket
+for b = last - n + 1, last do
+  table.insert(out.history, {b, redis.call('HGETALL', ARGV[10] .. b)})
+end
+return cjson.encode(out)
+"""
+
+
+def read(r: Any, keys: Keys, history_buckets: int = 0) -> dict[str, Any]:
+    """Run ``SNAPSHOT`` (one round trip) and return its decoded reply, raw."""
+    script_keys = [
+        *keys.streams(),
+        keys.dead_letter,
+        keys.tenants,
+        keys.served,
+        *(keys.active(p) for p in PRIORITIES),
+    ]
+    args = [
+        GROUP,
+        RETURNED,
+        QUEUED,
+        keys.worker(""),
+        keys.window(""),
+        keys.bucket(""),
+        *(keys.tenant_index(p, "") for p in PRIORITIES),
+        keys.history(""),
+        history_buckets,
+        history.BUCKET_S,
+        host_now_ms(),
+    ]
+    raw: Any = r.eval(SNAPSHOT, len(script_keys), *script_keys, *args)
+    doc: dict[str, Any] = orjson.loads(raw)
+    return doc
+
+
+def collect(r: Any, queue: str) -> dict[str, Any]:
+    """A JSON-ready snapshot of the queue: streams by priority, tenants, workers, the dead-letter
+    stream's length and Redis' memory (``genq stats --json``)."""
+    return stats_of(r, read(r, Keys(queue)), queue)
+
+
+def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
+    """``collect``'s snapshot from ``read``'s reply (``r`` only for a cluster's memory)."""
+    keys = Keys(queue)
+    now = int(raw["now_ms"])
+    streams: dict[str, Any] = {}
+    consumers: dict[str, dict[str, Any]] = {}
+    for priority, s in zip(PRIORITIES, raw["streams"], strict=True):
+        streams[priority] = _stream(keys.stream(priority), s, now, consumers)
+    workers = []
+    for name, entry in sorted(consumers.items()):
+        flat = raw["workers"].get(name) or []
+        stats = {as_text(flat[i]): as_text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        entry["alive"] = bool(stats)
+        for k, v in stats.items():
+            entry[k] = int(v) if v.isdigit() else v
+        if "recent_batch_sizes" in entry:
+            entry["recent_batch_sizes"] = json.loads(entry["recent_batch_sizes"])
+        held_since = json.loads(str(stats.get("oldest_held_unix_ms") or "{}"))
+        for priority, since in held_since.items():  # read, waiting in a worker's look-ahead
+            row = streams.get(priority)
+            if row is not None:
+                age = max(0, now - int(since))
+                row["oldest_waiting_ms"] = max(row.get("oldest_waiting_ms", 0), age)
+        workers.append(entry)
+    memory = redis_memory(r) if is_cluster(r) else _memory(raw.get("memory"))
+    return {
+        "queue": queue,
+        "streams": streams,
+        "tenants": _tenants(raw, now // 1000, workers),
+        "dead_letter": int(raw["dead_letter"]),
+        "workers": workers,
+        "redis": memory,
+    }
+
+
+def _age_ms(now: int, entry_id: str) -> int:
+    return max(0, now - int(entry_id.split("-")[0]))
+
+
+def _stream(key: str, s: dict[str, Any], now: int, consumers: dict[str, Any]) -> dict[str, Any]:
+    """One priority stream: length, pending, lag, handed back, and how long its oldest waiting
+    request has waited: not yet read, handed back, or (added by ``stats_of``) read into a
+    worker's look-ahead. Adds each consumer's pending and idle time to ``consumers``."""
+    info: dict[str, Any] = {"key": key, "length": int(s["length"]), "pending": 0, "lag": None}
+    if not s.get("group"):
+        return info
+    info["pending"] = int(s["pending"])
+    info["lag"] = s["lag"] if s["lag"] is not False else None  # nil (unknown) comes as false
+    info["oldest_waiting_ms"] = _age_ms(now, s["next_id"]) if s.get("next_id") else 0
+    info["handed_back"] = info["waiting"] = 0
+    for c in s["consumers"] or []:  # an empty Lua table is encoded as {}
+        name = c["name"]
+        if name in (RETURNED, QUEUED):  # handed back, or waiting: for the next free worker
+            info["handed_back" if name == RETURNED else "waiting"] = int(c["pending"])
+            if c.get("first_id"):
+                age = _age_ms(now, c["first_id"])
+                info["oldest_waiting_ms"] = max(info["oldest_waiting_ms"], age)
+            continue
+        entry = consumers.setdefault(name, {"consumer": name, "pending": 0})
+        entry["pending"] += int(c["pending"])
+        idle = int(c.get("idle", 0))
+        entry["idle_ms"] = min(entry.get("idle_ms", idle), idle)
+    return info
+
+
+def _tenants(raw: dict[str, Any], now_s: int, workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per tenant: its settings, requests waiting and running, tokens served in the last
+    minute and in all, whether it is over its tokens per minute (``throttled``: it has requests
+    waiting and a read left them for its token bucket in the last few seconds). Every tenant
+    with settings, waiting work, running work or service on record."""
+    flat = raw["settings"] or []
+    settings = parse_all({flat[i]: flat[i + 1] for i in range(0, len(flat), 2)})
+    flat = raw["served"] or []
+    served = {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    running: dict[str, int] = {}
+    for w in workers:
+        for tenant, n in json.loads(str(w.get("in_flight_by_tenant") or "{}")).items():
+            running[tenant] = running.get(tenant, 0) + int(n)
+    out: dict[str, dict[str, Any]] = {}
+    for t in sorted(raw["tenants"] or {}):
+        row = raw["tenants"][t]
+        window = row["window"] or []
+        last_minute = sum(
+            int(window[i + 1]) for i in range(0, len(window), 2) if int(window[i]) > now_s - 60
+        )
+        s = settings.get(t)
+        weight, per_minute = (s.weight, s.tokens_per_minute) if s else (1.0, 0)
+        held_back = int(row.get("held_back") or 0)  # when a read last left its requests waiting
+        waiting = int(row["waiting"])
+        out[t] = {
+            "waiting": waiting,
+            "running": running.get(t, 0),
+            "tokens_last_minute": max(0, last_minute),
+            "tokens_total": served.get(t, 0),
+            "requests_total": served.get(f"{t}:requests", 0),
+            "weight": weight,
+            "tokens_per_minute": per_minute,
+            "max_queued": s.max_queued if s else 0,
+            "throttled": bool(per_minute and waiting and held_back)
+            and held_back >= now_s * 1000 - THROTTLED_RECENT_MS,
+        }
+    return out
+
+
+def _memory(info: str | None) -> dict[str, Any]:
+    """INFO memory's used and max bytes, eviction policy, and whether Redis is full."""
+    if not info:
+        return {}
+    return _memory_row(dict(line.split(":", 1) for line in info.splitlines() if ":" in line))
+
+
+def _memory_row(info: dict[str, Any]) -> dict[str, Any]:
+    used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    return {
+        "used_memory": used,
+        "maxmemory": limit,
+        "maxmemory_policy": info.get("maxmemory_policy"),
+        "full": bool(limit) and used >= limit,
+    }
+
+
+def redis_memory(r: Any) -> dict[str, Any]:
+    """Redis' memory: used and max bytes, the eviction policy, and whether it is full (writes
+    refused: workers hold their results and wait). Empty if this user may not run INFO. On a
+    cluster, the fullest node's."""
+    import redis
+
+    try:
+        info: Any = r.info("memory")
+    except redis.ResponseError:
+        return {}
+    if info and all(isinstance(v, dict) for v in info.values()):  # a cluster: the fullest node
+        info = max(info.values(), key=lambda n: n.get("used_memory", 0))
+    return _memory_row(info)
