@@ -209,28 +209,53 @@ class BatchView:
 def read_batch(client: Client, batch_id: str, *, tenant: str | None = None) -> BatchView:
     """The batch's record, requests and their states now; RequestNotFound if there is none,
     or (with ``tenant``) if it belongs to another tenant: the same error, no hint it exists."""
+    found = read_batches(client, [batch_id])
+    owner = found[0].record.get("tenant", DEFAULT_TENANT) if found else None
+    if owner is None or (tenant is not None and owner != tenant):
+        raise _no_batch(batch_id)
+    return found[0]
+
+
+def read_batches(client: Client, batch_ids: Sequence[str]) -> list[BatchView]:
+    """Several batches as ``read_batch`` reads one, in two round trips however many (those
+    that no longer exist are left out)."""
     keys = client.keys
     pipe = client.redis.pipeline(transaction=False)
-    pipe.hgetall(keys.batch(batch_id))
-    pipe.lrange(keys.batch_items(batch_id), 0, -1)
-    pipe.lrange(keys.batch_rejected(batch_id), 0, -1)
-    info, raw_items, raw_rejected = pipe.execute()
-    record = {as_text(k): as_text(v) for k, v in (info or {}).items()}
-    if not record or (tenant is not None and record.get("tenant", DEFAULT_TENANT) != tenant):
-        raise _no_batch(batch_id)
-    items = [tuple(as_text(r).split(" ", 1)) for r in raw_items]
-    ids = [rid for rid, _ in items]
-    states: list[Result | None] = []
-    for start in range(0, len(ids), SUBMIT_CHUNK):
-        raws: Any = client.redis.mget([keys.result(i) for i in ids[start : start + SUBMIT_CHUNK]])
-        states += [parse_stored(r) for r in raws]
-    return BatchView(
-        id=batch_id,
-        record=record,
-        items=items,  # type: ignore[arg-type]
-        states=states,
-        rejected=[json.loads(r) for r in raw_rejected],
-    )
+    for batch_id in batch_ids:
+        pipe.hgetall(keys.batch(batch_id))
+        pipe.lrange(keys.batch_items(batch_id), 0, -1)
+        pipe.lrange(keys.batch_rejected(batch_id), 0, -1)
+    replies = pipe.execute()
+    found: list[tuple[str, dict[str, str], list[tuple[str, str]], list[Any]]] = []
+    for i, batch_id in enumerate(batch_ids):
+        info, raw_items, raw_rejected = replies[3 * i : 3 * i + 3]
+        record = {as_text(k): as_text(v) for k, v in (info or {}).items()}
+        if record:
+            lines = (as_text(r).partition(" ") for r in raw_items)
+            found.append((batch_id, record, [(rid, url) for rid, _, url in lines], raw_rejected))
+    wanted = [keys.result(rid) for _, _, items, _ in found for rid, _ in items]
+    pipe = client.redis.pipeline(transaction=False)
+    if is_cluster(client.redis):  # each request's key in its own slot
+        for key in wanted:
+            pipe.get(key)
+        raws = pipe.execute()
+    else:
+        for start in range(0, len(wanted), SUBMIT_CHUNK):
+            pipe.mget(wanted[start : start + SUBMIT_CHUNK])
+        raws = [raw for chunk in pipe.execute() for raw in chunk]
+    states = iter(parse_stored(raw) for raw in raws)
+    views = []
+    for batch_id, record, items, raw_rejected in found:
+        views.append(
+            BatchView(
+                id=batch_id,
+                record=record,
+                items=items,
+                states=[next(states) for _ in items],
+                rejected=[json.loads(r) for r in raw_rejected],
+            )
+        )
+    return views
 
 
 def _no_batch(batch_id: str) -> RequestNotFound:

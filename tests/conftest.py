@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import random
 import signal
@@ -158,6 +159,20 @@ def worker_thread(
     finally:
         worker.stop()
         thread.join(timeout=30)
+
+
+def genq_stats(redis_url: str, queue: str) -> dict[str, Any]:
+    """What ``genq stats --json`` prints for ``queue``, run as a user would run it."""
+    where = ("--redis-url", redis_url, "--queue", queue)
+    out = subprocess.run(
+        [sys.executable, "-m", "genq.worker", "stats", "--json", *where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    stats: dict[str, Any] = json.loads(out.stdout)
+    return stats
 
 
 def submit_keys(keys: Keys, request_ids: list[str]) -> list[str]:

@@ -7,12 +7,13 @@ import re
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from genq.producer import Client
 from genq.worker.devtools.redis_server import free_port
 
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, genq_stats, wait_until
 
 
 def scrape(port: int) -> str:
@@ -64,7 +65,6 @@ def _ready(port: int) -> bool:
 def test_stats_and_top_show_streams_workers_and_waits(
     redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
 ) -> None:
-    import json
     import subprocess
     import sys
 
@@ -75,16 +75,8 @@ def test_stats_and_top_show_streams_workers_and_waits(
     genq = [sys.executable, "-m", "genq.worker"]
     where = ["--redis-url", redis_url, "--queue", queue]
 
-    def snapshot() -> dict[str, object]:
-        out = subprocess.run(
-            [*genq, "stats", *where, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        snap: dict[str, object] = json.loads(out.stdout)
-        return snap
+    def snapshot() -> dict[str, Any]:
+        return genq_stats(redis_url, queue)
 
     wait_until(lambda: snapshot()["workers"][0].get("succeeded", 0) >= 21)  # type: ignore[index]
     (worker,) = snapshot()["workers"]  # type: ignore[misc]

@@ -16,5 +16,7 @@ module             what it holds
 ``webhook_delivery``  the queue's webhook events delivered, signed, retried (any gateway)
 ``files``          ``/v1/files``: batch input files in Redis; batch output files rendered
 ``batch_routes``   ``/v1/batches``: create, retrieve, list, cancel (on ``producer.batches``)
+``dashboard_routes``  ``/dashboard``: the page (``dashboard/``: its HTML, script, styles and
+                   the vendored chart library, uPlot) and the JSON it polls; admin keys only
 =================  ===========================================================================
 """

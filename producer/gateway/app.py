@@ -15,6 +15,7 @@ from genq.producer.client import Client
 from genq.producer.gateway import (
     batch_routes,
     completions,
+    dashboard_routes,
     files,
     openai_errors,
     responses_routes,
@@ -30,9 +31,10 @@ def _model(gw: Gateway, model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": gw.fleet.created(model), "owned_by": "genq"}
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
-    """The OpenAI-compatible app for ``settings.queue``. Raises ConfigError for a bad
-    ``--api-key``."""
+def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
+    """The OpenAI-compatible app for ``settings.queue``, with its dashboard. Raises ConfigError
+    for a bad ``--api-key``. ``api=False``: the dashboard alone (``genq dashboard``: no
+    OpenAI routes, no webhook deliveries)."""
     keys = callers(settings)
     if settings.webhook_url or settings.webhook_secret:  # a bad one: one line at start
         webhooks.endpoint(webhooks.GLOBAL_ENDPOINT, settings.webhook_url, settings.webhook_secret)
@@ -48,7 +50,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         fleet = Fleet(client.redis, client.keys, settings.models_cache_s)
         app.state.gateway = Gateway(settings, client, sync_client, fleet, keys)
         deliverer = Deliverer(client.redis, client.keys, settings)
-        delivering = asyncio.create_task(deliverer.run())
+        delivering = asyncio.create_task(deliverer.run() if api else asyncio.sleep(0))
         try:
             yield
         finally:
@@ -66,6 +68,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         dependencies=[Depends(check_key)],
     )
     openai_errors.install(app)
+    dashboard_routes.install(app)
+    if not api:
+        return app
     for module in (completions, responses_routes, files, batch_routes):
         app.include_router(module.router)
 

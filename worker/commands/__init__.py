@@ -11,7 +11,8 @@ module             commands
 ``functions``      ``genq functions load | code`` (the Redis Functions library)
 ``tenants``        ``genq tenants set | list | delete`` (tenants' weights, limits, webhooks)
 ``webhooks``       ``genq webhooks list | retry`` (webhook deliveries that gave up)
-``serve``          ``genq serve`` (the OpenAI-compatible HTTP gateway)
+``serve``          ``genq serve`` (the OpenAI-compatible HTTP gateway, with the dashboard),
+                   ``genq dashboard`` (the dashboard alone)
 ``demo``           ``genq demo``
 ``bench``          ``genq bench``
 =================  =========================================================================
@@ -32,7 +33,7 @@ from genq.worker.commands.bench import bench
 from genq.worker.commands.demo import demo
 from genq.worker.commands.dlq import dlq
 from genq.worker.commands.functions import functions
-from genq.worker.commands.serve import serve
+from genq.worker.commands.serve import dashboard, serve
 from genq.worker.commands.stats import stats, top
 from genq.worker.commands.submit import submit
 from genq.worker.commands.tenants import tenants
@@ -80,6 +81,7 @@ for _command in (
     tenants,
     webhooks,
     serve,
+    dashboard,
     demo,
     bench,
 ):

@@ -37,7 +37,21 @@ def serve_options(func: Any) -> Any:
 def serve(**flags: Any) -> None:
     """An OpenAI-compatible HTTP API in front of the queue: /v1/models, /v1/completions,
     /v1/chat/completions (streaming), /v1/files, /v1/batches. Stateless: run as many as you
-    like. Needs genq[serve]."""
+    like. The dashboard is at /dashboard. Needs genq[serve]."""
+    _run(flags, api=True)
+
+
+@click.command()
+@redis_options
+@serve_options
+def dashboard(**flags: Any) -> None:
+    """The dashboard alone (genq serve has it too, at /dashboard): the queue, workers,
+    tenants, batches, dead letters and requests, live in a browser. Bound to 127.0.0.1 by
+    default; with --admin-key, only to that key. Needs genq[serve]."""
+    _run(flags, api=False)
+
+
+def _run(flags: dict[str, Any], *, api: bool) -> None:
     import os
 
     try:
@@ -45,12 +59,14 @@ def serve(**flags: Any) -> None:
         from genq.producer.gateway.app import create_app
     except ImportError as err:
         raise click.ClickException(
-            f"genq serve needs the serve extra ({err}): pip install 'genq[serve]'"
+            f"this command needs the serve extra ({err}): pip install 'genq[serve]'"
         ) from None
 
     settings = GatewaySettings.from_flags(flags, os.environ)
     try:
-        app = create_app(settings)
+        app = create_app(settings, api=api)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
+    where = f"http://{settings.host}:{settings.port}/dashboard"
+    click.echo(f"genq: dashboard at {where}", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)

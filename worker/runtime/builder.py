@@ -103,7 +103,12 @@ def build_worker(
     runner = make_runner(context, engine, budget)
     stats = Heartbeat(
         queue=queue,
-        identity=Identity(consumer=consumer, engine=engine.name, model=settings.served_model),
+        identity=Identity(
+            consumer=consumer,
+            engine=engine.name,
+            model=settings.served_model,
+            device="-" if engine.name == "echo" else settings.device,
+        ),
         counters=counters,
         holdings=lambda: _holdings(lookahead, runner),
     )

@@ -145,9 +145,10 @@ class Counters:
 class Identity:
     """Who a worker is, in its stats hash: fixed for its life (read once, not per batch)."""
 
-    def __init__(self, *, consumer: str, engine: str, model: str) -> None:
+    def __init__(self, *, consumer: str, engine: str, model: str, device: str = "cpu") -> None:
         self.fields: dict[str, Any] = {
             "consumer": consumer,
+            "device": device,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "engine": engine,
