@@ -95,7 +95,14 @@ for i = 7, 9 do
   for _, m in ipairs(redis.call('SMEMBERS', KEYS[i])) do tenants[m] = true end
 end
 for tenant, _ in pairs(tenants) do
+  local oldest = false  -- its oldest waiting entry's id's milliseconds (an index holds entry ids)
+  for k = 7, 9 do
+    local head = redis.call('LINDEX', ARGV[k] .. tenant, 0)
+    local at = head and tonumber(string.match(head, '^(%d+)'))
+    if at and (not oldest or at < oldest) then oldest = at end
+  end
   out.tenants[tenant] = {
+    oldest = oldest,
     waiting = redis.call('LLEN', ARGV[7] .. tenant) + redis.call('LLEN', ARGV[8] .. tenant)
       + redis.call('LLEN', ARGV[9] .. tenant),
     window = redis.call('HGETALL', ARGV[5] .. tenant),
@@ -213,7 +220,8 @@ def _stream(key: str, s: dict[str, Any], now: int, consumers: dict[str, Any]) ->
 
 
 def _tenants(raw: dict[str, Any], now_s: int, workers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per tenant: its settings, requests waiting and running, tokens served in the last
+    """Per tenant: its settings, requests waiting (and the oldest one's wait) and running,
+    tokens served in the last
     minute and in all, whether it is over its tokens per minute (``throttled``: it has requests
     waiting and a read left them for its token bucket in the last few seconds). Every tenant
     with settings, waiting work, running work or service on record."""
@@ -225,6 +233,7 @@ def _tenants(raw: dict[str, Any], now_s: int, workers: list[dict[str, Any]]) -> 
     for w in workers:
         for tenant, n in json.loads(str(w.get("in_flight_by_tenant") or "{}")).items():
             running[tenant] = running.get(tenant, 0) + int(n)
+    now_ms = int(raw["now_ms"])
     out: dict[str, dict[str, Any]] = {}
     for t in sorted(raw["tenants"] or {}):
         row = raw["tenants"][t]
@@ -236,9 +245,11 @@ def _tenants(raw: dict[str, Any], now_s: int, workers: list[dict[str, Any]]) -> 
         weight, per_minute = (s.weight, s.tokens_per_minute) if s else (1.0, 0)
         held_back = int(row.get("held_back") or 0)  # when a read last left its requests waiting
         waiting = int(row["waiting"])
+        oldest = row.get("oldest") or 0
         out[t] = {
             "waiting": waiting,
             "running": running.get(t, 0),
+            "oldest_waiting_ms": max(0, now_ms - int(oldest)) if oldest and waiting else 0,
             "tokens_last_minute": max(0, last_minute),
             "tokens_total": served.get(t, 0),
             "requests_total": served.get(f"{t}:requests", 0),

@@ -159,6 +159,7 @@ def test_the_overview_shows_what_genq_stats_shows(
         assert number(shown["waiting"]) == t["waiting"], name
         assert number(shown["running"]) == t["running"], name
         assert number(shown["tokens_last_minute"]) == t["tokens_last_minute"], name
+        assert (shown["oldest_waiting_ms"] == "-") == (t["waiting"] == 0), name
     waiting = sum(s["waiting"] + s["handed_back"] for s in stats["streams"].values())
     assert waiting > 0
     assert number(page.text_content("[data-test=total-waiting]")) == waiting

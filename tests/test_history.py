@@ -3,6 +3,7 @@ to 5-s buckets in Redis at their heartbeat; ``genq.common.snapshot`` reads it al
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import redis
@@ -71,6 +72,7 @@ def test_the_snapshot_reads_the_whole_queue_in_one_command(
     client.submit_many(
         [{"prompt": "x", "tenant": t, "priority": p} for t in "abc" for p in ("high", "low")]
     )
+    time.sleep(0.05)
     sent: list[object] = []
 
     class Counting(redis.Connection):
@@ -85,5 +87,6 @@ def test_the_snapshot_reads_the_whole_queue_in_one_command(
     assert sent == ["EVAL"]
     stats = snapshot.stats_of(probe, raw, queue)
     assert {t: x["waiting"] for t, x in stats["tenants"].items()} == {"a": 2, "b": 2, "c": 2}
+    assert all(50 <= x["oldest_waiting_ms"] < 60_000 for x in stats["tenants"].values())
     assert stats["streams"]["high"]["length"] == 3
     assert len(raw["history"]) == history.BUCKETS

@@ -112,14 +112,15 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
 def tenants_table(tenants: dict[str, dict[str, Any]]) -> Table:
     """The tenants of a stats snapshot."""
     t = Table(title="tenants (weight 1 and no limits unless set with genq tenants set)")
-    cols = ("tenant", "weight", "waiting", "running", "tokens last min", "tokens total")
-    for col in (*cols, "tokens/min limit", "throttled"):
+    cols = ("tenant", "weight", "waiting", "oldest waiting ms", "running", "tokens last min")
+    for col in (*cols, "tokens total", "tokens/min limit", "throttled"):
         t.add_column(col, justify="left" if col == "tenant" else "right")
     for name, x in tenants.items():
         t.add_row(
             name,
             f"{x['weight']:g}",
             str(x["waiting"]),
+            str(x["oldest_waiting_ms"]),
             str(x["running"]),
             str(x["tokens_last_minute"]),
             str(x["tokens_total"]),

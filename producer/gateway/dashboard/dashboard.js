@@ -145,6 +145,7 @@ function tenantBrief(name, t) {
     h("td", {}, name),
     h("td", { "data-test": "waiting" }, fmt(t.waiting)),
     h("td", { "data-test": "running" }, fmt(t.running)),
+    h("td", { "data-test": "oldest_waiting_ms" }, t.waiting ? ms(t.oldest_waiting_ms) : "-"),
     h("td", { "data-test": "tokens_last_minute" }, fmt(t.tokens_last_minute)),
     h("td", {}, t.throttled ? pill("yes") : "no"));
 }
@@ -169,7 +170,7 @@ function renderOverview(snap) {
     ["priority", "length", "waiting", "handed back", "held by workers", "lag", "oldest wait"],
     PRIORITIES.map((p) => priorityRow(p, s.streams[p])), { "data-test": "priorities" }));
   document.getElementById("tenants-brief").replaceChildren(table(
-    ["tenant", "waiting", "running", "tokens last min", "throttled"],
+    ["tenant", "waiting", "running", "oldest wait", "tokens last min", "throttled"],
     Object.entries(s.tenants).map(([n, t]) => tenantBrief(n, t)), { "data-test": "tenants" }));
   const hist = snap.history;
   for (const c of CHARTS) {
