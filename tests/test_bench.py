@@ -163,6 +163,31 @@ def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
     assert burst["makespan_s"] > 0 and burst["redis_commands_per_request"] > 0
 
 
+def test_dashboard_scenario_reads_the_busy_queue_it_built_and_times_redis_and_the_page() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "bench",
+            "--scenario",
+            "dashboard",
+            "--quick",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout)
+    assert res["waiting"] == 1000 and res["live_workers"] == 3 and res["tenants"] == 20
+    assert res["script_calls_seen"] == res["reads"] == 20  # every read is one script call
+    assert 0 < res["script_ms"]["p50"] <= res["client_read_ms"]["p50"]
+    if Path("/usr/bin/chromium").exists():
+        assert res["loads"] == 2 and res["render_ms"]["p50"] > 0
+
+
 def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -> None:
     out = subprocess.run(
         [

@@ -22,6 +22,7 @@ def test_demo_loads_first_streams_an_answer_and_serves_high_before_the_backlog()
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "worker ready: smollm2-135m loaded in" in text
+    assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/dashboard", text), text[:2000]
     assert text.index("worker ready") < text.index("submitted a backlog of 8 low-priority")
     assert "streaming the first question's answer" in text
     assert "12 succeeded" in text and "engine continuous" in text

@@ -69,6 +69,13 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
     )
     openai_errors.install(app)
     dashboard_routes.install(app)
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        gw = gateway(request)
+        await gw.client.redis.ping()
+        return {"status": "ok", "queue": settings.queue, "models": await gw.fleet.models()}
+
     if not api:
         return app
     for module in (completions, responses_routes, files, batch_routes):
@@ -88,11 +95,5 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
                 f"no live worker serves model {model!r}", "model_not_found"
             )
         return _model(gw, model)
-
-    @app.get("/health")
-    async def health(request: Request) -> dict[str, Any]:
-        gw = gateway(request)
-        await gw.client.redis.ping()
-        return {"status": "ok", "queue": settings.queue, "models": await gw.fleet.models()}
 
     return app

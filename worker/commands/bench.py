@@ -66,7 +66,7 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "au
 @click.option(
     "--scenario",
     type=click.Choice(
-        ["modes", "priority", "fleet", "gateway", "tenants", "structured", "webhooks"]
+        ["modes", "priority", "fleet", "gateway", "tenants", "structured", "webhooks", "dashboard"]
     ),
     default="modes",
     show_default=True,
@@ -75,7 +75,8 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "au
     "gateway: genq serve's added latency and requests/s against the Python client; tenants: "
     "a flood beside a trickle, service gaps, weights and a quota, fair against first-come; "
     "structured: tokens/s with a JSON schema against free, per engine, and compile costs; "
-    "webhooks: delivery latency after a final state, and deliveries/s of one gateway",
+    "webhooks: delivery latency after a final state, and deliveries/s of one gateway; "
+    "dashboard: a refresh's cost in Redis and the overview's render time, on a busy queue",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
@@ -430,7 +431,7 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
 def _other_scenario(scenario: str, params: dict[str, Any]) -> None:
     """The scenarios that take only ``--redis-url``, ``--quick`` and ``--json`` (and
     ``structured``, which reads the rest of the parameters itself)."""
-    if scenario in ("structured", "webhooks"):
+    if scenario in ("structured", "webhooks", "dashboard"):
         module = import_module(f"genq.worker.devtools.bench_{scenario}")
         return module.run_and_print(params)  # type: ignore[no-any-return]
     run = {"fleet": _fleet_scenario, "gateway": _gateway_scenario, "tenants": _tenants_scenario}

@@ -84,6 +84,25 @@ def _redis(url: str | None, console: Console) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def _dashboard(url: str, queue: str, console: Console) -> Iterator[None]:
+    """``genq dashboard`` on the demo's queue while the block runs; its address printed. Only
+    a note if it cannot start (no serve extra)."""
+    from genq.worker.devtools.gateway_process import GatewayProcess
+
+    try:
+        gateway = GatewayProcess(url, queue, None, command="dashboard")
+    except RuntimeError as err:
+        console.print(f"(no dashboard: {err}; it needs genq[serve])")
+        yield
+        return
+    console.print(f"[bold]dashboard[/bold]: {gateway.dashboard}  (open it to watch the queue)")
+    try:
+        yield
+    finally:
+        gateway.stop()
+
+
+@contextlib.contextmanager
 def _worker_process(log_path: Path, args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     """A ``genq worker`` with these flags, logging to ``log_path``; stopped with SIGTERM (a
     drain) when the block ends."""
@@ -112,10 +131,12 @@ def run_demo(
     max_batch_size: int,
     seed: int,
     console: Console,
+    keep_dashboard: bool = False,
 ) -> list[Result]:
     """Run the demo and return the results (the CLI prints them): load the model first, then
     submit a low-priority backlog and high-priority questions after it, stream the first
-    question's answer live, and show who waited how long."""
+    question's answer live, and show who waited how long. The dashboard runs meanwhile
+    (``keep_dashboard``: and after, with the worker, until Ctrl-C)."""
     specs = demo_prompts(n_requests, seed)
     with (
         _redis(redis_url, console) as url,
@@ -132,7 +153,11 @@ def run_demo(
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
         )
-        with Client.from_url(url, queue) as client, _worker_process(log_path, args) as proc:
+        with (
+            Client.from_url(url, queue) as client,
+            _worker_process(log_path, args) as proc,
+            _dashboard(url, queue, console),
+        ):
             _wait_for_the_model(client, queue, consumer, proc, log_path, model, console)
             t0 = time.perf_counter()
             low = [x for x in specs if x["priority"] == "low"]
@@ -148,7 +173,11 @@ def run_demo(
             elapsed_s = time.perf_counter() - t0
             with connect(url) as r:
                 snapshot = collect(r, queue)
-        _print_results(results, specs, console)
+            if keep_dashboard:
+                _print_results(results, specs, console)
+                _keep_up(console)
+        if not keep_dashboard:
+            _print_results(results, specs, console)
         me: dict[str, Any] = next((w for w in snapshot["workers"] if w["consumer"] == consumer), {})
         d = derived(me)
         completion = sum(r.usage.completion_tokens for r in results)
@@ -162,6 +191,14 @@ def run_demo(
         )
         console.print("waits by priority: " + _waits_by_priority(results))
         return results
+
+
+def _keep_up(console: Console) -> None:
+    """Wait for Ctrl-C, the worker and the dashboard still up."""
+    console.print("the dashboard, the worker and Redis stay up: Ctrl-C to stop")
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(1)
 
 
 def _wait_for_the_model(
@@ -288,6 +325,12 @@ def _print_results(results: list[Result], specs: list[dict[str, object]], consol
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True)
 @click.option("--max-batch-size", type=int, default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--dashboard",
+    "keep_dashboard",
+    is_flag=True,
+    help="after the demo, keep the dashboard (and the worker) up until Ctrl-C",
+)
 def demo(
     redis_url: str | None,
     queue: str,
@@ -297,11 +340,12 @@ def demo(
     max_batch_tokens: int,
     max_batch_size: int,
     seed: int,
+    keep_dashboard: bool,
 ) -> None:
     """Run genq end to end: a private redis-server, a worker on a real model (SmolLM2-135M-
     Instruct) loaded first, then a backlog of low-priority prompts and high-priority chat
     questions after it; stream one answer live, print the answers, who waited how long, and
-    the batching stats."""
+    the batching stats. The dashboard's address is printed while it runs."""
     from genq.worker.commands.demo import run_demo
 
     try:
@@ -315,6 +359,7 @@ def demo(
             max_batch_size=max_batch_size,
             seed=seed,
             console=Console(width=max(Console().width, 120)),
+            keep_dashboard=keep_dashboard,
         )
     except GenqError as err:
         raise click.ClickException(str(err)) from None

@@ -7,5 +7,6 @@
   ``bench_priority``, ``bench_fleet`` (against an ideal central queue), ``bench_gateway``,
   ``bench_vllm`` (vLLM alone against vLLM through the queue), ``bench_tenants`` and
   ``bench_structured`` (a JSON schema against free text, per engine; compile costs),
-  ``bench_webhooks`` (webhook delivery latency and deliveries per second).
+  ``bench_webhooks`` (webhook delivery latency and deliveries per second), ``bench_dashboard``
+  (a dashboard refresh's cost in Redis, and its render time, on a busy queue).
 """

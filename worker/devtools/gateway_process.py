@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -13,17 +14,24 @@ from genq.worker.devtools.redis_server import free_port
 
 
 class GatewayProcess:
-    """``genq serve`` for one queue; ``url`` is its OpenAI base URL (``.../v1``)."""
+    """``genq serve`` (or ``command="dashboard"``: ``genq dashboard``) for one queue; ``url``
+    is its OpenAI base URL (``.../v1``), ``dashboard`` its dashboard's."""
 
     def __init__(
-        self, redis_url: str, queue: str, log: Path, extra_args: Sequence[str] = ()
+        self,
+        redis_url: str,
+        queue: str,
+        log: Path | None,
+        extra_args: Sequence[str] = (),
+        command: str = "serve",
     ) -> None:
-        self.port = free_port()
+        self.port, self.command = free_port(), command
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self._log = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.dashboard = f"http://127.0.0.1:{self.port}/dashboard"
+        self._log = open(log or os.devnull, "w")  # noqa: SIM115 (closed in stop)
         args = ["--redis-url", redis_url, "--queue", queue, "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "genq.worker", "serve", *args, *extra_args],
+            [sys.executable, "-m", "genq.worker", command, *args, *extra_args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -33,13 +41,13 @@ class GatewayProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"genq serve exited with status {self.proc.returncode}")
+                raise RuntimeError(f"genq {self.command} exited with status {self.proc.returncode}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1):
                     return
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"genq serve did not answer within {timeout_s} s")
+        raise RuntimeError(f"genq {self.command} did not answer within {timeout_s} s")
 
     def stop(self) -> None:
         self.proc.terminate()

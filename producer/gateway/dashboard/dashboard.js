@@ -411,6 +411,8 @@ async function refresh() {
     const drawn = p.render(data);
     if (Array.isArray(drawn)) document.getElementById("view").replaceChildren(...drawn.filter(Boolean));
     document.body.dataset.loaded = String(Date.now());
+    // Since navigation began: what `genq bench --scenario dashboard` reports as the render time.
+    document.body.dataset.firstDrawnMs = document.body.dataset.firstDrawnMs || String(performance.now());
     setStatus(`updated ${new Date().toLocaleTimeString()}`);
   } catch (err) {
     if (seq !== ui.seq) return;
