@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from genq.worker.devtools.bench_modes import make_workload, plan_budgeted
@@ -34,27 +35,21 @@ def test_budgeted_plan_covers_every_request_once_within_budget() -> None:
         assert len(batch) <= 8 and (cost <= 400 or len(batch) == 1)
 
 
-def test_bench_reports_every_mode_in_one_run() -> None:
+def bench_json(*args: str, timeout_s: int = 600) -> dict[str, Any]:
+    """``genq bench ARGS --json``, run as a user runs it; its report."""
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "bench",
-            "--requests",
-            "8",
-            "--repeats",
-            "2",
-            "--queue-engine",
-            "continuous",
-            "--json",
-        ],
+        [sys.executable, "-m", "genq.worker", "bench", *args, "--json"],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout_s,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    report: dict[str, Any] = json.loads(out.stdout)
+    return report
+
+
+def test_bench_reports_every_mode_in_one_run() -> None:
+    report = bench_json("--requests", "8", "--repeats", "2", "--queue-engine", "continuous")
     modes = {m["mode"]: m for m in report["modes"]}
     assert set(modes) == {
         "one_at_a_time",
@@ -92,14 +87,7 @@ def test_bench_runs_the_modes_asked_and_gives_the_queue_ratio() -> None:
 
 
 def test_bench_sweep_covers_both_modes_at_each_size() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "genq.worker", "bench", "--sweep", "--requests", "4", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    points = json.loads(out.stdout)["sweep"]
+    points = bench_json("--sweep", "--requests", "4")["sweep"]
     sizes = {p["max_batch_size"] for p in points}
     assert sizes == {1, 4, 8, 16, 32, 64}
     assert {p["mode"] for p in points} == {"budgeted_static", "continuous"}
@@ -150,37 +138,14 @@ def test_the_queue_speed_script_runs_genq_alone_and_scaled() -> None:
 
 
 def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "genq.worker", "bench", "--scenario", "fleet", "--quick", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    (burst,) = json.loads(out.stdout)["scenarios"]
+    (burst,) = bench_json("--scenario", "fleet", "--quick", timeout_s=300)["scenarios"]
     assert burst["requests"] == sum(burst["shares"].values()) == 48
     assert len(burst["shares"]) == 3 and burst["ideal_makespan_s"] == 1.0
     assert burst["makespan_s"] > 0 and burst["redis_commands_per_request"] > 0
 
 
 def test_dashboard_scenario_reads_the_busy_queue_it_built_and_times_redis_and_the_page() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "bench",
-            "--scenario",
-            "dashboard",
-            "--quick",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout)
+    res = bench_json("--scenario", "dashboard", "--quick", timeout_s=300)
     assert res["waiting"] == 1000 and res["live_workers"] == 3 and res["tenants"] == 20
     assert res["script_calls_seen"] == res["reads"] == 20  # every read is one script call
     assert 0 < res["script_ms"]["p50"] <= res["client_read_ms"]["p50"]
@@ -189,23 +154,7 @@ def test_dashboard_scenario_reads_the_busy_queue_it_built_and_times_redis_and_th
 
 
 def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "bench",
-            "--scenario",
-            "tenants",
-            "--quick",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    rep = json.loads(out.stdout)
+    rep = bench_json("--scenario", "tenants", "--quick", timeout_s=300)
     fair, fifo = rep["trickle_wait_ms"]["fair"], rep["trickle_wait_ms"]["fifo"]
     assert fair["p99"] < fifo["p99"], rep  # first come: the trickle waits for the flood
     assert rep["service_gap"]["fair"]["start"] < rep["service_gap"]["fifo"]["start"], rep

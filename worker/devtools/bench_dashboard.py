@@ -15,7 +15,6 @@ a batch, the rest waits), 10,000 waiting requests over 20 tenants and three prio
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -187,27 +186,13 @@ def dashboard_markdown(res: dict[str, Any]) -> str:
 
 def run_and_print(params: dict[str, Any]) -> None:
     """``genq bench --scenario dashboard`` with the command's parameters."""
-    import click
-    from genq.worker.devtools.bench_modes import machine_info
-    from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.devtools.bench_modes import report_on_redis
 
-    server = None if params["redis_url"] else RedisServer().start()
     quick = params["quick"]
-    try:
-        url = server.url if server else str(params["redis_url"])
-        res = run_dashboard(
-            url,
-            workers=3 if quick else 10,
-            waiting=1_000 if quick else 10_000,
-            reads=20 if quick else 200,
-            loads=2 if quick else 10,
-        )
-    finally:
-        if server is not None:
-            server.stop()
-    if params["as_json"]:
-        click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
-        return
-    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
-    click.echo("")
-    click.echo(dashboard_markdown(res))
+    sizes = {
+        "workers": 3 if quick else 10,
+        "waiting": 1_000 if quick else 10_000,
+        "reads": 20 if quick else 200,
+        "loads": 2 if quick else 10,
+    }
+    report_on_redis(params, lambda url: run_dashboard(url, **sizes), dashboard_markdown)

@@ -337,6 +337,33 @@ def _wait_for(pred: Callable[[], object], timeout_s: float = 300) -> None:
         time.sleep(0.05)
 
 
+def report_on_redis(
+    params: dict[str, Any],
+    run: Callable[[str], dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+) -> None:
+    """Run a scenario (``run(redis_url)``) on ``--redis-url`` or a private redis-server, and
+    print its result: with ``--json`` as JSON with the machine, else the machine and
+    ``markdown(result)``."""
+    import json
+
+    import click
+    from genq.worker.devtools.redis_server import RedisServer
+
+    server = None if params["redis_url"] else RedisServer().start()
+    try:
+        res = run(server.url if server else str(params["redis_url"]))
+    finally:
+        if server is not None:
+            server.stop()
+    if params["as_json"]:
+        click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
+        return
+    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
+    click.echo("")
+    click.echo(markdown(res))
+
+
 def machine_info() -> dict[str, str]:
     """The machine and versions, recorded next to the numbers."""
     import os

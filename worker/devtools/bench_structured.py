@@ -201,30 +201,19 @@ def structured_markdown(res: dict[str, Any]) -> str:
 def run_and_print(params: dict[str, Any]) -> None:
     """``genq bench --scenario structured`` with the command's parameters: on a private
     redis-server unless ``--redis-url``; markdown, or JSON with ``--json``."""
-    import json
+    from genq.worker.devtools.bench_modes import report_on_redis
 
-    import click
-    from genq.worker.devtools.bench_modes import machine_info
-    from genq.worker.devtools.redis_server import RedisServer
-
-    server = None if params["redis_url"] else RedisServer().start()
     worker = {k: params[k] for k in ("device", "dtype", "max_batch_tokens", "max_batch_size")} | {
         "max_wait_ms": 0
     }
-    try:
-        res = run_structured(
-            server.url if server else str(params["redis_url"]),
+
+    def run(url: str) -> dict[str, Any]:
+        return run_structured(
+            url,
             model=params["model"],
             n=params["n_requests"],
             repeats=params["repeats"],
             worker=worker,
         )
-    finally:
-        if server is not None:
-            server.stop()
-    if params["as_json"]:
-        click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
-        return
-    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
-    click.echo("")
-    click.echo(structured_markdown(res))
+
+    report_on_redis(params, run, structured_markdown)

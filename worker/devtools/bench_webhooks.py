@@ -121,21 +121,11 @@ def webhooks_markdown(res: dict[str, Any]) -> str:
 
 def run_and_print(params: dict[str, Any]) -> None:
     """``genq bench --scenario webhooks`` with the command's parameters."""
-    import click
-    from genq.worker.devtools.bench_modes import machine_info
-    from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.devtools.bench_modes import report_on_redis
 
-    server = None if params["redis_url"] else RedisServer().start()
     sizes = (50, 500) if params["quick"] else (300, 3000)
-    try:
-        url = server.url if server else str(params["redis_url"])
-        res = run_webhooks(url, responses=sizes[0], events=sizes[1])
-    finally:
-        if server is not None:
-            server.stop()
-    if params["as_json"]:
-        click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
-        return
-    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
-    click.echo("")
-    click.echo(webhooks_markdown(res))
+    report_on_redis(
+        params,
+        lambda url: run_webhooks(url, responses=sizes[0], events=sizes[1]),
+        webhooks_markdown,
+    )
