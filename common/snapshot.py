@@ -26,7 +26,8 @@ from genq.common.wire import as_text
 THROTTLED_RECENT_MS = 5_000
 """A tenant a read held back this recently (and still waiting) shows as throttled."""
 
-SNAPSHOT = """
+SNAPSHOT = """#!lua flags=no-writes
+-- no-writes: Redis runs it even when full (maxmemory reached), when an operator most needs it.
 -- KEYS: the high, normal, low streams, the dead letters, tenants' settings, served, the
 --       active sets of high, normal, low
 -- ARGV: group, returned consumer, queued consumer, worker key prefix, window prefix, bucket

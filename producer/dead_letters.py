@@ -47,7 +47,11 @@ class DeadLetter:
 
 def list_dead(r: Any, keys: Keys, count: int = 100) -> list[DeadLetter]:
     """The oldest ``count`` dead-letter entries."""
-    rows: Any = r.xrange(keys.dead_letter, count=count)
+    return from_rows(r.xrange(keys.dead_letter, count=count))
+
+
+def from_rows(rows: Any) -> list[DeadLetter]:
+    """The entries of an XRANGE reply (``list_dead``'s, or a pipeline's)."""
     out = []
     for dlq_id, f in rows:
         g = {as_text(k, SHOWN): as_text(v, SHOWN) for k, v in f.items()}

@@ -35,8 +35,13 @@ class DeadWebhook:
 
 def list_dead(r: Any, keys: Keys, count: int = 100) -> list[DeadWebhook]:
     """The oldest ``count`` dead letters."""
+    return from_rows(r.xrange(keys.webhook_dead, count=count))
+
+
+def from_rows(rows: Any) -> list[DeadWebhook]:
+    """The dead letters of an XRANGE reply (``list_dead``'s, or a pipeline's)."""
     out = []
-    for entry_id, raw in r.xrange(keys.webhook_dead, count=count):
+    for entry_id, raw in rows:
         f = {as_text(k): as_text(v) for k, v in raw.items()}
         out.append(
             DeadWebhook(

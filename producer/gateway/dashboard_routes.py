@@ -9,7 +9,7 @@ asks for ``{"confirm": "purge"}``.
 
 What a refresh costs Redis: the overview, workers and tenants pages read one snapshot (one
 script call, ``genq.common.snapshot``: the same numbers ``genq stats --json`` prints, and the
-history charts); batches three round trips however many rows; dead letters two.
+history charts); batches three round trips however many rows; dead letters one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from genq.common import history, snapshot
 from genq.common.errors import RequestNotFound
 from genq.common.models import host_now_ms
+from genq.common.wire import as_text
 from genq.producer import batches, dead_letters, webhook_letters
+from genq.producer.gateway.completions import json_object
 from genq.producer.gateway.context import gateway
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
 from starlette.concurrency import run_in_threadpool
@@ -180,9 +182,13 @@ async def list_batches(request: Request) -> dict[str, Any]:
     gw = gateway(request)
 
     def read() -> dict[str, Any]:
-        ids, more = batches.list_batches(gw.sync_client, after=None, limit=BATCHES_SHOWN)
-        views = batches.read_batches(gw.sync_client, ids)
-        return {"data": [batches.status_object(v) for v in views], "has_more": more}
+        c = gw.sync_client
+        ids = [as_text(b) for b in c.redis.zrevrange(c.keys.batches, 0, BATCHES_SHOWN)]
+        views = batches.read_batches(c, ids[:BATCHES_SHOWN])  # expired ones are left out
+        return {
+            "data": [batches.status_object(v) for v in views],
+            "has_more": len(ids) > BATCHES_SHOWN,
+        }
 
     return await run_in_threadpool(read)
 
@@ -212,8 +218,11 @@ async def list_dead(request: Request) -> dict[str, Any]:
 
     def read() -> dict[str, Any]:
         r, keys = gw.sync_client.redis, gw.sync_client.keys
-        entries = dead_letters.list_dead(r, keys, DEAD_SHOWN)
-        hooks = webhook_letters.list_dead(r, keys, DEAD_SHOWN)
+        pipe = r.pipeline(transaction=False)  # one round trip: both streams are the queue's
+        pipe.xrange(keys.dead_letter, count=DEAD_SHOWN)
+        pipe.xrange(keys.webhook_dead, count=DEAD_SHOWN)
+        rows, hook_rows = pipe.execute()
+        entries, hooks = dead_letters.from_rows(rows), webhook_letters.from_rows(hook_rows)
         return {
             "entries": [dataclasses.asdict(e) for e in entries],
             "webhooks": [dataclasses.asdict(h) for h in hooks],
@@ -238,8 +247,8 @@ async def retry_dead(dlq_id: str, request: Request) -> dict[str, Any]:
 
 @api.post("/dead-letters/purge")
 async def purge_dead(request: Request) -> dict[str, Any]:
-    body = await request.json()
-    if not isinstance(body, dict) or body.get("confirm") != "purge":
+    body = await json_object(request)
+    if body.get("confirm") != "purge":
         raise invalid('purging deletes every dead letter: send {"confirm": "purge"}')
     gw = gateway(request)
     c = gw.sync_client
@@ -271,9 +280,12 @@ async def look_up(request_id: str, request: Request) -> dict[str, Any]:
     )
     if state is None:
         raise not_found(f"no request {request_id!r} (never submitted, or expired)")
-
+    try:
+        doc = orjson.loads(state)
+    except orjson.JSONDecodeError:  # written by hand: show what is there
+        doc = {"id": request_id, "status": "unreadable", "text": as_text(state, "replace")}
     return {
-        "state": orjson.loads(state),
+        "state": doc,
         "response_id": f"resp_{request_id}" if response is not None else None,
         "read_unix_ms": host_now_ms(),
     }

@@ -399,6 +399,10 @@ async function load() {
 async function refresh() {
   clearTimeout(ui.timer);
   const page = ui.page, seq = ++ui.seq;  // a newer refresh (a click) supersedes this one
+  if (document.hidden) {  // nobody is looking: no reads until the tab is shown again
+    ui.timer = setTimeout(refresh, REFRESH_MS);
+    return;
+  }
   try {
     const data = await load();
     if (seq !== ui.seq) return;
@@ -422,4 +426,5 @@ async function refresh() {
 }
 
 window.addEventListener("hashchange", () => show(location.hash.slice(1)));
+document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
 show(location.hash.slice(1));
