@@ -27,13 +27,14 @@ THROTTLED_RECENT_MS = 5_000
 """A tenant a read held back this recently (and still waiting) shows as throttled."""
 
 SNAPSHOT = """#!lua flags=no-writes
--- no-writes: Redis runs it even when full (maxmemory reached), when an operator most needs it.
 -- KEYS: the high, normal, low streams, the dead letters, tenants' settings, served, the
 --       active sets of high, normal, low
 -- ARGV: group, returned consumer, queued consumer, worker key prefix, window prefix, bucket
 --       prefix, index prefixes of high, normal, low, history prefix, buckets, bucket seconds,
 --       the caller's Unix ms (used only if this user may not run TIME)
 -- Returns JSON: {now_ms, streams, workers, tenants, dead_letter, memory, history}.
+-- no-writes: Redis runs it even when full (maxmemory reached), when an operator most needs it.
+-- (genq bench --scenario dashboard finds it in the SLOWLOG by its first 128 characters.)
 local group, returned, queued = ARGV[1], ARGV[2], ARGV[3]
 local ok_time, t = pcall(redis.call, 'TIME')
 if not ok_time then

@@ -144,6 +144,14 @@ def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
     assert burst["makespan_s"] > 0 and burst["redis_commands_per_request"] > 0
 
 
+def test_the_dashboard_bench_can_tell_the_snapshot_script_in_redis_slowlog() -> None:
+    from genq.common.snapshot import SNAPSHOT
+    from genq.worker.devtools.bench_dashboard import SCRIPT_MARK
+
+    # The SLOWLOG keeps the first 128 characters of each argument.
+    assert SCRIPT_MARK in SNAPSHOT[:128]
+
+
 def test_dashboard_scenario_reads_the_busy_queue_it_built_and_times_redis_and_the_page() -> None:
     res = bench_json("--scenario", "dashboard", "--quick", timeout_s=300)
     assert res["waiting"] == 1000 and res["live_workers"] == 3 and res["tenants"] == 20
