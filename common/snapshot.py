@@ -294,3 +294,18 @@ def redis_memory(r: Any) -> dict[str, Any]:
     if info and all(isinstance(v, dict) for v in info.values()):  # a cluster: the fullest node
         info = max(info.values(), key=lambda n: n.get("used_memory", 0))
     return _memory_row(info)
+
+
+def derived(worker: dict[str, Any]) -> dict[str, float]:
+    """Mean batch size, padding fraction and tokens/s from a worker's counters."""
+    batches = int(worker.get("batches", 0))
+    done = int(worker.get("succeeded", 0))
+    padded = int(worker.get("padded_prompt_tokens", 0))
+    gen_ms = int(worker.get("generation_ms", 0))
+    return {
+        "mean_batch_size": done / batches if batches else 0.0,
+        "padding_fraction": 1 - int(worker.get("prompt_tokens", 0)) / padded if padded else 0.0,
+        "tokens_per_s": int(worker.get("completion_tokens", 0)) / (gen_ms / 1000)
+        if gen_ms
+        else 0.0,
+    }

@@ -149,8 +149,7 @@ def _worker_rows(stats: dict[str, Any], now_ms: int) -> None:
             w["state"] = "silent"
         else:
             w["state"] = "live"
-        gen_ms = int(w.get("generation_ms") or 0)
-        w["tokens_per_s"] = int(w.get("completion_tokens") or 0) / (gen_ms / 1000) if gen_ms else 0
+        w["tokens_per_s"] = snapshot.derived(w)["tokens_per_s"]
 
 
 @api.get("/snapshot")

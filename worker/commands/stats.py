@@ -9,9 +9,8 @@ from typing import Any
 
 import click
 from genq.common.models import host_now_ms
-from genq.common.snapshot import collect
+from genq.common.snapshot import collect, derived
 from genq.worker.commands.options import WIDE, redis_options
-from genq.worker.runtime.heartbeat import derived
 from rich.console import Console
 from rich.table import Table
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from genq.common import history
 from genq.common.scripts import Applied
+from genq.common.snapshot import derived
 from genq.worker.engines.base import BatchReport
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime.clock import now_ms
@@ -246,19 +247,4 @@ def stats_fields(
         "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
         "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,
         "recent_batch_sizes": json.dumps(counters.batch_sizes[-100:]),
-    }
-
-
-def derived(worker: dict[str, Any]) -> dict[str, float]:
-    """Mean batch size, padding fraction and tokens/s from a worker's counters."""
-    batches = int(worker.get("batches", 0))
-    done = int(worker.get("succeeded", 0))
-    padded = int(worker.get("padded_prompt_tokens", 0))
-    gen_ms = int(worker.get("generation_ms", 0))
-    return {
-        "mean_batch_size": done / batches if batches else 0.0,
-        "padding_fraction": 1 - int(worker.get("prompt_tokens", 0)) / padded if padded else 0.0,
-        "tokens_per_s": int(worker.get("completion_tokens", 0)) / (gen_ms / 1000)
-        if gen_ms
-        else 0.0,
     }
