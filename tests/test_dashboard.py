@@ -239,6 +239,7 @@ def test_a_cancelled_batch_shows_cancelled(dashboard: Watched, redis_url: str, q
     ]
     done = batches.submit_batch(client, lines, source="input.jsonl")
     page = dashboard.open("batches")
+    assert page.text_content("#queue") == f"queue {queue}"  # on every page, not only the overview
     row = f"[data-batch='{done.id}']"
     assert page.text_content(f"{row} [data-test=state]") == "in_progress"
     page.click(f"{row} [data-test=cancel]")

@@ -185,6 +185,7 @@ async def list_batches(request: Request) -> dict[str, Any]:
         ids = [as_text(b) for b in c.redis.zrevrange(c.keys.batches, 0, BATCHES_SHOWN)]
         views = batches.read_batches(c, ids[:BATCHES_SHOWN])  # expired ones are left out
         return {
+            "queue": c.keys.queue,
             "data": [batches.status_object(v) for v in views],
             "has_more": len(ids) > BATCHES_SHOWN,
         }
@@ -223,6 +224,7 @@ async def list_dead(request: Request) -> dict[str, Any]:
         rows, hook_rows = pipe.execute()
         entries, hooks = dead_letters.from_rows(rows), webhook_letters.from_rows(hook_rows)
         return {
+            "queue": keys.queue,
             "entries": [dataclasses.asdict(e) for e in entries],
             "webhooks": [dataclasses.asdict(h) for h in hooks],
         }
@@ -284,6 +286,7 @@ async def look_up(request_id: str, request: Request) -> dict[str, Any]:
     except orjson.JSONDecodeError:  # written by hand: show what is there
         doc = {"id": request_id, "status": "unreadable", "text": as_text(state, "replace")}
     return {
+        "queue": keys.queue,
         "state": doc,
         "response_id": f"resp_{request_id}" if response is not None else None,
         "read_unix_ms": host_now_ms(),

@@ -406,8 +406,9 @@ async function refresh() {
   try {
     const data = await load();
     if (seq !== ui.seq) return;
+    const queue = data && (data.queue || (data.stats && data.stats.queue));
+    if (queue) document.getElementById("queue").textContent = `queue ${queue}`;
     if (data && data.stats) {
-      document.getElementById("queue").textContent = `queue ${data.stats.queue}`;
       banner(data.stats.redis && data.stats.redis.full
         ? "Redis is full: writes are refused; workers hold their results and wait" : "");
     }
