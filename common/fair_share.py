@@ -110,7 +110,8 @@ local function body_tenant(fields)  -- an entry's tenant, from its body ('defaul
 end
 local function sweep(s, p, known)
   -- Deliver the stream's undelivered entries to {QUEUED} and index them by tenant: the ones
-  -- this call added (``known``: entry id -> tenant) and any a plain XADD added.
+  -- this call added (``known``: entry id -> tenant, for this stream only) and any a plain
+  -- XADD added.
   local by_tenant = {{}}
   for _ = 1, 10 do  -- at most 5,000 a call: a long backlog of plain XADDs takes a few calls
     local got = redis.call('XREADGROUP', 'GROUP', '{GROUP}', '{QUEUED}', 'COUNT', 500,

@@ -186,14 +186,17 @@ for i = 1, n do
   end
   if redis.call('SET', KEYS[4 + i], q, 'NX', 'EX', ttl) then
     out[i] = entry
-    known[entry] = tenant_of[i]
+    -- Keyed by stream, then id: the three streams hand out ids independently, so two of
+    -- them can give the same id in one millisecond (a request indexed under another's tenant).
+    known[stream] = known[stream] or {{}}
+    known[stream][entry] = tenant_of[i]
     touched[STREAM[priority]] = priority
   else
     redis.call('XDEL', stream, entry)
     out[i] = 0
   end
 end
-for s, p in pairs(touched) do sweep(s, p, known) end
+for s, p in pairs(touched) do sweep(s, p, known[KEYS[s]] or {{}}) end
 -- Wake an idle worker (it blocks on the doorbell): only where workers made it.
 if next(touched) ~= nil and redis.call('EXISTS', BASE .. ':doorbell') == 1 then
   redis.call('XADD', BASE .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', n)

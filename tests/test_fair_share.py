@@ -82,6 +82,35 @@ def test_the_submit_script_indexes_each_request_under_its_tenant(
     assert client.status(ids[0]).tenant == "t1"
 
 
+def test_equal_entry_ids_in_two_priorities_are_indexed_under_their_own_tenants(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    # The three streams hand out ids independently: within one millisecond the high stream
+    # and the low one can give the same id. Set them up so that they do, deterministically
+    # (ids in the future: XADD '*' then counts on from the last id), one ahead of the other.
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit("first", tenant="z")  # makes the streams and the group
+    future_ms = int(r.time()[0]) * 1000 + 600_000
+    r.execute_command("XSETID", keys.stream("high"), f"{future_ms}-1")
+    r.execute_command("XSETID", keys.stream("low"), f"{future_ms}-0")
+    ids = client.submit_many(
+        [
+            {"prompt": "1", "tenant": "a", "priority": "high"},
+            {"prompt": "2", "tenant": "a", "priority": "low"},
+            {"prompt": "3", "tenant": "b", "priority": "high"},
+            {"prompt": "4", "tenant": "b", "priority": "low"},
+        ]
+    )
+    entries = {p: [e[0].decode() for e in r.xrange(keys.stream(p))] for p in ("high", "low")}
+    assert set(entries["high"]) & set(entries["low"]), "the set-up should make equal ids"
+    for priority in ("high", "low"):
+        for tenant in "ab":
+            index = [x.decode() for x in r.lrange(keys.tenant_index(priority, tenant), 0, -1)]
+            assert len(index) == 1, (priority, tenant, index)
+    assert [client.status(i).tenant for i in ids] == ["a", "a", "b", "b"]
+
+
 def test_a_read_charges_what_the_python_estimate_says(
     redis_url: str, queue: str, r: redis.Redis
 ) -> None:
