@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from genq.worker.devtools.bench_modes import machine_info
+from genq.worker.bench.modes import machine_info
 from genq.worker.devtools.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,25 @@
 """Shared pieces of genq: request/result models, settings, the Redis key layout, errors.
 
 Nothing here imports torch or transformers; the client library and the worker both use it.
+
+=================  =========================================================================
+module             what it holds
+=================  =========================================================================
+``models``         ``Request`` / ``Result`` (pydantic, strict), the wire limits, priorities
+``formats``        ``ResponseFormat``: shapes, sizes, JSON Schema validity, the cache key
+``tools``          tools and ``tool_choice``: shapes, the forcing format, reading calls
+``states``         the result document's one owner: every state written at a result key
+``keys``           every Redis key, with the key table
+``wire``           stream entries and requests, events
+``scripts``        the ``SUBMIT`` and ``APPLY`` Lua scripts and what they answer
+``fair_share``     the Lua of tenants' fair share: indexes, a worker's read and hand-back
+``tenants``        ``TenantSettings``: weight, tokens per minute, most queued; stored
+``webhooks``       the webhook hook's Lua (APPLY adds events to the outbox) and owner keys
+``functions``      the same Lua as a Redis Functions library for other languages
+``snapshot``       the whole queue in one script call (``genq stats``, the dashboard)
+``history``        the queue's history in 5-s buckets, the wait histogram, chart series
+``settings``       ``WorkerSettings``: each setting once, with its flag and env twin
+``connection``     connections that ride out restarts and failovers
+``errors``         the error hierarchy
+=================  =========================================================================
 """

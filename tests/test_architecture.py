@@ -73,18 +73,90 @@ def test_the_policy_units_read_no_clock(module: str) -> None:
 
 
 def test_the_folders_show_the_architecture() -> None:
+    def packages(folder: Path) -> set[str]:
+        return {p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
     worker = ROOT / "worker"
-    folders = {p.name for p in worker.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert folders == {"commands", "devtools", "engines", "policy", "runtime"}
+    assert packages(worker) == {"bench", "commands", "devtools", "engines", "policy", "runtime"}
     assert not [p.name for p in worker.glob("*.py") if p.name not in {"__init__.py", "__main__.py"}]
+    assert packages(ROOT / "producer") == {"commands", "gateway"}
+    assert packages(ROOT / "common") == set()
 
 
-@pytest.mark.parametrize("package", ["policy", "runtime", "engines", "commands", "devtools"])
-def test_each_package_docstring_names_every_module_in_it(package: str) -> None:
-    folder = ROOT / "worker" / package
+PACKAGES = sorted(p.parent for p in SOURCES if p.name == "__init__.py")
+
+
+@pytest.mark.parametrize("folder", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_package_docstring_names_every_module_in_it(folder: Path) -> None:
     doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
-    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in {"__init__", "__main__"})
     assert not [m for m in modules if f"``{m}``" not in doc and f"`{m}`" not in doc]
+
+
+def _layer(module: str) -> str:
+    """``genq.worker.policy.batching`` -> ``worker/policy``; ``genq.producer.client`` ->
+    ``producer``: the folders ARCHITECTURE.md's import rules name."""
+    parts = module.split(".")[1:]
+    if len(parts) >= 2 and (ROOT / parts[0] / parts[1] / "__init__.py").exists():
+        return f"{parts[0]}/{parts[1]}"
+    return parts[0]
+
+
+def _documented_import_rules() -> dict[str, set[str]]:
+    """The table under "Import direction" in ARCHITECTURE.md: folder -> what it may import."""
+    text = (ROOT / "ARCHITECTURE.md").read_text().split("## Import direction", 1)[1]
+    rules: dict[str, set[str]] = {}
+    for line in text.split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 2:
+            rules[cells[0].strip("`")] = {c.strip(" `") for c in cells[1].split(",")} - {"-"}
+    return rules
+
+
+def test_imports_go_only_the_directions_architecture_md_states() -> None:
+    rules = _documented_import_rules()
+    layers = {
+        _layer("genq." + ".".join(p.relative_to(ROOT).with_suffix("").parts)) for p in SOURCES
+    }
+    assert set(rules) == layers, "every folder has a row in ARCHITECTURE.md's import table"
+    crossing = []
+    for path in SOURCES:
+        own = _layer("genq." + ".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("genq."):
+                names = [str(node.module)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("genq.")]
+            for name in names:
+                other = _layer(name)
+                if other != own and other not in rules[own]:
+                    crossing.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not crossing
+
+
+def test_the_client_library_imports_no_server_and_no_model_code() -> None:
+    code = (
+        "import sys, genq.producer\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('fastapi', 'starlette', 'uvicorn', 'httpx', 'torch', 'transformers', 'click')"
+        " or m.startswith(('genq.producer.gateway', 'genq.producer.commands', 'genq.worker'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_an_old_import_path_of_a_moved_module_still_works_and_says_where_it_went() -> None:
+    code = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from genq.producer.batches import submit_batch\n"
+        "    import genq.producer.gateway.batches as new\n"
+        "assert submit_batch is new.submit_batch\n"
+        "assert 'moved to genq.producer.gateway.batches' in str(seen[0].message), seen\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_a_test_module_takes_its_helpers_from_conftest_not_from_another_test_module() -> None:
@@ -94,3 +166,19 @@ def test_a_test_module_takes_its_helpers_from_conftest_not_from_another_test_mod
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.test_"):
                 crossing.append(f"{path.name} imports {node.module}")
     assert not crossing
+
+
+def test_architecture_md_folder_map_names_every_module() -> None:
+    folder_map = (ROOT / "ARCHITECTURE.md").read_text().split("## Folder map", 1)[1]
+    folder_map = folder_map.split("\n## ", 1)[0]
+    modules = sorted(
+        str(p.relative_to(ROOT)) for p in SOURCES if p.stem not in {"__init__", "__main__"}
+    )
+    missing = [
+        m
+        for m in modules
+        if m not in folder_map
+        and f"{Path(m).name}`" not in folder_map
+        and f"`{Path(m).stem}`" not in folder_map
+    ]
+    assert not missing

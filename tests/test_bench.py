@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from genq.worker.devtools.bench_modes import make_workload, plan_budgeted
+from genq.worker.bench.modes import make_workload, plan_budgeted
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.echo import EchoEngine
 
@@ -95,7 +95,7 @@ def test_bench_sweep_covers_both_modes_at_each_size() -> None:
 
 
 def test_priority_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_url: str) -> None:
-    from genq.worker.devtools.bench_priority import priority_markdown, run_priority_scenario
+    from genq.worker.bench.priority import priority_markdown, run_priority_scenario
 
     res = run_priority_scenario(
         redis_url,
@@ -146,7 +146,7 @@ def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
 
 def test_the_dashboard_bench_can_tell_the_snapshot_script_in_redis_slowlog() -> None:
     from genq.common.snapshot import SNAPSHOT
-    from genq.worker.devtools.bench_dashboard import SCRIPT_MARK
+    from genq.worker.bench.dashboard import SCRIPT_MARK
 
     # The SLOWLOG keeps the first 128 characters of each argument.
     assert SCRIPT_MARK in SNAPSHOT[:128]
@@ -175,7 +175,7 @@ def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -
 
 def test_the_service_gap_is_the_most_the_difference_moved_while_both_waited() -> None:
     from genq.common.models import Result, Timings, Usage
-    from genq.worker.devtools.bench_tenants import _gap, _gap_as_produced
+    from genq.worker.bench.tenants import _gap, _gap_as_produced
 
     def done(tenant: str, queued: int, started: int, prompt: int) -> Result:
         return Result(
@@ -222,7 +222,7 @@ def test_the_service_gap_is_the_most_the_difference_moved_while_both_waited() ->
 
 
 def test_the_ideal_central_queue_batches_the_oldest_on_the_fastest_free_server() -> None:
-    from genq.worker.devtools.bench_fleet import _ideal_burst_makespan, ideal_central_queue
+    from genq.worker.bench.fleet import _ideal_burst_makespan, ideal_central_queue
 
     assert ideal_central_queue([0.0, 0.1, 0.2, 1.0], [0.5], 2) == [0.0, 0.5, 0.5, 1.0]
     assert ideal_central_queue([0.0, 0.0], [1.0, 0.5], 1) == [0.0, 0.0]
@@ -233,7 +233,7 @@ def test_the_ideal_central_queue_batches_the_oldest_on_the_fastest_free_server()
 def test_vllm_bench_ratios_are_of_medians_and_of_each_pair() -> None:
     """The goal's ratio both ways: medians of each mode, and the median of run-by-run pairs
     (each queue run against the vLLM-alone run beside it)."""
-    from genq.worker.devtools.bench_vllm import median_run, ratios
+    from genq.worker.bench.vllm_compare import median_run, ratios
 
     def mode(*tps: float) -> dict[str, object]:
         m: dict[str, object] = {"runs": [{"tokens_per_s": t} for t in tps]}
@@ -257,7 +257,7 @@ def test_the_queue_modes_worker_gets_the_benchs_device_dtype_and_engine(redis_ur
     """A queue mode on --device cuda must measure a worker on the GPU, not on the CPU: the
     worker is started with the bench's own settings (here: a device that does not exist
     reaches the worker, which refuses it by name)."""
-    from genq.worker.devtools.bench_modes import queue_worker_settings, run_through_queue
+    from genq.worker.bench.modes import queue_worker_settings, run_through_queue
     from genq.worker.devtools.worker_process import worker_args
 
     settings = queue_worker_settings(
@@ -278,7 +278,7 @@ def test_the_queue_modes_worker_gets_the_benchs_device_dtype_and_engine(redis_ur
 
 
 def test_the_structured_bench_measures_compiles_and_reports_ratios() -> None:
-    from genq.worker.devtools.bench_structured import compile_costs, structured_markdown, workload
+    from genq.worker.bench.structured import compile_costs, structured_markdown, workload
 
     costs = compile_costs("tiny", distinct=5)
     assert costs["first_schema_ms"] > costs["cache_hit_ms"] and costs["per_distinct_schema_ms"] > 0

@@ -9,8 +9,8 @@ import openai
 import pytest
 from genq.common.errors import InvalidRequest
 from genq.producer import Client
-from genq.producer.batch_lines import CHAT, request_args
 from genq.producer.building import build_request
+from genq.producer.gateway.batch_lines import CHAT, request_args
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.static import StaticEngine
 from genq.worker.policy.admission import Limits, check_limits

@@ -11,8 +11,8 @@ import openai
 import pytest
 from genq.common.errors import InvalidRequest
 from genq.producer import Client
-from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args
 from genq.producer.building import build_request
+from genq.producer.gateway.batch_lines import CHAT, COMPLETIONS, request_args
 from genq.worker.engines.base import GenerationInput, GenerationOutput
 from genq.worker.engines.continuous import ContinuousEngine
 from genq.worker.engines.echo import EchoEngine

@@ -2,7 +2,7 @@
 background and foreground, streamed, continued with ``previous_response_id``, cancelled,
 deleted, across gateway replicas (one killed with -9), per tenant; every Response object the
 gateway sends validated with ``openai.types.responses.Response``. The wire shapes alone are
-unit-tested without Redis (``producer/responses.py`` is pure)."""
+unit-tested without Redis (``producer/gateway/responses.py`` is pure)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import openai
 import pytest
 from genq.common.errors import InvalidRequest
 from genq.common.models import Result
-from genq.producer.responses import items_page, parse_create, status_of
+from genq.producer.gateway.responses import items_page, parse_create, status_of
 from genq.worker.devtools.gateway_process import GatewayProcess
 from openai.types.responses import Response
 from pydantic import BaseModel

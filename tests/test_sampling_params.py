@@ -11,8 +11,8 @@ from typing import Any
 import openai
 import pytest
 from genq.common.errors import InvalidRequest
-from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args
 from genq.producer.building import build_request
+from genq.producer.gateway.batch_lines import CHAT, COMPLETIONS, request_args
 from genq.worker.engines.base import GenerationInput, LogitAdjust, logit_adjust
 from genq.worker.engines.static import StaticEngine
 
@@ -205,7 +205,7 @@ def test_genq_submit_takes_any_request_option_and_names_a_wrong_one(
     import redis
     from click.testing import CliRunner
     from genq.common.keys import Keys
-    from genq.worker.commands.submit import submit
+    from genq.producer.commands.submit import submit
 
     base = ["--redis-url", redis_url, "--queue", queue, "--no-wait", "hello"]
     options = ["--option", 'logit_bias={"5": -100}', "--option", "ignore_eos=true"]

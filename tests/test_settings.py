@@ -46,8 +46,8 @@ def test_bad_device_and_queue_are_refused() -> None:
 
 def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
     from click.testing import CliRunner
+    from genq.producer.commands.serve import serve
     from genq.producer.gateway.settings import GatewaySettings, serve_flags
-    from genq.worker.commands.serve import serve
 
     shown = CliRunner().invoke(serve, ["--help"], terminal_width=200).output
     flags = serve_flags()

@@ -16,9 +16,9 @@ import pytest
 from genq.common.errors import InvalidRequest
 from genq.common.formats import ResponseFormat
 from genq.producer import Client
-from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args
-from genq.producer.batches import output_files, submit_batch, wait_for_batch
 from genq.producer.building import build_request
+from genq.producer.gateway.batch_lines import CHAT, COMPLETIONS, request_args
+from genq.producer.gateway.batches import output_files, submit_batch, wait_for_batch
 from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.continuous import ContinuousEngine
 from genq.worker.engines.echo import EchoEngine

@@ -16,7 +16,7 @@ from genq.common.errors import InvalidRequest
 from genq.common.functions import library_code
 from genq.common.keys import Keys
 from genq.producer import AsyncClient, Client
-from genq.producer.batches import read_batch, submit_batch
+from genq.producer.gateway.batches import read_batch, submit_batch
 
 from tests.conftest import ROOT, WorkerProcess, submit_keys
 

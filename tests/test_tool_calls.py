@@ -15,8 +15,8 @@ from genq.common.errors import InvalidRequest
 from genq.common.keys import Keys
 from genq.common.models import Result
 from genq.common.tools import calls_in_text, forced_calls, forced_format
-from genq.producer.batch_lines import CHAT, request_args
 from genq.producer.building import build_request
+from genq.producer.gateway.batch_lines import CHAT, request_args
 from genq.worker.engines.base import GenerationOutput
 from genq.worker.engines.chat import TOOLS_NOTE, prompt_text
 from genq.worker.policy.lookahead import Held

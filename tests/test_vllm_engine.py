@@ -295,7 +295,7 @@ def test_a_forced_tool_call_on_vllm_has_arguments_valid_under_its_schema(client:
 
 @needs_vllm
 def test_a_500_line_batch_file_with_one_schema_all_validate(client: Client) -> None:
-    from genq.producer.batches import output_files, submit_batch, wait_for_batch
+    from genq.producer.gateway.batches import output_files, submit_batch, wait_for_batch
 
     label = {"type": "json_schema", "json_schema": {"name": "labels", "schema": LABELS}}
     lines = [

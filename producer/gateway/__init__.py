@@ -1,4 +1,5 @@
-"""``genq serve``: an OpenAI-compatible HTTP gateway in front of one queue.
+"""``genq serve``: an OpenAI-compatible HTTP gateway in front of one queue, with what only it
+and the operator's commands use: OpenAI's shapes, batches, dead letters, webhooks, the dashboard.
 
 Stateless (every request's state lives in Redis), so any number of replicas can run behind a
 load balancer. Built on FastAPI/Starlette (ASGI, served by uvicorn) and redis.asyncio.
@@ -8,15 +9,35 @@ module             what it holds
 =================  ===========================================================================
 ``settings``       ``GatewaySettings``: host, port, keys, limits (flags with env twins)
 ``app``            ``create_app``: the ASGI app, its clients, the API-key check
+``context``        ``Gateway`` (what every route shares) and ``Caller`` (the tenant an API
+                   key stands for, or an admin)
 ``openai_errors``  genq's errors as OpenAI error JSON with the status codes the SDKs map
 ``fleet``          which models the queue's live workers serve (``GET /v1/models``)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE
 ``responses_routes``  ``/v1/responses``: create (background, stream), retrieve, cancel,
-                   delete, input items (records in Redis; shapes in ``producer.responses``)
+                   delete, input items (records in Redis; shapes in ``responses``)
 ``webhook_delivery``  the queue's webhook events delivered, signed, retried (any gateway)
 ``files``          ``/v1/files``: batch input files in Redis; batch output files rendered
-``batch_routes``   ``/v1/batches``: create, retrieve, list, cancel (on ``producer.batches``)
+``batch_routes``   ``/v1/batches``: create, retrieve, list, cancel (on ``batches``)
 ``dashboard_routes``  ``/dashboard``: the page (``dashboard/``: its HTML, script, styles and
                    the vendored chart library, uPlot) and the JSON it polls; admin keys only
 =================  ===========================================================================
+
+The modules below import no web framework: ``genq batch``, ``genq dlq`` and ``genq webhooks``
+use them too.
+
+======================  ======================================================================
+module                  what it holds
+======================  ======================================================================
+``responses``           ``/v1/responses`` objects: shapes and their states (pure)
+``batch_lines``         OpenAI Batch/Completions bodies into requests, results into output
+                        lines (pure)
+``structured_outputs``  the fields clients constrain output with (``response_format``,
+                        vLLM's ``structured_outputs``, ``guided_*``) as one
+                        ``response_format`` (pure)
+``batches``             batches in Redis: submit, status as OpenAI's Batch object, cancel,
+                        output files, waiting
+``dead_letters``        the dead-letter stream, for people: list, retry, purge
+``webhook_letters``     the webhook deliveries that gave up: list, retry
+======================  ======================================================================
 """

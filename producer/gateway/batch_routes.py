@@ -1,13 +1,13 @@
 """``/v1/batches``: create (from an uploaded file), retrieve, list, cancel; on the same batches
-as ``genq batch`` (``producer.batches``), run in threads with the plain client."""
+as ``genq batch`` (``gateway.batches``), run in threads with the plain client."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Request
-from genq.producer import batches
-from genq.producer.batch_lines import ENDPOINTS
+from genq.producer.gateway import batches
+from genq.producer.gateway.batch_lines import ENDPOINTS
 from genq.producer.gateway.completions import json_object
 from genq.producer.gateway.context import caller, gateway
 from genq.producer.gateway.files import stored_file

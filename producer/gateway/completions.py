@@ -18,8 +18,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from genq.common.errors import GenqError, InvalidRequest, ResultTimeout
 from genq.common.models import Result
-from genq.producer.batch_lines import CHAT, COMPLETIONS, request_args, response_body, usage_of
 from genq.producer.building import build_request
+from genq.producer.gateway.batch_lines import (
+    CHAT,
+    COMPLETIONS,
+    request_args,
+    response_body,
+    usage_of,
+)
 from genq.producer.gateway.context import Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import (
     ApiError,

@@ -27,7 +27,7 @@ from genq.common import history, snapshot
 from genq.common.errors import RequestNotFound
 from genq.common.models import host_now_ms
 from genq.common.wire import as_text
-from genq.producer import batches, dead_letters, webhook_letters
+from genq.producer.gateway import batches, dead_letters, webhook_letters
 from genq.producer.gateway.completions import json_object
 from genq.producer.gateway.context import gateway
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from genq.common.errors import RequestNotFound
 from genq.common.keys import Keys
 from genq.common.wire import as_text
-from genq.producer import batches
+from genq.producer.gateway import batches
 from genq.producer.gateway.context import Caller, Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
 from starlette.concurrency import run_in_threadpool

@@ -33,7 +33,7 @@ from genq.producer.gateway.completions import (
 )
 from genq.producer.gateway.context import Caller, Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import invalid, not_found
-from genq.producer.responses import (
+from genq.producer.gateway.responses import (
     ResponseRecord,
     context_after,
     conversation,

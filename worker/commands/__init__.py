@@ -1,24 +1,16 @@
-"""The ``genq`` command: one module per command group.
+"""The ``genq`` command: the group, and the commands that run or measure workers.
 
 =================  =========================================================================
 module             commands
 =================  =========================================================================
 ``worker``         ``genq worker`` (and ``--gpus``: one supervised worker per GPU)
-``submit``         ``genq submit``
-``stats``          ``genq stats``, ``genq top``
-``dlq``            ``genq dlq list | retry | purge``
-``batch``          ``genq batch submit | status | results | cancel``
-``functions``      ``genq functions load | code`` (the Redis Functions library)
-``tenants``        ``genq tenants set | list | delete`` (tenants' weights, limits, webhooks)
-``webhooks``       ``genq webhooks list | retry`` (webhook deliveries that gave up)
-``serve``          ``genq serve`` (the OpenAI-compatible HTTP gateway, with the dashboard),
-                   ``genq dashboard`` (the dashboard alone)
 ``demo``           ``genq demo``
-``bench``          ``genq bench``
+``bench``          ``genq bench`` (its scenarios are in ``genq.worker.bench``)
 =================  =========================================================================
 
-``options`` builds the shared flags (and their env twins) from the settings models.
-A new command is a module here with a click command, added to ``main`` below.
+The commands of a client and an operator (``submit``, ``stats``, ``batch``, ``serve``, ...)
+are in ``genq.producer.commands``; ``main`` below puts both in one group. A new command is a
+module in one of the two with a click command, added to ``main``.
 """
 
 from __future__ import annotations
@@ -28,16 +20,16 @@ import sys
 
 import click
 import redis
-from genq.worker.commands.batch import batch
+from genq.producer.commands.batch import batch
+from genq.producer.commands.dlq import dlq
+from genq.producer.commands.functions import functions
+from genq.producer.commands.serve import dashboard, serve
+from genq.producer.commands.stats import stats, top
+from genq.producer.commands.submit import submit
+from genq.producer.commands.tenants import tenants
+from genq.producer.commands.webhooks import webhooks
 from genq.worker.commands.bench import bench
 from genq.worker.commands.demo import demo
-from genq.worker.commands.dlq import dlq
-from genq.worker.commands.functions import functions
-from genq.worker.commands.serve import dashboard, serve
-from genq.worker.commands.stats import stats, top
-from genq.worker.commands.submit import submit
-from genq.worker.commands.tenants import tenants
-from genq.worker.commands.webhooks import webhooks
 from genq.worker.commands.worker import worker
 
 

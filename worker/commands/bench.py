@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import click
 from genq.common.settings import EngineName, WorkerSettings
-from genq.worker.commands.options import AUTO_OR_COUNT
-from genq.worker.devtools.bench_modes import IN_PROCESS_MODES
+from genq.producer.commands.options import AUTO_OR_COUNT
+from genq.worker.bench.modes import IN_PROCESS_MODES
 from rich.console import Console
 from rich.table import Table
 
@@ -127,7 +127,7 @@ def bench(
     if scenario != "modes":
         return _other_scenario(scenario, click.get_current_context().params)
 
-    from genq.worker.devtools import bench_modes as b
+    from genq.worker.bench import modes as b
 
     in_process = _in_process_modes(modes)
     engine, max_batch_tokens, max_batch_size = _sized_engine(
@@ -178,7 +178,7 @@ def _sized_engine(
 
 
 def _sweep(engine: Any, workload: list[Any], max_batch_tokens: int, as_json: bool) -> None:
-    from genq.worker.devtools import bench_modes as b
+    from genq.worker.bench import modes as b
 
     points = b.run_sweep(engine, workload, [1, 4, 8, 16, 32, 64], max_batch_tokens)
     if as_json:
@@ -218,7 +218,7 @@ def _run_modes(
     then through the queue), after an untimed round of the in-process modes (a cold device runs
     the first round slower: #28) and, in each queue run, an untimed batch on its fresh worker
     (``run_through_queue``): the runs by mode."""
-    from genq.worker.devtools import bench_modes as b
+    from genq.worker.bench import modes as b
     from genq.worker.devtools.redis_server import RedisServer
     from genq.worker.engines.continuous import ContinuousEngine
 
@@ -289,7 +289,7 @@ def _report(
     """Print each mode's median run: as JSON, a BENCHMARKS.md section, or a table."""
     import statistics
 
-    from genq.worker.devtools import bench_modes as b
+    from genq.worker.bench import modes as b
 
     medians = []
     for mode_runs in runs.values():
@@ -371,7 +371,7 @@ def _print_table(
 def _priority_scenario(
     redis_url: str | None, model: str, engine: str, max_batch_size: int, as_json: bool
 ) -> None:
-    from genq.worker.devtools.bench_priority import priority_markdown, run_priority_scenario
+    from genq.worker.bench.priority import priority_markdown, run_priority_scenario
     from genq.worker.devtools.redis_server import RedisServer
 
     server = None if redis_url else RedisServer().start()
@@ -406,7 +406,7 @@ def _on_redis(redis_url: str | None, run: Callable[[str], T]) -> T:
 
 def _markdown(body: str) -> None:
     """A BENCHMARKS.md section: the command, the machine, then ``body``."""
-    from genq.worker.devtools.bench_modes import machine_info
+    from genq.worker.bench.modes import machine_info
 
     click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
     click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
@@ -417,8 +417,8 @@ def _markdown(body: str) -> None:
 def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
     import dataclasses
 
-    from genq.worker.devtools.bench_fleet import fleet_markdown, run_fleet_scenarios
-    from genq.worker.devtools.bench_modes import machine_info
+    from genq.worker.bench.fleet import fleet_markdown, run_fleet_scenarios
+    from genq.worker.bench.modes import machine_info
 
     results = _on_redis(redis_url, lambda url: run_fleet_scenarios(url, quick=quick))
     if as_json:
@@ -432,15 +432,15 @@ def _other_scenario(scenario: str, params: dict[str, Any]) -> None:
     """The scenarios that take only ``--redis-url``, ``--quick`` and ``--json`` (and
     ``structured``, which reads the rest of the parameters itself)."""
     if scenario in ("structured", "webhooks", "dashboard"):
-        module = import_module(f"genq.worker.devtools.bench_{scenario}")
+        module = import_module(f"genq.worker.bench.{scenario}")
         return module.run_and_print(params)  # type: ignore[no-any-return]
     run = {"fleet": _fleet_scenario, "gateway": _gateway_scenario, "tenants": _tenants_scenario}
     run[scenario](params["redis_url"], quick=params["quick"], as_json=params["as_json"])
 
 
 def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
-    from genq.worker.devtools.bench_modes import machine_info
-    from genq.worker.devtools.bench_tenants import as_dict, run_tenants, tenants_markdown
+    from genq.worker.bench.modes import machine_info
+    from genq.worker.bench.tenants import as_dict, run_tenants, tenants_markdown
 
     report = _on_redis(redis_url, lambda url: run_tenants(url, quick=quick))
     if as_json:
@@ -450,8 +450,8 @@ def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> N
 
 
 def _gateway_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
-    from genq.worker.devtools.bench_gateway import gateway_markdown, run_gateway_scenario
-    from genq.worker.devtools.bench_modes import machine_info
+    from genq.worker.bench.gateway import gateway_markdown, run_gateway_scenario
+    from genq.worker.bench.modes import machine_info
     from genq.worker.devtools.redis_server import RedisServer
 
     server = None if redis_url else RedisServer().start()
@@ -473,7 +473,7 @@ def _gateway_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> N
 def _vllm_comparison(params: dict[str, Any]) -> None:
     """vLLM in-process against vLLM through the queue and genq's transformers engines (both,
     unless ``--queue-engine`` names one), from ``genq bench``'s parameters."""
-    from genq.worker.devtools import bench_vllm
+    from genq.worker.bench import vllm_compare as bench_vllm
     from genq.worker.devtools.redis_server import RedisServer
 
     p = params

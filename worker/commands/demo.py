@@ -18,8 +18,8 @@ from genq.common.errors import GenqError, ResultTimeout
 from genq.common.models import PRIORITIES, Result
 from genq.common.snapshot import collect, derived
 from genq.producer import Client
-from genq.worker.commands.options import ENGINE_CHOICE, REDIS_URL_ENV
-from genq.worker.devtools.bench_modes import percentile
+from genq.producer.commands.options import ENGINE_CHOICE, REDIS_URL_ENV
+from genq.worker.bench.modes import percentile
 from genq.worker.devtools.redis_server import RedisServer
 from genq.worker.devtools.worker_process import start_worker, wait_until_serving, worker_args
 from rich.console import Console

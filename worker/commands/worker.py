@@ -8,7 +8,7 @@ from typing import Any
 import click
 from genq.common.errors import ConfigError
 from genq.common.settings import WorkerSettings
-from genq.worker.commands.options import settings_options
+from genq.producer.commands.options import settings_options
 
 
 @click.command()

@@ -1,5 +1,5 @@
 """The dead-letter stream: what the worker puts there (``genq dlq list | retry | purge`` and the
-dashboard read and act on it with ``genq.producer.dead_letters``).
+dashboard read and act on it with ``genq.producer.gateway.dead_letters``).
 
 Two kinds of entries land there, each with the reason:
 

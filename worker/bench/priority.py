@@ -15,7 +15,7 @@ from typing import Any
 from genq.common.connection import connect
 from genq.common.models import PRIORITIES
 from genq.producer import Client
-from genq.worker.devtools.bench_modes import percentile
+from genq.worker.bench.modes import percentile
 from genq.worker.devtools.worker_process import start_worker, wait_until_serving
 
 PROMPT = "a request of moderate length for the priority scenario"

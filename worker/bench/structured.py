@@ -201,7 +201,7 @@ def structured_markdown(res: dict[str, Any]) -> str:
 def run_and_print(params: dict[str, Any]) -> None:
     """``genq bench --scenario structured`` with the command's parameters: on a private
     redis-server unless ``--redis-url``; markdown, or JSON with ``--json``."""
-    from genq.worker.devtools.bench_modes import report_on_redis
+    from genq.worker.bench.modes import report_on_redis
 
     worker = {k: params[k] for k in ("device", "dtype", "max_batch_tokens", "max_batch_size")} | {
         "max_wait_ms": 0

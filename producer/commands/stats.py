@@ -10,7 +10,7 @@ from typing import Any
 import click
 from genq.common.models import host_now_ms
 from genq.common.snapshot import collect, derived
-from genq.worker.commands.options import WIDE, redis_options
+from genq.producer.commands.options import WIDE, redis_options
 from rich.console import Console
 from rich.table import Table
 

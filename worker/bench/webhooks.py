@@ -121,7 +121,7 @@ def webhooks_markdown(res: dict[str, Any]) -> str:
 
 def run_and_print(params: dict[str, Any]) -> None:
     """``genq bench --scenario webhooks`` with the command's parameters."""
-    from genq.worker.devtools.bench_modes import report_on_redis
+    from genq.worker.bench.modes import report_on_redis
 
     sizes = (50, 500) if params["quick"] else (300, 3000)
     report_on_redis(

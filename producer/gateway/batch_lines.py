@@ -27,7 +27,7 @@ from typing import Any
 from genq.common.errors import InvalidRequest
 from genq.common.models import DEFAULT_TENANT, Request, Result
 from genq.producer.building import build_request
-from genq.producer.structured_outputs import FIELDS, response_format_arg
+from genq.producer.gateway.structured_outputs import FIELDS, response_format_arg
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

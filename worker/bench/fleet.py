@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 from genq.producer import Client
-from genq.worker.devtools.bench_modes import percentile
+from genq.worker.bench.modes import percentile
 from genq.worker.devtools.worker_process import start_worker, wait_until_serving, worker_args
 
 MAX_NEW_TOKENS = 100

@@ -22,14 +22,14 @@ from genq.common.connection import is_cluster
 from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout, SubmitFailed
 from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES, Result, tenant_problem
 from genq.common.wire import as_text
-from genq.producer.batch_lines import (
+from genq.producer.client import Client
+from genq.producer.gateway.batch_lines import (
     BatchLine,
     RejectedLine,
     output_line,
     parse_file,
     rejected_output,
 )
-from genq.producer.client import Client
 from genq.producer.submitting import SUBMIT_CHUNK
 from genq.producer.waiting import parse_stored
 

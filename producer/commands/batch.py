@@ -7,8 +7,8 @@ import json
 import click
 from genq.common.errors import GenqError
 from genq.common.models import DEFAULT_PRIORITY
-from genq.producer.batch_lines import ENDPOINTS
-from genq.worker.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
+from genq.producer.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
+from genq.producer.gateway.batch_lines import ENDPOINTS
 from rich.console import Console
 
 
@@ -44,7 +44,7 @@ def batch_submit(
     import os
 
     from genq.producer import Client
-    from genq.producer.batches import submit_batch
+    from genq.producer.gateway.batches import submit_batch
     from rich.progress import Progress
 
     err = Console(stderr=True)
@@ -79,7 +79,7 @@ def batch_submit(
 def batch_status_cmd(redis_url: str, queue: str, batch_id: str) -> None:
     """The batch as OpenAI's Batch object (status, request_counts, ...), as JSON."""
     from genq.producer import Client
-    from genq.producer.batches import batch_status
+    from genq.producer.gateway.batches import batch_status
 
     with Client.from_url(redis_url, queue) as client:
         try:
@@ -118,7 +118,7 @@ def batch_results(
     """Wait for a batch (showing progress on stderr) and write its results, in input order. On
     --timeout-s, what is final is written and the command exits 1 saying how many are not."""
     from genq.producer import Client
-    from genq.producer.batches import BatchView, output_files, wait_for_batch
+    from genq.producer.gateway.batches import BatchView, output_files, wait_for_batch
     from rich.progress import Progress
 
     with (
@@ -154,7 +154,7 @@ def batch_results(
 def batch_cancel(redis_url: str, queue: str, batch_id: str) -> None:
     """Cancel every request of the batch that has not finished."""
     from genq.producer import Client
-    from genq.producer.batches import cancel_batch
+    from genq.producer.gateway.batches import cancel_batch
 
     with Client.from_url(redis_url, queue) as client:
         try:

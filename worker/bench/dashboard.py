@@ -186,7 +186,7 @@ def dashboard_markdown(res: dict[str, Any]) -> str:
 
 def run_and_print(params: dict[str, Any]) -> None:
     """``genq bench --scenario dashboard`` with the command's parameters."""
-    from genq.worker.devtools.bench_modes import report_on_redis
+    from genq.worker.bench.modes import report_on_redis
 
     quick = params["quick"]
     sizes = {

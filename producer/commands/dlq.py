@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import click
-from genq.worker.commands.options import redis_options
+from genq.producer.commands.options import redis_options
 from rich.console import Console
 from rich.table import Table
 
@@ -25,7 +25,7 @@ def dlq_list(redis_url: str, queue: str, count: int, as_json: bool) -> None:
 
     from genq.common.connection import connect
     from genq.common.keys import Keys
-    from genq.producer.dead_letters import list_dead
+    from genq.producer.gateway.dead_letters import list_dead
 
     with connect(redis_url) as r:
         entries = list_dead(r, Keys(queue), count)
@@ -52,7 +52,7 @@ def dlq_retry(
     from genq.common.connection import connect
     from genq.common.keys import Keys
     from genq.common.settings import DEFAULT_RESULT_TTL_S
-    from genq.producer.dead_letters import retry_dead
+    from genq.producer.gateway.dead_letters import retry_dead
 
     if not dlq_ids and not retry_all:
         raise click.UsageError("name the dead-letter entries to retry, or pass --all")
@@ -73,7 +73,7 @@ def dlq_purge(redis_url: str, queue: str, yes: bool) -> None:
     """Delete every dead-letter entry of the queue."""
     from genq.common.connection import connect
     from genq.common.keys import Keys
-    from genq.producer.dead_letters import purge_dead
+    from genq.producer.gateway.dead_letters import purge_dead
 
     if not yes:
         click.confirm(f"delete every dead-letter entry of queue {queue!r}?", abort=True)

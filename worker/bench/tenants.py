@@ -39,8 +39,8 @@ from genq.common import tenants as registry
 from genq.common.keys import Keys
 from genq.common.models import Result
 from genq.producer import Client
-from genq.worker.devtools.bench_fleet import Fleet, redis_counters
-from genq.worker.devtools.bench_modes import percentile
+from genq.worker.bench.fleet import Fleet, redis_counters
+from genq.worker.bench.modes import percentile
 
 POLICIES = ("fair", "fifo")
 FROM_FIRST = "start_from_first_submission"

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from genq.common.errors import GenqError
 from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRIORITY
-from genq.worker.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
+from genq.producer.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
 from rich.console import Console
 
 

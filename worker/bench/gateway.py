@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from genq.producer import AsyncClient, Client
-from genq.worker.devtools.bench_modes import percentile
+from genq.worker.bench.modes import percentile
 from genq.worker.devtools.gateway_process import GatewayProcess
 from genq.worker.devtools.worker_process import start_worker
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 from genq.common.errors import ConfigError
+from genq.producer.commands.options import redis_options
 from genq.producer.gateway.settings import GatewaySettings, serve_flags
-from genq.worker.commands.options import redis_options
 
 
 def serve_options(func: Any) -> Any:

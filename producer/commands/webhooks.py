@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import click
-from genq.worker.commands.options import redis_options
+from genq.producer.commands.options import redis_options
 from rich.console import Console
 from rich.table import Table
 
@@ -24,7 +24,7 @@ def webhooks_list(redis_url: str, queue: str, count: int, as_json: bool) -> None
     """Show the oldest dead letters: event, endpoint, last error."""
     from genq.common.connection import connect
     from genq.common.keys import Keys
-    from genq.producer.webhook_letters import list_dead
+    from genq.producer.gateway.webhook_letters import list_dead
 
     with connect(redis_url) as r:
         found = list_dead(r, Keys(queue), count)
@@ -48,7 +48,7 @@ def webhooks_retry(redis_url: str, queue: str, dead_ids: tuple[str, ...], retry_
     """Send dead letters (DEAD_IDS, or --all) again, each to its endpoint, same webhook-id."""
     from genq.common.connection import connect
     from genq.common.keys import Keys
-    from genq.producer.webhook_letters import retry_dead
+    from genq.producer.gateway.webhook_letters import retry_dead
 
     if not dead_ids and not retry_all:
         raise click.UsageError("name the dead letters to send again, or pass --all")

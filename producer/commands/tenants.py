@@ -7,7 +7,7 @@ import json
 
 import click
 from genq.common.errors import ConfigError
-from genq.worker.commands.options import redis_options
+from genq.producer.commands.options import redis_options
 from rich.console import Console
 from rich.table import Table
 

@@ -1,0 +1,18 @@
+"""The scenarios behind ``genq bench``: each sends the same work to the variants it compares,
+times each phase apart (``time.perf_counter``) and returns numbers a table is made from.
+
+==================  =========================================================================
+module              what it measures
+==================  =========================================================================
+``modes``           an engine in-process against the same engine through the queue (static,
+                    continuous); the shared helpers (percentiles, the machine's description)
+``priority``        what a high request waits behind low ones
+``fleet``           a fleet of workers against an ideal central queue
+``gateway``         ``genq serve`` against the client library, per request and streamed
+``vllm_compare``    vLLM alone against vLLM through the queue
+``tenants``         fair share: a flood against a trickle, weights, tokens per minute
+``structured``      a JSON schema against free text, per engine; compile costs
+``webhooks``        webhook delivery latency and deliveries per second
+``dashboard``       a dashboard refresh's cost in Redis, and its render time, on a busy queue
+==================  =========================================================================
+"""
