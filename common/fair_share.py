@@ -1,7 +1,7 @@
 """The Lua of tenants' fair share, beside ``scripts.py``: the per-tenant indexes the submit
 script fills (``TENANTS_LUA``, which SUBMIT includes), a worker's read (``PULL``) and its
 hand-back (``GIVE_BACK``). The rule itself, and what is charged and refunded:
-``genq.worker.policy.fairness``.
+``genq.worker.policy.fair_share``.
 
 Keys: ``Keys.tenant_index``, ``active``, ``vtc``, ``reserved``, ``window``, ``bucket``,
 ``waiting``, ``tenants``, ``doorbell``. Their names hold a tenant, so the scripts build them
@@ -16,13 +16,37 @@ from genq.common.keys import GROUP, QUEUED
 from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TENANT, PRIORITIES
 from genq.common.wire import BODY_FIELD
 
+OUTPUT_WEIGHT = 2
+"""A generated token weighs this many prompt tokens in a tenant's service (VTC's weights: a
+decode step costs more than a prompt token's share of the prefill)."""
+
+READ_RULES = ("fair", "fifo")
+"""How ``PULL`` picks among a priority's tenants: ``fair`` (the least weighted tokens served
+per unit of weight) or ``fifo`` (the oldest waiting entry, whoever sent it). An order says which
+it wants (``WaitingOrder.read_rule``); PULL refuses any other value."""
+
+
+def weighted_tokens(prompt_tokens: int, generated_tokens: int) -> int:
+    """The fair share's cost of a request: what it adds to its tenant's service. The one
+    formula; ``WEIGHTED_LUA`` is its twin in the scripts (a test compares them)."""
+    return prompt_tokens + OUTPUT_WEIGHT * generated_tokens
+
+
+WEIGHTED_LUA = f"""
+local function weighted(p, g)  -- weighted_tokens() of fair_share.py: one cost, two languages
+  return p + {OUTPUT_WEIGHT} * g
+end
+"""
+
 DOORBELL_MAX = 64
 """The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
 
 PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in PRIORITIES) + "}"
 """The priorities in stream order, as a Lua table (APPLY's stream numbers index it)."""
 
-TENANTS_LUA = f"""
+TENANTS_LUA = (
+    WEIGHTED_LUA
+    + f"""
 -- Tenants (SUBMIT and PULL). BASE is the queue's 'genq:{{Q}}' (its config key less ':config');
 -- the per-tenant keys are built from it exactly as keys.py builds them (a test compares).
 local PRI = {PRIORITY_LUA}
@@ -127,17 +151,18 @@ local function sweep(s, p, known)
   for t, ids in pairs(by_tenant) do index(p, t, ids, false) end
 end
 """
+)
 
 PULL = (
     TENANTS_LUA
     + f"""
 -- KEYS: config, stream high, stream normal, stream low
--- ARGV: this consumer, the policy ('fair' or 'fifo'), the Unix time now in ms (the worker's
---       view of Redis' clock: it needs no TIME), the reader's batch budget in tokens (a limited
---       tenant's burst), then per stream: how many entries at most; then how many in all (0:
---       no cap; a continuous reader: its free slots, taken from the highest priority first,
---       so that it never holds a low request a high one still waiting would have to pass);
---       then the probe: per
+-- ARGV: this consumer, the read rule ('fair' or 'fifo': READ_RULES), the Unix time now in ms
+--       (the worker's view of Redis' clock: it needs no TIME), the reader's batch budget in
+--       tokens (a limited tenant's burst), then per stream: how many entries at most; then
+--       how many in all (0: no cap; a continuous reader: its free slots, taken from the
+--       highest priority first, so that it never holds a low request a high one still
+--       waiting would have to pass); then the probe: per
 --       priority, up to so many more from tenants the reader holds none of there (0: none; a
 --       static reader with a fair order: a tenant that arrived behind another's backlog is
 --       read before its next batch, not after it), and the 'PRIORITY|TENANT' pairs it holds
@@ -147,7 +172,7 @@ PULL = (
 -- 'fifo': the oldest waiting entry, whoever sent it) among those under their
 -- tokens-per-minute, claimed from {QUEUED} (JUSTID) for this consumer. Each is charged at
 -- once, by an upper bound from its body (PROMPT_EST = the body's bytes: a prompt has no more
--- tokens than bytes; and its max_new_tokens: 'charge' below, ``policy.fairness.charge`` in
+-- tokens than bytes; and its max_new_tokens: 'charge' below, ``policy.fair_share.charge`` in
 -- Python): weighted PROMPT_EST + 2 x max_new_tokens to the tenant's reserved, PROMPT_EST +
 -- max_new_tokens to its last minute and to its token bucket; the worker corrects the estimate
 -- once it has tokenized the prompt, moves it from reserved to vtc when it starts the request,
@@ -159,6 +184,9 @@ PULL = (
 -- tokens, evenly, not in a burst at each minute's turn. Entries a plain XADD added are swept
 -- into the indexes first. Returns XREADGROUP's shape.
 local me, fifo = ARGV[1], ARGV[2] == 'fifo'
+if ARGV[2] ~= 'fifo' and ARGV[2] ~= 'fair' then
+  return redis.error_reply('ERR genq PULL: unknown read rule ' .. tostring(ARGV[2]))
+end
 local now_ms, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now_s = math.floor(now_ms / 1000)
 local function head(p, t)  -- fifo: the tenant's oldest waiting entry's id, as {{ms, seq}}
@@ -254,10 +282,10 @@ local function take(s, p, score, got, room, given)
         table.insert(got, found[1])
         given[best] = true
         local est, max_new = charge(body_of(found[1][2]))
-        score[best] = score[best] + est + 2 * max_new
+        score[best] = score[best] + weighted(est, max_new)
         if buckets[best] ~= nil then buckets[best] = buckets[best] - est - max_new end
         local c = charged[best] or {{0, 0}}
-        charged[best] = {{c[1] + est + 2 * max_new, c[2] + est + max_new}}
+        charged[best] = {{c[1] + weighted(est, max_new), c[2] + est + max_new}}
       end
     end
   end
@@ -286,7 +314,7 @@ for s = 2, 4 do
           if e then
             table.insert(got, e)
             local est, max_new = charge(body_of(e[2]))
-            w, tok = w + est + 2 * max_new, tok + est + max_new
+            w, tok = w + weighted(est, max_new), tok + est + max_new
           end
         end
         local c = charged[only] or {{0, 0}}

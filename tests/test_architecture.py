@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,47 @@ def test_architecture_md_folder_map_names_every_module() -> None:
         and f"`{Path(m).stem}`" not in folder_map
     ]
     assert not missing
+
+
+def test_the_fair_share_cost_is_written_once() -> None:
+    """``weighted_tokens`` (and its Lua twin) is the one formula; nobody writes it out again."""
+    formula = re.compile(r"\+ 2 \* (max_new|c\.max_new|self\.completion)")
+    home = ROOT / "common" / "fair_share.py"
+    again = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in SOURCES
+        if p != home
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if formula.search(line)
+    ]
+    assert not again
+
+
+def test_no_module_imports_itself_back_through_another() -> None:
+    """No import cycles between genq's modules, TYPE_CHECKING imports included."""
+    graph: dict[str, set[str]] = {}
+    for path in SOURCES:
+        name = "genq." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        name = name.removesuffix(".__init__")
+        deps = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("genq."):
+                deps.add(str(node.module))
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("genq.")}
+    cycles = []
+
+    def visit(node: str, path: list[str], done: set[str]) -> None:
+        if node in path:
+            cycles.append(" -> ".join([*path[path.index(node) :], node]))
+            return
+        if node in done:
+            return
+        done.add(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep != node and not node.startswith(dep + "."):  # a package's own __init__
+                visit(dep, [*path, node], done)
+
+    for start in sorted(graph):
+        visit(start, [], set())
+    assert not cycles

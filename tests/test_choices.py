@@ -15,7 +15,7 @@ from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.static import StaticEngine
 from genq.worker.policy.admission import Limits, check_limits
 from genq.worker.policy.batching import Candidate
-from genq.worker.policy.fairness import charge
+from genq.worker.policy.fair_share import charge
 
 from tests.conftest import worker_thread
 

@@ -15,11 +15,12 @@ import pytest
 import redis
 from genq.common import tenants as registry
 from genq.common.errors import QueueFull
-from genq.common.fair_share import PULL
+from genq.common.fair_share import PULL, READ_RULES, WEIGHTED_LUA, weighted_tokens
 from genq.common.keys import GROUP, QUEUED, Keys
 from genq.producer import Client
 from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
-from genq.worker.policy.fairness import Refund, Shares, TenantShares, Totals, charge, merged
+from genq.worker.policy.fair_share import Refund, Shares, TenantShares, Totals, charge, merged
+from genq.worker.policy.ordering import ORDERS
 
 from tests.conftest import WorkerProcess, wait_until
 
@@ -486,3 +487,19 @@ def test_a_read_capped_in_all_takes_the_highest_priorities_first(
     assert read(2) == ["high", "high"]
     assert read(2) == ["high", "low"]
     assert read(0) == ["low"] * 4  # no cap: each priority up to its room
+
+
+@pytest.mark.parametrize(("prompt", "generated"), [(0, 0), (1, 0), (0, 1), (123, 45), (10**9, 7)])
+def test_the_cost_has_one_formula_and_its_lua_twin_agrees(
+    r: redis.Redis, prompt: int, generated: int
+) -> None:
+    lua = WEIGHTED_LUA + "return weighted(tonumber(ARGV[1]), tonumber(ARGV[2]))"
+    assert r.eval(lua, 0, prompt, generated) == weighted_tokens(prompt, generated)
+
+
+def test_every_order_reads_by_a_rule_the_read_script_knows(r: redis.Redis, queue: str) -> None:
+    assert {order.read_rule for order in ORDERS.values()} <= set(READ_RULES)
+    keys = Keys(queue)
+    args = [keys.config, *keys.streams(), "me", "prefix", 0, 100, 1, 1, 1, 0, 0]
+    with pytest.raises(redis.ResponseError, match="unknown read rule prefix"):
+        r.eval(PULL, 4, *args)

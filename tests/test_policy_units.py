@@ -25,8 +25,9 @@ from genq.worker.policy.admission import Action, Limits, judge_entry, judge_prom
 from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
 from genq.worker.policy.budget import AdaptiveBudget
+from genq.worker.policy.fair_share import FairShare
 from genq.worker.policy.lookahead import Held, Lookahead
-from genq.worker.policy.ordering import ORDERS, FairShare, FirstCome, WaitingOrder, make_order
+from genq.worker.policy.ordering import ORDERS, FirstCome, WaitingOrder, make_order
 from genq.worker.policy.planning import plan_start
 from genq.worker.policy.suspects import Gate, SuspectGate
 

@@ -21,6 +21,7 @@ from genq.worker.engines.base import Engine, GenerationInput, GenerationOutput
 from genq.worker.engines.echo import EchoEngine
 from genq.worker.runtime import queue_io
 from genq.worker.runtime.doorbell import DoorbellListener
+from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.queue_io import READ_PACE_S, QueueIO
 
 from tests.conftest import wait_until, worker_thread
@@ -154,7 +155,14 @@ def test_a_paced_read_waits_out_the_pace_after_finding_the_queue_empty(
 ) -> None:
     keys = Keys(queue)
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
-    io = QueueIO(r=r, keys=keys, consumer="c", settings=settings)
+    io = QueueIO(
+        r=r,
+        keys=keys,
+        consumer="c",
+        settings=settings,
+        tenants=TenantAccounts(r, keys),
+        read_rule="fair",
+    )
     io.ensure_groups()
     room = dict.fromkeys(keys.streams(), 4)
     assert io.read(room, block_ms=None) == [] and io.read_wait_s() > 0
@@ -194,7 +202,15 @@ def test_the_doorbell_listener_hears_rings_only_while_armed_and_takes_none_from_
     the group still gets every ring (each ring wakes one idle worker)."""
     keys = Keys(queue)
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
-    QueueIO(r=r, keys=keys, consumer="idle", settings=settings).ensure_groups()
+    io = QueueIO(
+        r=r,
+        keys=keys,
+        consumer="idle",
+        settings=settings,
+        tenants=TenantAccounts(r, keys),
+        read_rule="fair",
+    )
+    io.ensure_groups()
     listener = DoorbellListener(r, keys.doorbell)
     listener.start()
     try:

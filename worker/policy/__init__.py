@@ -3,13 +3,14 @@ clock (time is an argument). Each is unit-tested on plain data.
 
 - ``admission``: what a delivered entry becomes (runnable, failed, expired);
 - ``lookahead``: what the worker holds (waiting, starting) and how much more it may read;
-- ``ordering``: who goes first among what waits (the seam a policy plugs into: ``fifo``,
-  ``fair``);
+- ``ordering``: who goes first among what waits (the seam a policy plugs into: ``fifo``;
+  ``fair`` is ``fair_share.FairShare``);
 - ``batching``: which waiting requests form the next batch (priority with aging, length,
   budget, wait-to-fill);
 - ``planning``: the batching policy within the room a running batch leaves;
 - ``arrivals``: whether another arrival is expected within a wait-to-fill window;
-- ``fairness``: what a read charges a tenant and an end refunds; a worker's own account;
+- ``fair_share``: the fair share's whole rule: what a read charges a tenant and an end
+  refunds, a worker's own account, the anchor and fill of a fair batch, the ``fair`` order;
 - ``budget``: the token budget, halved for a while after an out-of-memory error;
 - ``sizing``: the batch limits ``auto`` picks (fixed on a CPU, from free memory on a GPU);
 - ``suspects``: when a request delivered before (maybe the one that kills workers) may start.

@@ -9,13 +9,14 @@ The rule, in order:
    urgent request (lowest effective rank, then oldest) names the priority that goes now: a
    request waits at most ``2 * priority_aging_ms`` before it ranks with ``high``, and from then
    on only requests older than it go ahead: low priority cannot starve. Within that priority,
-   the *anchor* (it always runs in this batch) is the request of the tenant with the least
-   service (``shares``: ``fairness.TenantShares``), then the oldest: aging orders priorities,
-   never one tenant's flood ahead of another tenant's request of the same priority. With no
-   shares it is the most urgent request itself.
+   the *anchor* (it always runs in this batch) is the one the order's ``Preference`` names
+   (``fair_share.Shares``: the tenant with the least service, then the oldest: aging orders
+   priorities, never one tenant's flood ahead of another tenant's request of the same
+   priority). With no preference it is the most urgent request itself.
 2. **Who goes with it.** Other requests join by effective rank, best first; within a rank, the
    ones closest in length to the anchor (``|prompt tokens difference| + |max_new_tokens
-   difference|``) first, because padding and wasted decode steps grow with those differences.
+   difference|``) first, because padding and wasted decode steps grow with those differences;
+   a preference may arrange them again (the fair one: tenant by tenant).
    A request joins only if the batch stays within ``max_batch_size`` requests and
    ``max_batch_tokens`` (each request costs prompt tokens + max_new_tokens).
 3. **Whether to wait.** If the batch could still take more and its anchor has waited less than
@@ -24,11 +25,9 @@ The rule, in order:
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-from genq.worker.policy.fairness import Shares
+from typing import Protocol
 
 
 @dataclass(slots=True, unsafe_hash=True, kw_only=True)
@@ -98,14 +97,35 @@ def effective_rank(c: Candidate, now_ms: int, priority_aging_ms: int) -> int:
     return max(0, c.priority_rank - waited_ms // priority_aging_ms)
 
 
+class Preference(Protocol):
+    """An order's own rule inside ``next_batch``, within what priority and aging allow: who
+    anchors the batch among the anchor's priority, and in which order the rest is offered to
+    it (budget and size still decide what fits). ``fair_share.Shares`` is one."""
+
+    def anchor(self, level: Sequence[Candidate]) -> Candidate:
+        """The anchor among ``level``: the candidates of the most urgent one's priority."""
+        ...
+
+    def arrange(
+        self,
+        anchor: Candidate,
+        others: list[Candidate],
+        ranks: Mapping[str, int],
+        max_batch_size: int,
+    ) -> list[Candidate]:
+        """``others`` (sorted by effective rank, then length distance to the anchor) in the
+        order the batch should take them; ``ranks``: each one's effective rank by key."""
+        ...
+
+
 def next_batch(
     candidates: Sequence[Candidate],
     now_ms: int,
     policy: BatchPolicy,
-    shares: Shares | None = None,
+    prefer: Preference | None = None,
 ) -> Decision:
     """Decide the next batch among ``candidates`` (see the module docstring for the rule);
-    ``shares``: each tenant's service so far (less goes first within a priority)."""
+    ``prefer``: the order's own rule for the anchor and the fill, if it has one."""
     if not candidates:
         return Decision(reason="empty")
     # effective_rank and the length distance, inlined: this runs over the whole look-ahead
@@ -115,14 +135,8 @@ def next_batch(
         c.key: max(0, c.priority_rank - max(0, now_ms - c.enqueued_ms) // aging) for c in candidates
     }
     anchor = min(candidates, key=lambda c: (ranks[c.key], c.enqueued_ms, c.key))
-    if shares:
-        level = [c for c in candidates if c.priority_rank == anchor.priority_rank]
-        waiting = Counter(c.tenant for c in level)  # a tie goes to the one with fewer waiting
-        service = shares.service
-        anchor = min(
-            level,
-            key=lambda c: (service.get(c.tenant, 0.0), waiting[c.tenant], c.enqueued_ms, c.key),
-        )
+    if prefer is not None:
+        anchor = prefer.anchor([c for c in candidates if c.priority_rank == anchor.priority_rank])
     prompt, new = anchor.prompt_tokens, anchor.max_new_tokens
     others = sorted(
         (c for c in candidates if c is not anchor),
@@ -133,8 +147,8 @@ def next_batch(
             c.key,
         ),
     )
-    if shares:
-        others = _fair_order(anchor, others, ranks, shares, policy.max_batch_size)
+    if prefer is not None:
+        others = prefer.arrange(anchor, others, ranks, policy.max_batch_size)
     batch = [anchor]
     tokens = anchor.cost_tokens
     # The anchor runs even if it alone is over budget: refusing such requests is admission's job,
@@ -157,39 +171,3 @@ def next_batch(
     if anchor_waited_ms < policy.max_wait_ms:
         return Decision(wait_ms=policy.max_wait_ms - anchor_waited_ms, reason="waiting")
     return Decision(batch=batch, reason="waited")
-
-
-def _fair_order(
-    anchor: Candidate,
-    others: list[Candidate],
-    ranks: dict[str, int],
-    shares: Shares,
-    max_batch_size: int,
-) -> list[Candidate]:
-    """``others`` (sorted by rank, then length distance) in the order a fair batch takes them:
-    by rank, then the tenant with the least service counting what this batch already gives it
-    (VTC within the batch), then as sorted. Only the first ``2 x max_batch_size`` are chosen
-    this way (a batch takes no more, bar ones over the budget); the rest follow as sorted."""
-    acc = dict(shares.service)
-    acc[anchor.tenant] = acc.get(anchor.tenant, 0.0) + shares.cost(
-        anchor.tenant, anchor.prompt_tokens, anchor.max_new_tokens
-    )
-    # Per rank, each tenant's requests in the order given: a pick compares the tenants' heads
-    # (a few), not the whole pool (up to a look-ahead's worth each time).
-    lines: dict[int, dict[str, deque[tuple[int, Candidate]]]] = {}
-    for j, c in enumerate(others):
-        lines.setdefault(ranks[c.key], {}).setdefault(c.tenant, deque()).append((j, c))
-    out, taken = list[Candidate](), set[int]()
-    for rank in sorted(lines):
-        heads = lines[rank]
-        while heads and len(out) < 2 * max_batch_size:
-            tenant = min(heads, key=lambda t: (acc.get(t, 0.0), heads[t][0][0]))
-            j, c = heads[tenant].popleft()
-            if not heads[tenant]:
-                del heads[tenant]
-            out.append(c)
-            taken.add(j)
-            acc[tenant] = acc.get(tenant, 0.0) + shares.cost(
-                tenant, c.prompt_tokens, c.max_new_tokens
-            )
-    return out + [c for j, c in enumerate(others) if j not in taken]

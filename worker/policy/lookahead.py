@@ -20,7 +20,7 @@ from typing import Any
 from genq.common.models import PRIORITY_RANK, Request
 from genq.common.settings import WorkerSettings
 from genq.worker.policy.batching import Candidate
-from genq.worker.policy.fairness import Refund
+from genq.worker.policy.fair_share import Refund
 
 
 def entry_key(stream: str, entry_id: str) -> str:

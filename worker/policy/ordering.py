@@ -26,13 +26,17 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol
 
 from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, next_batch
-from genq.worker.policy.fairness import Shares, TenantShares
+from genq.worker.policy.fair_share import FairShare
 
 
 class WaitingOrder(Protocol):
     """A rule for which waiting requests go first, with the state it keeps across turns."""
 
     name: ClassVar[str]
+    read_rule: ClassVar[str]
+    """How the read picks among a priority's tenants in Redis (``common.fair_share.READ_RULES``):
+    the order owns it, so a new order (one wrapping ``FairShare``, say) reads as it declares,
+    not as its name happens to match."""
     sees_newcomers: ClassVar[bool]
     """Whether a worker whose look-ahead is full still reads tenants it holds none of (a
     probe, ``Lookahead.probe``): an order that ranks by tenant wants them before its next
@@ -46,7 +50,9 @@ class WaitingOrder(Protocol):
         weights: Mapping[str, float],
     ) -> Decision:
         """The next batch among ``candidates`` within ``policy`` (or how long to wait).
-        Called possibly twice a turn with the same candidates: it must not change state."""
+        Called possibly twice a turn with the same candidates: both calls must decide the same
+        (it may refresh what it knows, the weights, which tenants wait; it charges nothing:
+        that is ``started``)."""
         ...
 
     def started(self, batch: Sequence[Candidate]) -> None:
@@ -58,6 +64,7 @@ class FirstCome:
     """The most urgent request (priority with aging, then the oldest) anchors each batch."""
 
     name: ClassVar[str] = "fifo"
+    read_rule: ClassVar[str] = "fifo"
     sees_newcomers: ClassVar[bool] = False
 
     def decide(
@@ -67,39 +74,12 @@ class FirstCome:
         policy: BatchPolicy,
         weights: Mapping[str, float],
     ) -> Decision:
+        """``next_batch`` alone: no preference."""
         return next_batch(candidates, now_ms, policy)
 
     def started(self, batch: Sequence[Candidate]) -> None:
+        """Nothing to remember."""
         return None
-
-
-class FairShare:
-    """Within a priority, the tenant with the least service here goes first (VTC over what
-    this worker started: prompt + 2 x max_new_tokens, per unit of weight)."""
-
-    name: ClassVar[str] = "fair"
-    sees_newcomers: ClassVar[bool] = True
-
-    def __init__(self) -> None:
-        self._shares = TenantShares()
-        self._weights: Mapping[str, float] = {}
-
-    def decide(
-        self,
-        candidates: Sequence[Candidate],
-        now_ms: int,
-        policy: BatchPolicy,
-        weights: Mapping[str, float],
-    ) -> Decision:
-        self._weights = weights
-        view = self._shares.view(c.tenant for c in candidates)
-        shares = Shares(service=view, weights=weights) if len(view) > 1 else None
-        return next_batch(candidates, now_ms, policy, shares)
-
-    def started(self, batch: Sequence[Candidate]) -> None:
-        for c in batch:
-            cost = c.prompt_tokens + 2 * c.max_new_tokens
-            self._shares.charge(c.tenant, cost / self._weights.get(c.tenant, 1.0))
 
 
 ORDERS: dict[str, type[FirstCome] | type[FairShare]] = {

@@ -1,12 +1,12 @@
 """The worker at run time: the loop and everything that talks to Redis or an engine.
 
 - ``builder``: every part of a worker built from its settings and engine, and wired;
-- ``worker``: lifecycle, signals and the turn (reclaim, read, admit, plan, start, collect, write);
+- ``worker``: lifecycle, signals and the turn (read, plan, launch, advance);
 - ``queue_io``: the consumer group's reads and writes (join, resume, reclaim, read, mark
   running, dead-letter);
 - ``availability``: the loop's retry while Redis is away, and a full Redis;
-- ``accounts``: the tenants' weights and what goes back to their shares (corrections, starts,
-  refunds);
+- ``fair_share``: the fair share's calls: the tenants' weights and what goes back to their
+  shares (corrections, starts, refunds);
 - ``intake``: the admit step (decode, verdicts, tokenize); ``starting``: the start step (mark
   running, expired and poison sorted out, hand-back);
 - ``runners``: static and continuous engines behind one interface;

@@ -1,16 +1,16 @@
 """Wiring: a worker's parts built from its settings and engine, and the worker made of them.
 
 ``build_worker`` is the one place that knows which part needs which: the Redis connections,
-the queue's IO, the policy units (look-ahead, order, budget, suspect gate, arrival estimate),
-intake, runner, starter, writer, heartbeat, claim keeper and doorbell listener. ``Worker``
-(``worker.py``) only runs them. A new part is built here and handed over in ``Parts``.
+the queue's IO and the tenants' accounts, the policy units (look-ahead, order, budget, suspect
+gate, arrival estimate), intake, runner, starter, writer, heartbeat, claim keeper and doorbell
+listener. ``Worker`` (``worker.py``) declares them as its fields and only runs them; this
+module imports it, never the other way round. A new part is a field of ``Worker``, built here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
 from genq.common.connection import connect, is_cluster, refresh_cluster_view
@@ -23,12 +23,13 @@ from genq.worker.policy.admission import Limits
 from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
-from genq.worker.policy.ordering import WaitingOrder, make_order
+from genq.worker.policy.ordering import make_order
 from genq.worker.policy.sizing import batch_limits
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
 from genq.worker.runtime.availability import Availability
 from genq.worker.runtime.doorbell import DoorbellListener
+from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.metrics import Metrics
@@ -42,115 +43,112 @@ from genq.worker.runtime.writer import ResultWriter
 log = logging.getLogger("genq.worker")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Parts:
-    """Everything one worker runs, built and wired (``build_worker``)."""
-
-    settings: WorkerSettings
-    engine: Engine
-    keys: Keys
-    queue: QueueIO
-    """The queue's Redis commands (the loop's connection)."""
-    availability: Availability
-    """The loop's retry while Redis is away, and whether it is full."""
-    counters: Counters
-    metrics: Metrics
-    lookahead: Lookahead
-    order: WaitingOrder
-    """Who goes first among what waits (``--tenant-policy``)."""
-    budget: AdaptiveBudget
-    gate: SuspectGate
-    arrivals: ArrivalEstimate
-    intake: Intake
-    runner: Runner
-    starter: Starter
-    writer: ResultWriter[Outcome]
-    stats: Heartbeat
-    keeper: recovery.ClaimKeeper
-    """Renews claims and the heartbeat, on a connection of its own."""
-    doorbell: DoorbellListener
-    """Wakes a generating loop when a request arrives, on a connection of its own."""
-
-
 def build_worker(
     settings: WorkerSettings, engine: Engine, redis_client: redis.Redis | None = None
 ) -> Worker:
     """A worker with these settings serving ``engine``; on ``redis_client`` if given (its
     claim keeper shares it), else on connections of its own to ``settings.redis_url``."""
     settings = _sized(settings, engine)
-    r = redis_client or connect(settings.redis_url)
-    if redis_client is None and not is_cluster(r):
-        # Entries as Redis sends them: redis-py's parsing into dicts cost a tenth of the
-        # worker's time on the hot path, and decode_request reads the flat field list.
-        r.set_response_callback("XREADGROUP", raw_read_reply)
+    r = redis_client or _loop_connection(settings.redis_url)
+
+    def side_connection() -> redis.Redis:  # a thread's own (the keeper's, the doorbell's)
+        return connect(settings.redis_url) if redis_client is None else redis_client
+
     keys = Keys(settings.queue)
-    consumer = settings.consumer_name
-    queue = QueueIO(r=r, keys=keys, consumer=consumer, settings=settings)
+    order = make_order(settings.tenant_policy)
+    tenants = TenantAccounts(r, keys)
+    queue = QueueIO(
+        r=r,
+        keys=keys,
+        consumer=settings.consumer_name,
+        settings=settings,
+        tenants=tenants,
+        read_rule=order.read_rule,
+    )
     counters = Counters()
     metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
     lookahead = Lookahead.for_settings(settings, keys.streams())
     budget = AdaptiveBudget(full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s)
-    template = getattr(engine.tokenizer, "chat_template", None)
-    outcomes = Outcomes(
-        worker=consumer,
-        keys=keys,
-        model=settings.served_model,
-        reads_tool_calls=isinstance(template, str) and CALL_FORMAT_MARK in template,
-    )
+    outcomes = _outcomes(settings, engine, keys)
     context = RunnerContext(
         outcomes=outcomes, counters=counters, metrics=metrics, send_delta=queue.send_delta
     )
     runner = make_runner(context, engine, budget)
-    stats = Heartbeat(
-        queue=queue,
-        identity=Identity(
-            consumer=consumer,
-            engine=engine.name,
-            model=settings.served_model,
-            device="-" if engine.name == "echo" else settings.device,
-        ),
-        counters=counters,
-        holdings=lambda: _holdings(lookahead, runner),
-    )
+    stats = _heartbeat(settings, engine, queue, counters, lambda: _holdings(lookahead, runner))
     writer: ResultWriter[Outcome] = ResultWriter(
         _write_now(queue, stats, metrics),
         max_backlog=2 * settings.max_batch_size,
         on_away=lambda: refresh_cluster_view(r),
     )
     keeper = recovery.ClaimKeeper(
-        r=connect(settings.redis_url) if redis_client is None else redis_client,
+        r=side_connection(),
         keys=keys,
-        consumer=consumer,
+        consumer=settings.consumer_name,
         claim_idle_ms=settings.claim_idle_ms,
         heartbeat_ttl_s=settings.heartbeat_ttl_s,
         claimed=lambda: lookahead.entries() + runner.entries() + writer.entries(),
     )
     return Worker(
-        Parts(
-            settings=settings,
-            engine=engine,
-            keys=keys,
-            queue=queue,
-            availability=Availability(r, on_lost_group=queue.ensure_groups),
-            counters=counters,
-            metrics=metrics,
-            lookahead=lookahead,
-            order=make_order(settings.tenant_policy),
-            budget=budget,
-            gate=SuspectGate(),
-            arrivals=ArrivalEstimate(),
-            intake=_intake(settings, engine, outcomes, keys),
-            runner=runner,
-            starter=_starter(settings, queue, outcomes, counters),
-            writer=writer,
-            stats=stats,
-            keeper=keeper,
-            doorbell=DoorbellListener(
-                connect(settings.redis_url) if redis_client is None else redis_client,
-                keys.doorbell,
-            ),
-        )
+        settings=settings,
+        engine=engine,
+        keys=keys,
+        queue=queue,
+        tenants=tenants,
+        availability=Availability(r, on_lost_group=queue.ensure_groups),
+        counters=counters,
+        metrics=metrics,
+        lookahead=lookahead,
+        order=order,
+        budget=budget,
+        gate=SuspectGate(),
+        arrivals=ArrivalEstimate(),
+        intake=_intake(settings, engine, outcomes, keys),
+        runner=runner,
+        starter=_starter(settings, queue, tenants, outcomes, counters),
+        writer=writer,
+        stats=stats,
+        keeper=keeper,
+        doorbell=DoorbellListener(side_connection(), keys.doorbell),
     )
+
+
+def _loop_connection(url: str) -> redis.Redis:
+    """The loop's own connection. Entries come as Redis sends them: redis-py's parsing into
+    dicts cost a tenth of the worker's time on the hot path, and ``decode_request`` reads the
+    flat field list (not on a cluster, whose client parses replies itself)."""
+    r = connect(url)
+    if not is_cluster(r):
+        r.set_response_callback("XREADGROUP", raw_read_reply)
+    return r
+
+
+def _outcomes(settings: WorkerSettings, engine: Engine, keys: Keys) -> Outcomes:
+    """How this worker's results are written (tool calls read from the text when the model's
+    chat template teaches the Hermes call format)."""
+    template = getattr(engine.tokenizer, "chat_template", None)
+    return Outcomes(
+        worker=settings.consumer_name,
+        keys=keys,
+        model=settings.served_model,
+        reads_tool_calls=isinstance(template, str) and CALL_FORMAT_MARK in template,
+    )
+
+
+def _heartbeat(
+    settings: WorkerSettings,
+    engine: Engine,
+    queue: QueueIO,
+    counters: Counters,
+    holdings: Callable[[], tuple[list[Held], list[Held]]],
+) -> Heartbeat:
+    """The stats hash, with who this worker is."""
+    identity = Identity(
+        consumer=settings.consumer_name,
+        engine=engine.name,
+        model=settings.served_model,
+        device="-" if engine.name == "echo" else settings.device,
+    )
+    return Heartbeat(queue=queue, identity=identity, counters=counters, holdings=holdings)
 
 
 def _sized(settings: WorkerSettings, engine: Engine) -> WorkerSettings:
@@ -184,10 +182,16 @@ def _intake(settings: WorkerSettings, engine: Engine, outcomes: Outcomes, keys: 
 
 
 def _starter(
-    settings: WorkerSettings, queue: QueueIO, outcomes: Outcomes, counters: Counters
+    settings: WorkerSettings,
+    queue: QueueIO,
+    tenants: TenantAccounts,
+    outcomes: Outcomes,
+    counters: Counters,
 ) -> Starter:
+    """Marking batches running, with the settings' attempts and hand-back limits."""
     return Starter(
         queue=queue,
+        tenants=tenants,
         outcomes=outcomes,
         counters=counters,
         consumer=settings.consumer_name,

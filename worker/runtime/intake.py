@@ -25,7 +25,7 @@ from genq.worker.policy.admission import (
     judge_entry,
     judge_prompt,
 )
-from genq.worker.policy.fairness import charge
+from genq.worker.policy.fair_share import charge
 from genq.worker.policy.lookahead import Held, entry_key
 from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.outcomes import Outcome, Outcomes

@@ -16,7 +16,7 @@ from genq.common.models import DEFAULT_TENANT, Request
 from genq.common.tools import calls_in_text, forced_calls
 from genq.worker.engines.base import GenerationOutput
 from genq.worker.policy.admission import entry_time_ms
-from genq.worker.policy.fairness import Refund
+from genq.worker.policy.fair_share import Refund
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime.clock import now_ms
 

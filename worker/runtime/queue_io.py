@@ -22,8 +22,8 @@ from genq.common.settings import WorkerSettings
 from genq.common.wire import as_text, encode_delta_event
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
-from genq.worker.runtime.accounts import TenantAccounts, add_refunds, add_starts, give_back_args
 from genq.worker.runtime.dead_letter import add_to_pipeline
+from genq.worker.runtime.fair_share import TenantAccounts, add_refunds, add_starts, give_back_args
 from genq.worker.runtime.outcomes import Outcome
 
 log = logging.getLogger("genq.worker")
@@ -43,15 +43,25 @@ class QueueIO:
     """One worker's reads and writes on its queue's streams, states and stats."""
 
     def __init__(
-        self, *, r: redis.Redis, keys: Keys, consumer: str, settings: WorkerSettings
+        self,
+        *,
+        r: redis.Redis,
+        keys: Keys,
+        consumer: str,
+        settings: WorkerSettings,
+        tenants: TenantAccounts,
+        read_rule: str,
     ) -> None:
         self.redis = r
         self.keys = keys
         self.consumer = consumer
         self.settings = settings
         self._last_reclaim_s = 0.0
-        self.tenants = TenantAccounts(r, keys)
-        """The tenants' weights, and what goes back to their shares (``accounts.py``)."""
+        self.tenants = tenants
+        """The tenants' weights, and what goes back to their shares (``fair_share.py``): sent in
+        the read's round trip."""
+        self.read_rule = read_rule
+        """How the read picks among tenants: the worker's order says (``read_rule``)."""
         self._found_empty_s: float | None = None
         """When a read last found nothing (None: the last read found entries)."""
 
@@ -141,7 +151,7 @@ class QueueIO:
         """Entries for this worker, each stream up to its room.
 
         One round trip: the PULL script, which takes from each priority the entries of the
-        tenants with the least service (``policy/fairness.py``), and a probe (XPENDING, one
+        tenants with the least service (``policy/fair_share.py``), and a probe (XPENDING, one
         row) per priority of the entries other workers handed back (``RETURNED``). Only when a
         probe finds some does a second call (the TAKE_BACK script) claim them, up to the room
         again: they are older than anything new, and leaving them for later would let them
@@ -195,8 +205,8 @@ class QueueIO:
             pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
         rooms = [room[s] if s in asked else 0 for s in streams]
         now, burst = clock.now_ms(), self.settings.max_batch_tokens
-        policy = self.settings.tenant_policy
-        args = [self.keys.config, *streams, self.consumer, policy, now, burst, *rooms, total]
+        rule = self.read_rule
+        args = [self.keys.config, *streams, self.consumer, rule, now, burst, *rooms, total]
         args.append(probe[0])
         args += probe[1]
         pipe.execute_command("EVAL", PULL, 4, *args)  # type: ignore[no-untyped-call]

@@ -18,10 +18,11 @@ from genq.common.errors import PoisonRequest
 from genq.common.scripts import Applied
 from genq.common.wire import encode_request
 from genq.worker.policy.admission import deadline_passed
-from genq.worker.policy.fairness import Refund
+from genq.worker.policy.fair_share import Refund
 from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.dead_letter import dead_letter_fields
+from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.queue_io import QueueIO
@@ -40,6 +41,7 @@ class Starter:
         self,
         *,
         queue: QueueIO,
+        tenants: TenantAccounts,
         outcomes: Outcomes,
         counters: Counters,
         consumer: str,
@@ -49,6 +51,7 @@ class Starter:
         max_batch_size: int,
     ) -> None:
         self.queue = queue
+        self.tenants = tenants
         self.outcomes = outcomes
         self.counters = counters
         self.consumer = consumer
@@ -75,7 +78,7 @@ class Starter:
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
         poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
         gone = (Applied.ALREADY_FINAL, Applied.DUPLICATE)  # acknowledged: nothing runs
-        self.queue.tenants.refund(
+        self.tenants.refund(
             [
                 Refund(tenant=h.request.tenant, charged=h.charge)  # moved to served just now
                 for h, a in zip(todo, answers, strict=True)

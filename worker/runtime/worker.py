@@ -2,8 +2,9 @@
 are built and wired in ``builder.py`` (``build_worker``); this module only runs them.
 
     join:   consumer groups and the queue's config, heartbeat, this consumer's own pending
-    turn:   reclaim (dead workers' entries) -> read -> admit -> plan -> start (mark running,
-            hand to the runner) -> collect (what finished) -> write (to the writer thread)
+    turn:   read (reclaim dead workers' entries, read, admit) -> plan -> launch (mark
+            running, hand to the runner) -> advance (collect what finished, write it to the
+            writer thread)
     beside: the ClaimKeeper thread renews this worker's claims and heartbeat (recovery.py);
             the ResultWriter thread writes results, events, acks and stats (writer.py);
             the DoorbellListener thread wakes a generating loop for arrivals (doorbell.py)
@@ -30,22 +31,35 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS
+from genq.common.keys import Keys
+from genq.common.settings import WorkerSettings
+from genq.worker.engines.base import Engine
+from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.batching import BatchPolicy, Decision
-from genq.worker.policy.lookahead import Held, entry_key
+from genq.worker.policy.budget import AdaptiveBudget
+from genq.worker.policy.lookahead import Held, Lookahead, entry_key
+from genq.worker.policy.ordering import WaitingOrder
 from genq.worker.policy.planning import plan_start
-from genq.worker.policy.suspects import Gate
+from genq.worker.policy.suspects import Gate, SuspectGate
 from genq.worker.runtime import clock
+from genq.worker.runtime.availability import Availability
 from genq.worker.runtime.clock import now_ms
+from genq.worker.runtime.doorbell import DoorbellListener
+from genq.worker.runtime.fair_share import TenantAccounts
+from genq.worker.runtime.heartbeat import Counters, Heartbeat
+from genq.worker.runtime.intake import Intake
+from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome
-from genq.worker.runtime.queue_io import Delivered
-from genq.worker.runtime.runners import POLL_S
-
-if TYPE_CHECKING:
-    from genq.worker.runtime.builder import Parts
+from genq.worker.runtime.queue_io import Delivered, QueueIO
+from genq.worker.runtime.recovery import ClaimKeeper
+from genq.worker.runtime.runners import POLL_S, Runner
+from genq.worker.runtime.starting import Starter
+from genq.worker.runtime.writer import ResultWriter
 
 log = logging.getLogger("genq.worker")
 
@@ -55,45 +69,37 @@ SETTLE_S = 1.0
 """How long a turn waits for the writer before a suspect starts (see ``policy/suspects.py``)."""
 
 
+@dataclass(kw_only=True, eq=False)
 class Worker:
-    """One worker process's loop over its parts (built by ``builder.build_worker``). ``run()``
-    until ``stop()`` (or SIGTERM/SIGINT)."""
+    """One worker process's loop over its parts, which ``builder.build_worker`` builds and
+    wires. ``run()`` until ``stop()`` (or SIGTERM/SIGINT)."""
 
-    def __init__(self, parts: Parts) -> None:
-        self.settings = parts.settings
-        self.engine = parts.engine
-        self.keys = parts.keys
-        self.consumer = parts.settings.consumer_name
-        self.queue = parts.queue
-        self.availability = parts.availability
-        self.counters = parts.counters
-        self.metrics = parts.metrics
-        self.lookahead = parts.lookahead
-        self.order = parts.order
-        self.budget = parts.budget
-        self.gate = parts.gate
-        self.arrivals = parts.arrivals
-        self.intake = parts.intake
-        self.runner = parts.runner
-        self.starter = parts.starter
-        self.writer = parts.writer
-        self.stats = parts.stats
-        self.keeper = parts.keeper
-        self.doorbell = parts.doorbell
-        self._stopping = threading.Event()
+    settings: WorkerSettings
+    engine: Engine
+    keys: Keys
+    queue: QueueIO  # the queue's Redis commands, on the loop's connection
+    tenants: TenantAccounts  # the tenants' weights, what goes back to their shares
+    availability: Availability  # the loop's retry while Redis is away; a full Redis
+    counters: Counters
+    metrics: Metrics
+    lookahead: Lookahead
+    order: WaitingOrder  # who goes first among what waits (--tenant-policy)
+    budget: AdaptiveBudget
+    gate: SuspectGate
+    arrivals: ArrivalEstimate
+    intake: Intake
+    runner: Runner
+    starter: Starter
+    writer: ResultWriter[Outcome]
+    stats: Heartbeat
+    keeper: ClaimKeeper  # renews claims and the heartbeat, on a connection of its own
+    doorbell: DoorbellListener  # wakes a generating loop for arrivals, on its own connection
+    _stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     @property
-    def policy(self) -> BatchPolicy:
-        """The batching policy now: the settings' limits, within the current budget."""
-        if self.budget.restore_due(time.monotonic()):
-            log.info("batch budget back to %d tokens", self.budget.full_tokens)
-        s = self.settings
-        return BatchPolicy(
-            max_batch_tokens=self.budget.tokens,
-            max_batch_size=s.max_batch_size,
-            max_wait_ms=s.max_wait_ms,
-            priority_aging_ms=s.priority_aging_ms,
-        )
+    def consumer(self) -> str:
+        """This worker's consumer name in the group."""
+        return self.settings.consumer_name
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -163,29 +169,44 @@ class Worker:
     # -- the turn --------------------------------------------------------------------------
 
     def turn(self, reading: bool = True) -> None:
-        """One turn: reclaim, read, admit, plan, start, collect, write. Without ``reading``
+        """One turn: read, plan, start, advance (collect, write). Without ``reading``
         (draining) it runs what is held and takes nothing new."""
         self.heartbeat()
         if reading:
-            self.reclaim()
-            room, probe, total = self.room(), self.probe(), self.read_total()
-            paced = not self.doorbell.take() and self.runner.busy  # a ring: read now
-            self.admit(self.queue.read(room, block_ms=None, paced=paced, probe=probe, total=total))
+            self.read()
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
+        self.launch(decision)
+        self.advance(listening=reading and self.listens())
+        if reading and not decision.batch and not self.runner.busy:
+            self.idle(decision.wait_ms if self.lookahead.waiting else None)
+
+    def read(self) -> None:
+        """Take over dead workers' entries, then read new ones (paced while the runner is busy,
+        unless the doorbell rang) and admit them."""
+        self.reclaim()
+        room, probe, total = self.room(), self.probe(), self.read_total()
+        paced = not self.doorbell.take() and self.runner.busy
+        self.admit(self.queue.read(room, block_ms=None, paced=paced, probe=probe, total=total))
+
+    def launch(self, decision: Decision) -> None:
+        """Start the batch the plan chose: the order and the arrival estimate learn of it, it
+        is marked running and handed to the runner; what waits behind a long batch goes back."""
         if decision.reason == "waiting":
             self.arrivals.waiting(now_ms())  # scored when the batch starts: did anyone come?
-        if decision.batch:
-            self.arrivals.batch_started()
-            self.order.started(decision.batch)
-            self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
-            self.starter.hand_back(self.lookahead, self.runner)
-        listening = reading and self.listens()
+        if not decision.batch:
+            return
+        self.arrivals.batch_started()
+        self.order.started(decision.batch)
+        self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
+        self.starter.hand_back(self.lookahead, self.runner)
+
+    def advance(self, listening: bool) -> None:
+        """Let the runner work until the next read is due (or the doorbell rings, when
+        ``listening``): write what finished, then what was cancelled or expired meanwhile."""
         self.doorbell.arm(listening)
         until = self.doorbell.rung if listening else None
         self.write(self.runner.collect(max(POLL_S, self.queue.read_wait_s()), until=until))
         self.write(self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired())
-        if reading and not decision.batch and not self.runner.busy:
-            self.idle(decision.wait_ms if self.lookahead.waiting else None)
 
     def idle(self, fill_wait_ms: int | None) -> None:
         """Nothing to start: block until an entry arrives (``read_block_ms`` at most), or wait
@@ -262,7 +283,7 @@ class Worker:
             self.lookahead.add(held)
         if not redelivered:  # new arrivals; their charges made exact
             self.arrivals.observe(h.enqueued_ms for h in admitted.held)
-            self.queue.tenants.corrections(admitted.held)
+            self.tenants.corrections(admitted.held)
         self.write(admitted.outcomes)
 
     def plan(self, wait_to_fill: bool) -> Decision:
@@ -286,13 +307,13 @@ class Worker:
         return plan_start(
             self.lookahead.candidates(),
             now_ms=now_ms(),
-            policy=self.policy,
+            policy=batch_policy(self.settings, self.budget),
             running=len(running),
             running_tokens=sum(h.cost_tokens for h in running),
             wait_to_fill=wait_to_fill,
             arrivals=self.arrivals,
             order=self.order,
-            weights=self.queue.tenants.weights.now,
+            weights=self.tenants.weights.now,
         )
 
     def start(self, batch: list[Held]) -> list[Outcome]:
@@ -337,6 +358,19 @@ class Worker:
             self.metrics.state(
                 held, self.counters.prompt_tokens, self.counters.padded_prompt_tokens
             )
+
+
+def batch_policy(settings: WorkerSettings, budget: AdaptiveBudget) -> BatchPolicy:
+    """The batching policy now: the settings' limits, within the budget (restored once its
+    backoff after an out-of-memory error is over)."""
+    if budget.restore_due(time.monotonic()):
+        log.info("batch budget back to %d tokens", budget.full_tokens)
+    return BatchPolicy(
+        max_batch_tokens=budget.tokens,
+        max_batch_size=settings.max_batch_size,
+        max_wait_ms=settings.max_wait_ms,
+        priority_aging_ms=settings.priority_aging_ms,
+    )
 
 
 def install_signal_handlers(stop: Callable[[], None]) -> None:

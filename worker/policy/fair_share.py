@@ -1,5 +1,11 @@
-"""Fair shares between tenants: what a request is charged when a worker reads it, and what is
-refunded when it ends. Pure: no Redis, no torch, no clock.
+"""Fair shares between tenants, the whole pure rule in one place: what a request is charged
+when a worker reads it, what is refunded when it ends, and the ``fair`` order (``FairShare``):
+who anchors a batch and how the rest of it is filled. Pure: no Redis, no torch, no clock.
+
+Where the rest of the concept lives: ``genq.common.fair_share`` (the Lua: the per-tenant
+indexes, the read that picks a tenant, the hand-back; and ``weighted_tokens``, the one cost
+formula) and ``genq.worker.runtime.fair_share`` (a worker's calls: weights, corrections,
+starts, refunds). Tenants' settings are ``genq.common.tenants``.
 
 A worker's read (``scripts.PULL``) serves, within each priority, the active tenant with the
 least weighted tokens served per unit of weight (VTC: prompt tokens count 1, generated 2), and
@@ -20,10 +26,14 @@ counted at the end, and a request that never ran costs nothing in the end.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from genq.common.fair_share import weighted_tokens
 from genq.common.models import DEFAULT_MAX_NEW_TOKENS, MAX_CHOICES_PER_REQUEST
+from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, next_batch
 
 _MAX_NEW = re.compile(rb'"max_new_tokens":\s*(\d+)')
 _N = re.compile(rb'"n":\s*(\d+)')
@@ -62,7 +72,9 @@ class Refund:
     def weighted(self) -> int:
         """Back to the tenant's weighted service (VTC): charged minus used, output x2."""
         est, max_new = self.charged
-        return est + 2 * max_new - (self.prompt_tokens + 2 * self.completion_tokens)
+        return weighted_tokens(est, max_new) - weighted_tokens(
+            self.prompt_tokens, self.completion_tokens
+        )
 
     @property
     def tokens(self) -> int:
@@ -112,28 +124,76 @@ def started_charges(started: Iterable[tuple[str, tuple[int, int]]]) -> dict[str,
     from its reserved to its service (``vtc``) in the start's round trip."""
     out: dict[str, int] = {}
     for tenant, (est, max_new) in started:
-        out[tenant] = out.get(tenant, 0) + est + 2 * max_new
+        out[tenant] = out.get(tenant, 0) + weighted_tokens(est, max_new)
     return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class Shares:
-    """What the batching policy is told of the waiting tenants: each one's service so far per
-    unit of weight, and the weights (for what a batch adds)."""
+    """The fair rule inside one decision: each waiting tenant's service so far per unit of
+    weight, and the weights (for what a batch adds). It is the ``Preference`` ``FairShare``
+    hands to ``next_batch``: the tenant with the least service anchors, and the batch is
+    filled tenant by tenant counting what it already gives each."""
 
     service: Mapping[str, float]
     weights: Mapping[str, float] = field(default_factory=dict)
 
     def cost(self, tenant: str, prompt_tokens: int, max_new_tokens: int) -> float:
         """What a request adds to its tenant's service: weighted tokens per unit of weight."""
-        return (prompt_tokens + 2 * max_new_tokens) / self.weights.get(tenant, 1.0)
+        return weighted_tokens(prompt_tokens, max_new_tokens) / self.weights.get(tenant, 1.0)
+
+    def anchor(self, level: Sequence[Candidate]) -> Candidate:
+        """Among the anchor priority's candidates: the tenant with the least service (a tie to
+        the one with fewer waiting), then the oldest."""
+        waiting = Counter(c.tenant for c in level)
+        service = self.service
+        return min(
+            level,
+            key=lambda c: (service.get(c.tenant, 0.0), waiting[c.tenant], c.enqueued_ms, c.key),
+        )
+
+    def arrange(
+        self,
+        anchor: Candidate,
+        others: list[Candidate],
+        ranks: Mapping[str, int],
+        max_batch_size: int,
+    ) -> list[Candidate]:
+        """``others`` (sorted by rank, then length distance) in the order a fair batch takes
+        them: by rank, then the tenant with the least service counting what this batch already
+        gives it (VTC within the batch), then as sorted. Only the first ``2 x max_batch_size``
+        are chosen this way (a batch takes no more, bar ones over the budget); the rest follow
+        as sorted."""
+        acc = dict(self.service)
+        acc[anchor.tenant] = acc.get(anchor.tenant, 0.0) + self.cost(
+            anchor.tenant, anchor.prompt_tokens, anchor.max_new_tokens
+        )
+        # Per rank, each tenant's requests in the order given: a pick compares the tenants'
+        # heads (a few), not the whole pool (up to a look-ahead's worth each time).
+        lines: dict[int, dict[str, deque[tuple[int, Candidate]]]] = {}
+        for j, c in enumerate(others):
+            lines.setdefault(ranks[c.key], {}).setdefault(c.tenant, deque()).append((j, c))
+        out, taken = list[Candidate](), set[int]()
+        for rank in sorted(lines):
+            heads = lines[rank]
+            while heads and len(out) < 2 * max_batch_size:
+                tenant = min(heads, key=lambda t: (acc.get(t, 0.0), heads[t][0][0]))
+                j, c = heads[tenant].popleft()
+                if not heads[tenant]:
+                    del heads[tenant]
+                out.append(c)
+                taken.add(j)
+                acc[tenant] = acc.get(tenant, 0.0) + self.cost(
+                    tenant, c.prompt_tokens, c.max_new_tokens
+                )
+        return out + [c for j, c in enumerate(others) if j not in taken]
 
 
 class TenantShares:
-    """One worker's own account of the service its tenants got (weighted tokens: prompt + 2 x
-    max_new_tokens of each request it started), for choosing which waiting request anchors the
-    next batch: the tenant with the least (``batching.next_batch``). The fleet's account is in
-    Redis (the read script's); this one orders what this worker already holds, so that a
+    """One worker's own account of the service its tenants got (``weighted_tokens`` of each
+    request it started: its prompt and max_new_tokens), for choosing which waiting request
+    anchors the next batch: the tenant with the least (``Shares.anchor``). The fleet's account
+    is in Redis (the read script's); this one orders what this worker already holds, so that a
     request read just now does not wait behind a look-ahead full of another tenant's.
 
     A tenant that is not waiting here is forgotten; one that comes (back) is lifted to the
@@ -155,3 +215,37 @@ class TenantShares:
     def charge(self, tenant: str, weighted_tokens: float) -> None:
         """``tenant`` got a request started costing this much."""
         self._served[tenant] = self._served.get(tenant, 0.0) + weighted_tokens
+
+
+class FairShare:
+    """The ``fair`` order (the default): within a priority, the tenant with the least service
+    here goes first (VTC over what this worker started, per unit of weight), and the batch is
+    filled tenant by tenant the same way. Its read is the fair one too (``read_rule``)."""
+
+    name: ClassVar[str] = "fair"
+    read_rule: ClassVar[str] = "fair"
+    sees_newcomers: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._shares = TenantShares()
+        self._weights: Mapping[str, float] = {}
+
+    def decide(
+        self,
+        candidates: Sequence[Candidate],
+        now_ms: int,
+        policy: BatchPolicy,
+        weights: Mapping[str, float],
+    ) -> Decision:
+        """``next_batch`` with this worker's shares as its preference (none with one tenant).
+        Keeps the weights for ``started``; the shares change only there."""
+        self._weights = weights
+        view = self._shares.view(c.tenant for c in candidates)
+        shares = Shares(service=view, weights=weights) if len(view) > 1 else None
+        return next_batch(candidates, now_ms, policy, shares)
+
+    def started(self, batch: Sequence[Candidate]) -> None:
+        """Charge each started request to its tenant, per unit of its weight."""
+        for c in batch:
+            cost = weighted_tokens(c.prompt_tokens, c.max_new_tokens)
+            self._shares.charge(c.tenant, cost / self._weights.get(c.tenant, 1.0))

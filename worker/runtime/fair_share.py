@@ -1,8 +1,9 @@
-"""The tenants' accounts as one worker keeps them: their weights (read again at most every
-second, in a read's round trip), and what goes back to their shares in Redis: the charge
-corrections of requests just read (sent with the next read, or at once for a limited tenant),
-the move of a started request's charge from reserved to served, and the refunds when requests
-end (``policy/fairness.py`` says what each is). Keys from ``genq.common.keys``.
+"""The fair share's runtime side: the tenants' accounts as one worker keeps them: their
+weights (read again at most every second, in a read's round trip), and what goes back to their
+shares in Redis: the charge corrections of requests just read (sent with the next read, or at
+once for a limited tenant), the move of a started request's charge from reserved to served,
+and the refunds when requests end (``policy/fair_share.py`` says what each is). Keys from
+``genq.common.keys``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from genq.common.fair_share import weighted_tokens
 from genq.common.keys import Keys
 from genq.common.tenants import TenantSettings
 from genq.common.wire import as_text
-from genq.worker.policy.fairness import Refund, merged, started_charges
+from genq.worker.policy.fair_share import Refund, merged, started_charges
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock
 
@@ -107,14 +109,14 @@ def give_back_args(keys: Keys, held: Sequence[Held], rings: int) -> list[str | i
     for h in held:
         est, max_new = h.charge
         args += [streams.index(h.stream) + 1, h.entry_id, h.request.tenant]
-        args += [est + 2 * max_new, est + max_new]
+        args += [weighted_tokens(est, max_new), est + max_new]
     return args
 
 
 def add_refunds(pipe: Any, keys: Keys, refunds: Sequence[Refund]) -> None:
     """Queue on ``pipe`` what goes back to each tenant when these requests end: the charge of
     the read less what they used, to its weighted service (or, never started, to its reserved)
-    and its last minute; and what they used, to its total (``policy/fairness.py``). One set of
+    and its last minute; and what they used, to its total (``policy/fair_share.py``). One set of
     commands per tenant."""
     second = str(clock.now_ms() // 1000)
     for tenant, back in merged(list(refunds)).items():
