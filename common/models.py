@@ -238,6 +238,9 @@ class Usage(_Strict):
     """Tokens in the prompt (no padding counted)."""
     completion_tokens: int = 0
     """Tokens returned; never more than the request's max_new_tokens."""
+    cached_tokens: int = 0
+    """Of ``prompt_tokens``, those the engine took from its prefix cache instead of computing
+    (OpenAI's ``prompt_tokens_details.cached_tokens``; 0 where the engine cannot tell)."""
 
 
 class ErrorInfo(_Strict):

@@ -164,6 +164,16 @@ class WorkerSettings(BaseModel):
     echo_step_ms: Annotated[float, Field(ge=0)] = Field(
         0.0, description="--engine echo only: simulated time per decode step of a batch"
     )
+    echo_prefill_us_per_token: Annotated[float, Field(ge=0)] = Field(
+        0.0,
+        description="--engine echo only: simulated prefill time per prompt token its cache "
+        "does not hold, in microseconds",
+    )
+    echo_cache_tokens: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="--engine echo only: its simulated prefix cache, in tokens (an LRU of "
+        "16-token blocks; 0: none)",
+    )
     oom_backoff_s: Annotated[float, Field(ge=0)] = Field(
         60.0, description="after out-of-memory, run with half the batch budget for this long"
     )

@@ -179,16 +179,29 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
             if row is not None:
                 age = max(0, now - int(since))
                 row["oldest_waiting_ms"] = max(row.get("oldest_waiting_ms", 0), age)
+        if entry["alive"]:
+            entry["cache_hit_rate"] = round(derived(entry)["cache_hit_rate"], 4)
         workers.append(entry)
     memory = redis_memory(r) if is_cluster(r) else _memory(raw.get("memory"))
     return {
         "queue": queue,
         "streams": streams,
+        "prefix_cache": _prefix_cache(workers),
         "tenants": _tenants(raw, now // 1000, workers),
         "dead_letter": int(raw["dead_letter"]),
         "workers": workers,
         "redis": memory,
     }
+
+
+def _prefix_cache(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The live workers' prompt tokens, those their engines took from a prefix cache, and the
+    ratio: the queue's cache hit rate (each worker counts since it started)."""
+    live = [w for w in workers if w["alive"]]
+    prompt = sum(int(w.get("prompt_tokens", 0)) for w in live)
+    cached = sum(int(w.get("cached_tokens", 0)) for w in live)
+    rate = round(cached / prompt, 4) if prompt else 0.0
+    return {"prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": rate}
 
 
 def _age_ms(now: int, entry_id: str) -> int:
@@ -297,14 +310,18 @@ def redis_memory(r: Any) -> dict[str, Any]:
 
 
 def derived(worker: dict[str, Any]) -> dict[str, float]:
-    """Mean batch size, padding fraction and tokens/s from a worker's counters."""
+    """Mean batch size, padding fraction, prefix cache hit rate (prompt tokens taken from the
+    engine's cache / all prompt tokens) and tokens/s from a worker's counters (or a sum of
+    them)."""
     batches = int(worker.get("batches", 0))
     done = int(worker.get("succeeded", 0))
     padded = int(worker.get("padded_prompt_tokens", 0))
+    prompt = int(worker.get("prompt_tokens", 0))
     gen_ms = int(worker.get("generation_ms", 0))
     return {
         "mean_batch_size": done / batches if batches else 0.0,
-        "padding_fraction": 1 - int(worker.get("prompt_tokens", 0)) / padded if padded else 0.0,
+        "padding_fraction": 1 - prompt / padded if padded else 0.0,
+        "cache_hit_rate": int(worker.get("cached_tokens", 0)) / prompt if prompt else 0.0,
         "tokens_per_s": int(worker.get("completion_tokens", 0)) / (gen_ms / 1000)
         if gen_ms
         else 0.0,

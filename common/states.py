@@ -84,6 +84,7 @@ def succeeded(
     finish_reason: str,
     prompt_tokens: int,
     completion_tokens: int,
+    cached_tokens: int = 0,
     queued_ms: int,
     started_ms: int,
     finished_ms: int,
@@ -111,7 +112,11 @@ def succeeded(
             "tenant": tenant,
             "text": text,
             "finish_reason": finish_reason,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "cached_tokens": cached_tokens,
+            },
             "timings": {
                 "queued_unix_ms": queued_ms,
                 "started_unix_ms": started_ms,

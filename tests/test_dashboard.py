@@ -23,8 +23,9 @@ import redis
 from genq.common import tenants
 from genq.common.keys import Keys
 from genq.common.wire import encode_request
-from genq.producer import Client, batches
+from genq.producer import Client
 from genq.producer.building import build_request
+from genq.producer.gateway import batches
 from genq.worker.devtools.gateway_process import GatewayProcess
 from genq.worker.runtime.dead_letter import add_to_pipeline, dead_letter_fields
 
@@ -133,8 +134,11 @@ def test_the_overview_shows_what_genq_stats_shows(
     start_worker: Callable[..., WorkerProcess],
 ) -> None:
     client = Client.from_url(redis_url, queue)
-    start_worker(queue, "--engine", "echo", "--echo-step-ms", "20")
+    start_worker(queue, "--engine", "echo", "--echo-step-ms", "20", "--echo-cache-tokens", "4096")
     client.results(client.submit_many([f"warm {i}" for i in range(20)]), timeout=60)
+    shared = "a system prompt that every one of these requests shares, " * 2
+    for turn in range(2):  # the second round finds the shared prefix cached
+        client.results(client.submit_many([f"{shared}{turn}-{i}" for i in range(3)]), timeout=60)
     if os.environ.get("DASHBOARD_SCREENSHOTS_DIR"):  # the README's: a minute of traffic to draw
         for second in range(70):
             burst = 5 + (second * 7) % 40
@@ -173,6 +177,9 @@ def test_the_overview_shows_what_genq_stats_shows(
     assert number(page.text_content("[data-test=total-waiting]")) == waiting
     assert page.text_content("[data-test=workers-live]") == "1 / 1"
     assert number(page.text_content("[data-test=dead-letter]")) == stats["dead_letter"]
+    hit_rate = stats["prefix_cache"]["hit_rate"]
+    assert hit_rate > 0
+    assert page.text_content("[data-test=cache-hit-rate]") == f"{100 * hit_rate:.1f}%"
     # The charts drew every request served (the history the workers wrote).
     served = sum(t["requests_total"] for t in stats["tenants"].values())
     assert served >= 20

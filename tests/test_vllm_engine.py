@@ -137,6 +137,17 @@ def test_batched_greedy_output_through_the_queue_equals_each_prompt_alone(client
 
 
 @needs_vllm
+def test_a_repeated_long_prefix_is_reported_as_cached_tokens(client: Client) -> None:
+    # vLLM on a CPU caches whole 128-token blocks: a prefix of ~300 tokens holds two.
+    shared = "Here is a list of the planets, with a fact about each of them. " * 20
+    cold = client.generate(shared + "Mercury?", max_new_tokens=2, timeout=120)
+    warm = client.generate(shared + "Venus?", max_new_tokens=2, timeout=120)
+    assert cold.usage.cached_tokens == 0
+    assert 128 <= warm.usage.cached_tokens < warm.usage.prompt_tokens
+    assert warm.usage.cached_tokens % 128 == 0
+
+
+@needs_vllm
 def test_a_seed_reproduces_a_sample_whatever_runs_beside_it(client: Client) -> None:
     sampled = {"prompt": "Write a name for a cat:", "max_new_tokens": 12, "temperature": 1.0}
     first = client.result(client.submit(**sampled, seed=7), timeout=120).text

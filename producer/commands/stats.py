@@ -50,6 +50,9 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
         title += f", {mem['maxmemory_policy']})"
         if mem["full"]:
             title += " REDIS IS FULL: writes are refused; workers hold results and wait"
+    cache = snapshot.get("prefix_cache") or {}
+    if cache.get("prompt_tokens"):
+        title += f"; prefix cache hit rate {cache['hit_rate']:.1%}"
     t = Table(title=title)
     for col in (
         "priority",
@@ -84,6 +87,7 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
         "wait p50/p99 ms",
         "mean batch",
         "padding",
+        "cache hit",
         "tokens/s",
     ):
         w.add_column(col, justify="right")
@@ -103,6 +107,7 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
             f"{worker.get('wait_p50_ms', '-')}/{worker.get('wait_p99_ms', '-')}",
             f"{d['mean_batch_size']:.1f}",
             f"{d['padding_fraction']:.1%}",
+            f"{d['cache_hit_rate']:.1%}",
             f"{d['tokens_per_s']:.0f}",
         )
     return [t, tenants_table(snapshot.get("tenants", {})), w]

@@ -248,12 +248,14 @@ def rejected_output(batch_id: str, bad: RejectedLine) -> dict[str, Any]:
     }
 
 
-def usage_of(res: Result) -> dict[str, int]:
-    """OpenAI's usage object of a result."""
+def usage_of(res: Result) -> dict[str, Any]:
+    """OpenAI's usage object of a result (chat, completions, batch output lines), with the
+    prompt tokens the engine took from its prefix cache."""
     return {
         "prompt_tokens": res.usage.prompt_tokens,
         "completion_tokens": res.usage.completion_tokens,
         "total_tokens": res.usage.prompt_tokens + res.usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": res.usage.cached_tokens},
     }
 
 

@@ -4,8 +4,9 @@
 batching), ``vllm_engine`` (vLLM's engine) and ``echo`` (no model, for load tests) share the
 small interface in ``base``. Beside them: ``builtin_models`` (the tiny and random-250m models,
 built offline), ``packaged_models`` (smollm2-135m from its PyPI package), ``chat`` (chat
-templates) and ``grammar`` (response formats compiled by xgrammar, and the logits processor
-that holds rows to them). Engines that need torch import it only when built, so the worker's
+templates), ``grammar`` (response formats compiled by xgrammar, and the logits processor
+that holds rows to them) and ``simulated_cache`` (the echo engine's prefix cache, an LRU of
+hashed prompt blocks). Engines that need torch import it only when built, so the worker's
 other modules stay importable without it.
 """
 
@@ -54,7 +55,11 @@ def _other_engine(settings: WorkerSettings, limits: BatchLimits) -> Engine:
     if settings.engine == "echo":
         from genq.worker.engines.echo import EchoEngine
 
-        engine = EchoEngine(step_ms=settings.echo_step_ms)
+        engine = EchoEngine(
+            step_ms=settings.echo_step_ms,
+            prefill_us_per_token=settings.echo_prefill_us_per_token,
+            cache_tokens=settings.echo_cache_tokens,
+        )
     else:
         from genq.worker.engines.vllm_engine import VllmEngine
 

@@ -135,6 +135,9 @@ class GenerationOutput:
     """``stop``: eos or a stop string; ``length``: reached its max_new_tokens."""
     logprobs: list[dict[str, Any]] | None = None
     """If the row asked: one ``TokenLogprob``-shaped dict per generated token (eos excluded)."""
+    cached_tokens: int = 0
+    """Prompt tokens the engine took from its prefix cache instead of computing them (0 where
+    the engine cannot tell)."""
     choices: list[GenerationOutput] | None = None
     """For a row with ``n`` > 1: every choice (the fields above are the first's, but
     ``completion_tokens``, which counts them all)."""
@@ -178,6 +181,7 @@ def combine_choices(choices: list[GenerationOutput]) -> GenerationOutput:
         completion_tokens=sum(c.completion_tokens for c in choices),
         finish_reason=first.finish_reason,
         logprobs=first.logprobs,
+        cached_tokens=first.cached_tokens,  # one prompt, whatever n
         choices=choices,
     )
 
@@ -200,6 +204,11 @@ class BatchReport:
     def completion_tokens(self) -> int:
         """Useful generated tokens."""
         return sum(o.completion_tokens for o in self.outputs)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens taken from the engine's prefix cache."""
+        return sum(o.cached_tokens for o in self.outputs)
 
     @property
     def padding_fraction(self) -> float:

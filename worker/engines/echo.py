@@ -6,6 +6,11 @@ that long (its longest ``max_new_tokens`` steps): queue behaviour under slow gen
 model (recovery tests kill workers mid-batch this way). Asked for logprobs, it gives each byte of
 its echo a log-probability of 0 (it is certain); penalties and biases mean nothing to it. It
 refuses a ``response_format`` (an echo cannot be held to a schema).
+
+With ``cache_tokens`` (``--echo-cache-tokens``) it keeps a simulated prefix cache
+(``simulated_cache.py``): each prompt's leading blocks that the cache holds are its
+``cached_tokens``, and ``prefill_us_per_token`` (``--echo-prefill-us-per-token``) makes every
+token it does not hold cost that long before the batch's decode steps, as a GPU's prefill would.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from genq.worker.engines.base import (
     gather_choices,
     logprob_entries,
 )
+from genq.worker.engines.simulated_cache import SimulatedPrefixCache
 from genq.worker.policy.sizing import BatchLimits
 
 
@@ -38,8 +44,12 @@ class EchoEngine:
     tokenizer = None
     """No chat template: a chat is echoed as its ``role: content`` transcript."""
 
-    def __init__(self, step_ms: float = 0.0) -> None:
+    def __init__(
+        self, step_ms: float = 0.0, prefill_us_per_token: float = 0.0, cache_tokens: int = 0
+    ) -> None:
         self.step_ms = step_ms
+        self.prefill_us_per_token = prefill_us_per_token
+        self.cache = SimulatedPrefixCache(cache_tokens)
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Each prompt's UTF-8 bytes."""
@@ -58,10 +68,17 @@ class EchoEngine:
             rows, counts = expand_choices(batch)
             report = self.generate(rows)
             return replace(report, outputs=gather_choices(report.outputs, counts))
+        cached = [self.cache.lookup(r.prompt_ids) for r in batch]
+        for r in batch:
+            self.cache.insert(r.prompt_ids)
+        computed = sum(len(r.prompt_ids) for r in batch) - sum(cached)
+        wait_s = self.prefill_us_per_token * computed / 1e6
         if self.step_ms > 0 and batch:
-            time.sleep(self.step_ms * max(r.max_new_tokens for r in batch) / 1000)
+            wait_s += self.step_ms * max(r.max_new_tokens for r in batch) / 1000
+        if wait_s > 0:
+            time.sleep(wait_s)
         outputs = []
-        for row in batch:
+        for row, hit in zip(batch, cached, strict=True):
             data = bytes(row.prompt_ids)
             kept = data[: row.max_new_tokens]
             text, stopped = cut_at_stop(kept.decode("utf-8", errors="ignore"), row.stop)
@@ -69,7 +86,9 @@ class EchoEngine:
             reason: Literal["stop", "length"] = (
                 "stop" if stopped or len(data) <= row.max_new_tokens else "length"
             )
-            out = GenerationOutput(text=text, completion_tokens=n, finish_reason=reason)
+            out = GenerationOutput(
+                text=text, completion_tokens=n, finish_reason=reason, cached_tokens=hit
+            )
             if row.logprobs is not None:  # each byte is certain: log-probability 0
                 top = 1 if row.logprobs else 0
                 steps = [(b, 0.0, [(b, 0.0)][:top]) for b in data[:n]]

@@ -326,6 +326,8 @@ class VllmEngine:
                 del self._rows[key]
                 self._sent.pop(key, None)
                 choices = [_generation_output(c, row.logprobs, self._decode) for c in out.outputs]
+                for c in choices:  # the prompt's tokens vLLM's prefix cache had
+                    c.cached_tokens = int(getattr(out, "num_cached_tokens", 0) or 0)
                 done.append((key, choices[0] if row.n == 1 else combine_choices(choices)))
 
     def _decode(self, tokens: list[int]) -> str:

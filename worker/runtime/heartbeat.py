@@ -66,6 +66,8 @@ class Counters:
     oom_splits: int = 0
     prompt_tokens: int = 0
     padded_prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the engine took from its prefix cache (``usage.cached_tokens``)."""
     completion_tokens: int = 0
     decode_slots: int = 0
     generation_ms: int = 0
@@ -119,14 +121,18 @@ class Counters:
         """What a static batch computed."""
         self.prompt_tokens += report.prompt_tokens
         self.padded_prompt_tokens += report.padded_prompt_tokens
+        self.cached_tokens += report.cached_tokens
         self.completion_tokens += report.completion_tokens
         self.decode_slots += report.decode_slots
         self.generation_ms += generation_ms
 
-    def generated_one(self, *, prompt_tokens: int, completion_tokens: int) -> None:
+    def generated_one(
+        self, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> None:
         """What one request of a continuous engine computed (packed: no padding)."""
         self.prompt_tokens += prompt_tokens
         self.padded_prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
         self.completion_tokens += completion_tokens
         self.decode_slots += completion_tokens
 

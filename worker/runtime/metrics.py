@@ -18,6 +18,8 @@ metric                                 type       what
 ``genq_generated_tokens_total``        counter    completion tokens returned, by tenant
 ``genq_in_flight_requests``            gauge      requests this worker holds (waiting + running)
 ``genq_padding_ratio``                 gauge      padded prompt positions / all, since start
+``genq_prefix_cache_hit_ratio``        gauge      prompt tokens taken from the engine's prefix
+                                                  cache / all prompt tokens, since start
 =====================================  =========  =============================================
 
 Without ``--metrics-port`` nothing is imported or served.
@@ -105,6 +107,12 @@ class Metrics:
             q,
             registry=self.registry,
         )
+        self.cache_hits = pc.Gauge(
+            "genq_prefix_cache_hit_ratio",
+            "Prompt tokens taken from the engine's prefix cache / all prompt tokens, since start",
+            q,
+            registry=self.registry,
+        )
         self.padding = pc.Gauge(
             "genq_padding_ratio",
             "Padded prompt positions / all, since start",
@@ -144,13 +152,21 @@ class Metrics:
         if seconds is not None:
             self.generation.labels(self.queue).observe(seconds)
 
-    def state(self, in_flight: int, prompt_tokens: int, padded_prompt_tokens: int) -> None:
+    def state(
+        self,
+        in_flight: int,
+        prompt_tokens: int,
+        padded_prompt_tokens: int,
+        cached_tokens: int = 0,
+    ) -> None:
         """Refresh the gauges."""
         if not self.enabled:
             return
         self.in_flight.labels(self.queue).set(in_flight)
         if padded_prompt_tokens:
             self.padding.labels(self.queue).set(1 - prompt_tokens / padded_prompt_tokens)
+        if prompt_tokens:
+            self.cache_hits.labels(self.queue).set(cached_tokens / prompt_tokens)
 
     def close(self) -> None:
         """Stop serving."""

@@ -96,6 +96,7 @@ class Outcomes:
             finish_reason="tool_calls" if calls else out.finish_reason,
             prompt_tokens=len(held.prompt_ids),
             completion_tokens=out.completion_tokens,
+            cached_tokens=min(out.cached_tokens, len(held.prompt_ids)),
             queued_ms=held.enqueued_ms,
             started_ms=started_ms,
             finished_ms=finished_ms,

@@ -310,7 +310,9 @@ class ContinuousRunner(Runner):
                 out.append(self.outcomes.failed_held(h, err, started_ms))
                 continue
             self.counters.generated_one(
-                prompt_tokens=len(h.prompt_ids), completion_tokens=result.completion_tokens
+                prompt_tokens=len(h.prompt_ids),
+                completion_tokens=result.completion_tokens,
+                cached_tokens=result.cached_tokens,
             )
             self.metrics.batch(1, 0, (finished_ms - started_ms) / 1000)
             out.append(

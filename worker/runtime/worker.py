@@ -355,8 +355,9 @@ class Worker:
         clock.sync(self.queue.redis, force=force)  # Redis' clock, not this host's
         if self.stats.beat(force=force):
             held = len(self.lookahead) + len(self.runner.running)
+            c = self.counters
             self.metrics.state(
-                held, self.counters.prompt_tokens, self.counters.padded_prompt_tokens
+                held, c.prompt_tokens, c.padded_prompt_tokens, cached_tokens=c.cached_tokens
             )
 
 

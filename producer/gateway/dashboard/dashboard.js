@@ -150,6 +150,11 @@ function tenantBrief(name, t) {
     h("td", {}, t.throttled ? pill("yes") : "no"));
 }
 
+/** The queue's prefix cache hit rate (cached / prompt tokens of its live workers), or "-". */
+function pct(cache) {
+  return cache && cache.prompt_tokens ? `${(100 * cache.hit_rate).toFixed(1)}%` : "-";
+}
+
 function renderOverview(snap) {
   const s = snap.stats;
   const streams = Object.values(s.streams);
@@ -165,6 +170,7 @@ function renderOverview(snap) {
     card("workers live", `${live} / ${s.workers.length}`, "workers-live"),
     card("dead letters", fmt(s.dead_letter), "dead-letter"),
     card("Redis memory", mem.used_memory ? bytes(mem.used_memory) : "-", "redis-memory"),
+    card("prefix cache hits", pct(s.prefix_cache), "cache-hit-rate"),
   );
   document.getElementById("priorities").replaceChildren(table(
     ["priority", "length", "waiting", "handed back", "held by workers", "lag", "oldest wait"],
@@ -195,6 +201,8 @@ function renderWorkers(snap) {
     h("td", {}, fmt(w.held)),
     h("td", { class: "text" }, (w.recent_batch_sizes || []).slice(-8).join(" ") || "-"),
     h("td", {}, fmt(Math.round(w.tokens_per_s || 0))),
+    h("td", { "data-test": "cache_hit_rate" },
+      w.cache_hit_rate === undefined ? "-" : `${(100 * w.cache_hit_rate).toFixed(1)}%`),
     h("td", {}, fmt(w.succeeded)),
     h("td", {}, fmt(w.failed)),
     h("td", {}, w.seen_ago_ms === null || w.seen_ago_ms === undefined ? "-" : ms(w.seen_ago_ms))));
@@ -204,7 +212,7 @@ function renderWorkers(snap) {
       card("Redis full", mem.full ? "yes: writes refused" : "no", "redis-full")),
     h("h2", {}, "Workers"),
     table(["worker", "state", "<engine", "<model", "<device", "<host", "in flight", "held",
-      "<recent batch sizes", "tokens/s", "succeeded", "failed", "last seen"], rows,
+      "<recent batch sizes", "tokens/s", "cache hits", "succeeded", "failed", "last seen"], rows,
     { "data-test": "workers" }),
     h("p", { class: "muted" }, "silent: no heartbeat for 5 s; dead: its heartbeat expired, " +
       "its pending requests go to other workers."),
