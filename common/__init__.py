@@ -13,6 +13,7 @@ module             what it holds
 ``wire``           stream entries and requests, events
 ``scripts``        the ``SUBMIT`` and ``APPLY`` Lua scripts and what they answer
 ``fair_share``     the Lua of tenants' fair share: indexes, a worker's read and hand-back
+``prefixes``       prefix keys (no tokenizer), their scoping per tenant, the read's affinity
 ``tenants``        ``TenantSettings``: weight, tokens per minute, most queued; stored
 ``webhooks``       the webhook hook's Lua (APPLY adds events to the outbox) and owner keys
 ``functions``      the same Lua as a Redis Functions library for other languages

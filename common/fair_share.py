@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from genq.common.keys import GROUP, QUEUED
 from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TENANT, PRIORITIES
+from genq.common.prefixes import AFFINITY_LUA, SCOPED_LUA
 from genq.common.wire import BODY_FIELD
 
 OUTPUT_WEIGHT = 2
@@ -46,6 +47,7 @@ PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in PRIORITIES) + "}"
 
 TENANTS_LUA = (
     WEIGHTED_LUA
+    + SCOPED_LUA
     + f"""
 -- Tenants (SUBMIT and PULL). BASE is the queue's 'genq:{{Q}}' (its config key less ':config');
 -- the per-tenant keys are built from it exactly as keys.py builds them (a test compares).
@@ -56,22 +58,40 @@ local function tenant_ok(t)
     and string.match(t, '^[A-Za-z0-9._%-]+$') ~= nil
 end
 local settings_cache = {{}}
-local function settings(t)  -- weight, tokens per minute, max queued (genq:{{Q}}:tenants)
+local function settings(t)
+  -- weight, tokens per minute, max queued, shares prefixes (genq:{{Q}}:tenants)
   local c = settings_cache[t]
   if c == nil then
-    c = {{1, 0, 0}}
+    c = {{1, 0, 0, false}}
     local raw = redis.call('HGET', BASE .. ':tenants', t)
     if raw then
       local ok, d = pcall(cjson.decode, raw)
       if ok and type(d) == 'table' then
         local w = tonumber(d['weight']) or 1
         c = {{w > 0 and w or 1, tonumber(d['tokens_per_minute']) or 0,
-          tonumber(d['max_queued']) or 0}}
+          tonumber(d['max_queued']) or 0, d['share_prefixes'] == true}}
       end
     end
     settings_cache[t] = c
   end
   return c
+end
+-- An index item is an entry id, or 'ID KEY': the id and its prefix key, scoped to its tenant
+-- (prefixes.py), which the read's affinity looks at ('ID KEY MS' once a read passed it over
+-- for another worker holding KEY, at MS).
+local function item_id(item) return (string.match(item, '^%S+')) end
+local function item_key(item) return string.match(item, '^%S+ (%x+)') end
+local function raw_key(body, doc)  -- a body's prefix key: its first field, else from doc
+  local raw = string.match(body, '^{{"prefix_key":"(%x+)"')
+  if raw or type(doc) ~= 'table' then return raw end
+  local given, cache = doc['prefix_key'], doc['prompt_cache_key']
+  if type(given) == 'string' and string.match(given, '^%x+$') then return given end
+  if type(cache) == 'string' and #cache > 0 then return cache_key_of(cache) end
+  return nil
+end
+local function item_of(id, t, raw)
+  if not raw then return id end
+  return id .. ' ' .. scoped(t, raw, settings(t)[4])
 end
 local function waiting_of(t)  -- a tenant's requests waiting for a worker
   local n = 0
@@ -99,8 +119,8 @@ local function lift(t)
   end
 end
 local function index(p, t, ids, front)
-  -- These waiting entries of tenant t, priority p, after the others (``front``: before them,
-  -- in their order: entries handed back keep their place).
+  -- These waiting entries' items (``item_of``) of tenant t, priority p, after the others
+  -- (``front``: before them, in their order: entries handed back keep their place).
   local active = false
   for _, q in ipairs(PRI) do
     if redis.call('SISMEMBER', BASE .. ':active:' .. q, t) == 1 then active = true end
@@ -123,32 +143,37 @@ local function index(p, t, ids, front)
   end
   redis.call('SADD', BASE .. ':active:' .. p, t)
 end
-local function body_tenant(fields)  -- an entry's tenant, from its body ('default': none)
+local function body_info(fields)
+  -- An entry's tenant ('default': none) and raw prefix key (or nil), from its body.
   for j = 1, #fields, 2 do
     if fields[j] == '{BODY_FIELD}' then
       local ok, d = pcall(cjson.decode, fields[j + 1])
-      if ok and type(d) == 'table' and tenant_ok(d['tenant']) then return d['tenant'] end
+      if ok and type(d) == 'table' then
+        return tenant_ok(d['tenant']) and d['tenant'] or '{DEFAULT_TENANT}',
+          raw_key(fields[j + 1], d)
+      end
     end
   end
-  return '{DEFAULT_TENANT}'
+  return '{DEFAULT_TENANT}', nil
 end
 local function sweep(s, p, known)
   -- Deliver the stream's undelivered entries to {QUEUED} and index them by tenant: the ones
-  -- this call added (``known``: entry id -> tenant, for this stream only) and any a plain
-  -- XADD added.
+  -- this call added (``known``: entry id -> {{tenant, raw prefix key}}, for this stream only)
+  -- and any a plain XADD added.
   local by_tenant = {{}}
   for _ = 1, 10 do  -- at most 5,000 a call: a long backlog of plain XADDs takes a few calls
     local got = redis.call('XREADGROUP', 'GROUP', '{GROUP}', '{QUEUED}', 'COUNT', 500,
       'STREAMS', KEYS[s], '>')
     local entries = got and got[1] and got[1][2] or {{}}
     for _, e in ipairs(entries) do
-      local t = known[e[1]] or body_tenant(e[2])
+      local t, raw
+      if known[e[1]] then t, raw = known[e[1]][1], known[e[1]][2] else t, raw = body_info(e[2]) end
       by_tenant[t] = by_tenant[t] or {{}}
-      table.insert(by_tenant[t], e[1])
+      table.insert(by_tenant[t], item_of(e[1], t, raw))
     end
     if #entries < 500 then break end
   end
-  for t, ids in pairs(by_tenant) do index(p, t, ids, false) end
+  for t, items in pairs(by_tenant) do index(p, t, items, false) end
 end
 """
 )
@@ -165,7 +190,8 @@ PULL = (
 --       waiting would have to pass); then the probe: per
 --       priority, up to so many more from tenants the reader holds none of there (0: none; a
 --       static reader with a fair order: a tenant that arrived behind another's backlog is
---       read before its next batch, not after it), and the 'PRIORITY|TENANT' pairs it holds
+--       read before its next batch, not after it); the affinity's wait in ms (0: none, read
+--       in order) and load factor x 100 (prefixes.py); and the 'PRIORITY|TENANT' pairs it holds
 -- A worker's read: per priority, the waiting entries of the active tenants, fairly: each next
 -- entry is the oldest of the tenant with the least weighted tokens per unit of weight, served
 -- (vtc: what workers started) and reserved (what they read and have not started yet) (VTC;
@@ -189,10 +215,12 @@ if ARGV[2] ~= 'fifo' and ARGV[2] ~= 'fair' then
 end
 local now_ms, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now_s = math.floor(now_ms / 1000)
+{AFFINITY_LUA}
+AFF_WAIT_MS, AFF_FACTOR = tonumber(ARGV[10] or '0') or 0, (tonumber(ARGV[11] or '150') or 150) / 100
 local function head(p, t)  -- fifo: the tenant's oldest waiting entry's id, as {{ms, seq}}
-  local id = redis.call('LINDEX', BASE .. ':idx:' .. p .. ':' .. t, 0)
-  if not id then return {{0, 0}} end
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  local item = redis.call('LINDEX', BASE .. ':idx:' .. p .. ':' .. t, 0)
+  if not item then return {{0, 0}} end
+  local ms, seq = string.match(item, '^(%d+)-(%d+)')
   return {{tonumber(ms), tonumber(seq)}}
 end
 local function charge(body)
@@ -246,7 +274,7 @@ local out, charged, popped, held_back = {{}}, {{}}, 0, {{}}
 local total = tonumber(ARGV[8] or '0')
 local probe = tonumber(ARGV[9] or '0')
 local held = {{}}
-for j = 10, #ARGV do held[ARGV[j]] = true end
+for j = 12, #ARGV do held[ARGV[j]] = true end
 local taken = 0
 local function take(s, p, score, got, room, given)
   -- Up to room entries in got, tenant by tenant from score (each one's service so far).
@@ -264,13 +292,15 @@ local function take(s, p, score, got, room, given)
     end
     if best == nil then break end  -- none, or every active tenant is over its limit
     local idx = BASE .. ':idx:' .. p .. ':' .. best
-    local id = redis.call('LPOP', idx)
+    local picked, left = pick_items(idx, 1)
+    local item = picked[1]
+    local id = item and item_id(item)
     local limit = settings(best)[2]
     if not id then
-      redis.call('SREM', active, best)
+      if not left then redis.call('SREM', active, best) end  -- left: it waits for its holder
       score[best] = nil
     elseif limit > 0 and not affordable(KEYS[s], id, best, limit) then
-      redis.call('LPUSH', idx, id)  -- it waits for its bucket to refill
+      redis.call('LPUSH', idx, item)  -- it waits for its bucket to refill
       score[best] = nil
       held_back[best] = true
     else
@@ -306,8 +336,10 @@ for s = 2, 4 do
     if room > 0 and only ~= nil and next(score, only) == nil and settings(only)[2] <= 0 then
       -- One tenant, no limit (the common case): its next ids, claimed in one call.
       local idx = BASE .. ':idx:' .. p .. ':' .. only
-      local ids = redis.call('LPOP', idx, room)
-      if ids then
+      local items, left = pick_items(idx, room)
+      local ids = {{}}
+      for j, item in ipairs(items) do ids[j] = item_id(item) end
+      if #ids > 0 then
         popped = popped + #ids
         local w, tok = 0, 0
         for _, e in ipairs(redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, unpack(ids))) do
@@ -320,7 +352,7 @@ for s = 2, 4 do
         local c = charged[only] or {{0, 0}}
         charged[only] = {{c[1] + w, c[2] + tok}}
       end
-      if not ids or #ids < room then redis.call('SREM', active, only) end
+      if #ids < room and not left then redis.call('SREM', active, only) end
       score = {{}}
     elseif room > 0 then
       take(s, p, score, got, room, given)
@@ -377,7 +409,9 @@ for a = 3, #ARGV, 5 do
     groups[key] = {{s, t, {{}}}}
     table.insert(order, key)
   end
-  table.insert(groups[key][3], id)
+  local found, raw = redis.call('XRANGE', KEYS[1 + s], id, id), nil
+  if #found > 0 then raw = select(2, body_info(found[1][2])) end
+  table.insert(groups[key][3], item_of(id, t, raw))  -- with its prefix key, as SUBMIT made it
   if weighted ~= 0 then redis.call('ZINCRBY', BASE .. ':reserved', -weighted, t) end
   if tokens ~= 0 then
     redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, -tokens)

@@ -21,7 +21,9 @@ key                    type    written by                  read by             T
                                tokens_per_minute,          list``, stats
                                max_queued)
 ``genq:{Q}:idx:P:T``  list    submit script (new ids,     workers (PULL)      none
-                               delivered to genq.queued);
+                               delivered to genq.queued,
+                               each ``ID`` or ``ID KEY``:
+                               its scoped prefix key);
                                hand-back (at the front)
 ``genq:{Q}:active:P``  set     submit, PULL scripts        PULL, stats         none
 ``genq:{Q}:vtc``       zset    workers (starts, refunds)   PULL, SUBMIT        none
@@ -36,6 +38,12 @@ key                    type    written by                  read by             T
                                PULL (-1 per request)
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
+``genq:{Q}:holders``   hash    workers (HOLD: prefix key   PULL (affinity)     1 day after its
+                               -> the workers holding it,                      last write
+                               most recent first)
+``genq:{Q}:load``      hash    workers at each heartbeat   PULL (affinity:     1 day after its
+                               (consumer -> requests held) the load bound;     last write
+                                                           drops dead ones)
 ``genq:{Q}:hist:N``    hash    workers at each heartbeat   the dashboard       16 min (180
                                (HISTORY: requests, tokens, (SNAPSHOT)          buckets of 5 s
                                waits by bin, depth_max of                      are shown)
@@ -221,6 +229,19 @@ class Keys:
     def worker(self, consumer: str) -> str:
         """A worker's heartbeat and counters."""
         return f"{self._base}:worker:{consumer}"
+
+    @property
+    def holders(self) -> str:
+        """Which workers hold each prefix key in their engines' caches (a hash: scoped key ->
+        consumers, most recent first; ``genq.common.prefixes``): the read prefers entries whose
+        key the reader holds and leaves another holder's to it for ``--prefix-wait-ms``."""
+        return f"{self._base}:holders"
+
+    @property
+    def load(self) -> str:
+        """Each worker's requests held (a hash: consumer -> count), for the affinity's load
+        bound; written with the heartbeat."""
+        return f"{self._base}:load"
 
     def history(self, bucket: int | str) -> str:
         """The queue's history for one 5-s bucket of Redis' Unix time (``unix_s // 5``), a

@@ -12,6 +12,7 @@ import uuid
 from typing import Annotated, Literal
 
 from genq.common.formats import ResponseFormat
+from genq.common.prefixes import MAX_PROMPT_CACHE_KEY_CHARS
 from genq.common.tools import MAX_TOOLS, Tool, ToolCall, ToolChoice, check_tools
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -121,6 +122,10 @@ class RequestBody(_Strict):
     id) and the priority is the stream the entry is in.
     """
 
+    prefix_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
+    """Which cached context this request likely shares with others (``common/prefixes.py``):
+    set where the request is built, first in the body so that scripts read it without decoding
+    the body. A hint for placement only."""
     prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)] | None = (
         None
     )
@@ -199,6 +204,12 @@ class RequestBody(_Strict):
     """Whom the request belongs to (1-64 of ``A-Za-z0-9._-``): its share of the fleet, quotas
     and, at ``genq serve``, who may see it. Set by the gateway from the API key; producers that
     talk to Redis directly are trusted to name their own."""
+    prompt_cache_key: (
+        Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CACHE_KEY_CHARS)]
+        | None
+    ) = None
+    """OpenAI's ``prompt_cache_key``: requests that give the same one are placed as sharing
+    their cached context (per tenant)."""
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> RequestBody:

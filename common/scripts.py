@@ -104,10 +104,11 @@ if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + n or not ttl or ttl < 1 then
     .. 'per request')
 end
 local STREAM = {{high = 2, normal = 3, low = 4}}
-local queued, tenant_of = {{}}, {{}}
+local queued, tenant_of, raw_of = {{}}, {{}}, {{}}
 for i = 1, n do  -- everything is checked before anything is written: all or nothing
   local a = 2 + (i - 1) * 4
   local id, priority, body = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local doc = nil
   if not STREAM[priority] then
     return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': priority must be high, '
       .. 'normal or low')
@@ -118,7 +119,8 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
       return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the id must be 1-128 '
         .. 'letters, digits, _ . : or -')
     end
-    local ok, doc = pcall(cjson.decode, body)
+    local ok
+    ok, doc = pcall(cjson.decode, body)
     if not ok or type(doc) ~= 'table' or string.sub(body, 1, 1) ~= '{{' then
       return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the body must be a JSON '
         .. 'object')
@@ -135,6 +137,7 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
   end
   -- The client's queued state names the tenant before anything the request wrote (metadata).
   tenant_of[i] = string.match(queued[i], '"tenant":"([^"]*)"') or '{DEFAULT_TENANT}'
+  raw_of[i] = raw_key(body, doc)
   if not tenant_ok(tenant_of[i]) then
     return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the tenant must be 1-64 '
       .. 'letters, digits, . _ or -')
@@ -189,7 +192,7 @@ for i = 1, n do
     -- Keyed by stream, then id: the three streams hand out ids independently, so two of
     -- them can give the same id in one millisecond (a request indexed under another's tenant).
     known[stream] = known[stream] or {{}}
-    known[stream][entry] = tenant_of[i]
+    known[stream][entry] = {{tenant_of[i], raw_of[i]}}
     touched[STREAM[priority]] = priority
   else
     redis.call('XDEL', stream, entry)

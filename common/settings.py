@@ -101,6 +101,28 @@ class WorkerSettings(BaseModel):
         description="within a priority, serve the tenant with the least weighted tokens served "
         "(fair) or the oldest request whoever sent it (fifo); quotas hold either way",
     )
+    prefix_aware: bool = Field(
+        True,
+        description="place requests where their prefix is cached: the read prefers entries "
+        "whose prefix this worker holds and leaves those another live worker holds to it for "
+        "--prefix-wait-ms (--no-prefix-aware: any worker takes any request, in order)",
+        json_schema_extra={"flag_pair": True},
+    )
+    prefix_wait_ms: Annotated[int, Field(ge=1)] = Field(
+        500,
+        description="longest a request waits for the worker that holds its prefix; then "
+        "whichever worker reads next takes it",
+    )
+    prefix_load_factor: Annotated[float, Field(ge=1.0)] = Field(
+        1.5,
+        description="a worker holding more requests than this x the fleet's mean (plus one) "
+        "claims nothing by affinity, and others take what it holds",
+    )
+    prefix_cache_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="how many prompt tokens of prefixes this worker counts itself as holding "
+        "(an LRU); default: --echo-cache-tokens for echo, else 4 x --max-batch-tokens",
+    )
     hand_back_after_ms: Annotated[int, Field(ge=0)] = Field(
         50,
         description="a static worker about to run a batch expected to take this long or more "

@@ -40,6 +40,10 @@ class TenantSettings:
     """Where its webhook events go too ("": only the gateway's own endpoint)."""
     webhook_secret: str = ""
     """The ``whsec_...`` secret its events are signed with (never printed: ``public``)."""
+    share_prefixes: bool = False
+    """Whether its prompts' prefix keys meet those of other tenants that share: requests of
+    sharing tenants with one system prompt are placed together (a cache hit can then tell a
+    sharing tenant, by timing, that another sent that prefix). Off: keys are per tenant."""
 
     def __post_init__(self) -> None:
         w = self.weight
@@ -53,6 +57,8 @@ class TenantSettings:
                 raise ConfigError(
                     f"{name} must be a whole number >= 0 (0: no limit), got {value!r}"
                 )
+        if not isinstance(self.share_prefixes, bool):
+            raise ConfigError(f"share_prefixes must be true or false, got {self.share_prefixes!r}")
         if bool(self.webhook_url) != bool(self.webhook_secret):
             raise ConfigError("a webhook needs both --webhook-url and --webhook-secret")
         if self.webhook_url:

@@ -25,6 +25,7 @@ from genq.common.models import (
     new_request_id,
     tenant_problem,
 )
+from genq.common.prefixes import prefix_key, prompt_key
 from genq.common.wire import BODY_FIELD, describe_validation_error, encode_request
 from pydantic import ValidationError
 
@@ -58,6 +59,7 @@ def build_request(
     request_id: str | None = None,
     stream: bool = False,
     tenant: str = DEFAULT_TENANT,
+    prompt_cache_key: str | None = None,
 ) -> Request:
     """Validate the arguments into a Request; raise InvalidRequest saying what is wrong. Give a
     ``prompt`` to continue, or chat ``messages`` (``[{"role": ..., "content": ...}]``) that the
@@ -67,7 +69,8 @@ def build_request(
     ``{"type": "json_object"}``, ``{"type": "regex", "regex": ...}``, ``{"type": "choice",
     "choice": [...]}``: ``genq.common.formats``) or a pydantic model class (JSON of its
     schema). ``n`` (1-16): that many choices (``Result.choices``). ``tools``
-    and ``tool_choice`` (chats): OpenAI's (``genq.common.tools``)."""
+    and ``tool_choice`` (chats): OpenAI's (``genq.common.tools``). ``prompt_cache_key``
+    (1-256 characters): placement as sharing cached context (``genq.common.prefixes``)."""
     if isinstance(stop, str):
         stop = [stop]
     problem = tenant_problem(tenant)
@@ -101,11 +104,22 @@ def build_request(
         "metadata": dict(metadata or {}),
         "stream": stream,
         "tenant": tenant,
+        "prompt_cache_key": prompt_cache_key,
     }
     try:
-        return Request.model_validate(fields)
+        return _keyed(Request.model_validate(fields))
     except ValidationError as err:
         raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
+
+
+def _keyed(request: Request) -> Request:
+    """``request`` with its prefix key (``genq.common.prefixes``), if it has one."""
+    key = prefix_key(
+        prompt=request.prompt,
+        messages=request.messages,
+        prompt_cache_key=request.prompt_cache_key,
+    )
+    return request if key is None else request.model_copy(update={"prefix_key": key})
 
 
 def _deadline_ms(deadline_in_s: Any) -> int | None:
@@ -176,6 +190,7 @@ def prepare_many(
     the same error it always does."""
     fast = not {"prompt", "messages", "request_id"} & set(defaults)
     shared: dict[str, Any] | None = None
+    shared_key: str | None = None
     priority: Priority = DEFAULT_PRIORITY
     queued_tail = ""
     items = list(items)
@@ -189,6 +204,7 @@ def prepare_many(
             template = build_request("-", **defaults)  # raises if the options are invalid
             shared = orjson.loads(encode_request(template)[BODY_FIELD])
             del shared["prompt"]
+            shared_key = shared.pop("prefix_key", None)  # from a prompt_cache_key, or None
             priority = template.priority
             queued = states.queued(
                 request_id="",
@@ -199,8 +215,10 @@ def prepare_many(
             queued_tail = queued[len('{"id":""') :]
         request_id = next(ids)
         if shared is not None and 0 < len(item) <= MAX_PROMPT_CHARS:
+            key = shared_key or prompt_key(item)
+            head = {"prefix_key": key, "prompt": item} if key else {"prompt": item}
             try:
-                body = orjson.dumps({"prompt": item, **shared}).decode()
+                body = orjson.dumps({**head, **shared}).decode()
             except orjson.JSONEncodeError:  # a lone surrogate: build_request says why
                 pass
             else:

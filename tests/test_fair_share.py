@@ -35,6 +35,7 @@ def pull(
     now_ms: int | None = None,
     probe: int = 0,
     held: tuple[str, ...] = (),
+    affinity: tuple[int, int] = (0, 150),
 ) -> list[tuple[str, bytes]]:
     """One worker read (the PULL script) of up to ``room`` entries of one priority
     (0 high, 1 normal, 2 low), at ``now_ms`` (default: Redis' clock), with a batch budget of
@@ -45,7 +46,7 @@ def pull(
     if now_ms is None:
         seconds, micros = r.time()
         now_ms = seconds * 1000 + micros // 1000
-    args = ["reader", policy, now_ms, 100_000, *rooms, 0, probe, *held]
+    args = ["reader", policy, now_ms, 100_000, *rooms, 0, probe, *affinity, *held]
     reply: Any = r.eval(PULL, 4, keys.config, *keys.streams(), *args)
     out = []
     for _stream, entries in reply or []:
@@ -500,6 +501,6 @@ def test_the_cost_has_one_formula_and_its_lua_twin_agrees(
 def test_every_order_reads_by_a_rule_the_read_script_knows(r: redis.Redis, queue: str) -> None:
     assert {order.read_rule for order in ORDERS.values()} <= set(READ_RULES)
     keys = Keys(queue)
-    args = [keys.config, *keys.streams(), "me", "prefix", 0, 100, 1, 1, 1, 0, 0]
+    args = [keys.config, *keys.streams(), "me", "prefix", 0, 100, 1, 1, 1, 0, 0, 0, 150]
     with pytest.raises(redis.ResponseError, match="unknown read rule prefix"):
         r.eval(PULL, 4, *args)

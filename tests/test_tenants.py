@@ -142,15 +142,32 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
         "max_queued": 0,
         "webhook_url": "",
         "webhook_secret": "",
+        "share_prefixes": False,
     }
     # Only what is given changes.
     assert genq("tenants", "set", *common, "team-a", "--max-queued", "5").returncode == 0
-    assert genq("tenants", "set", *common, "b", "--weight", "0.5").returncode == 0
+    assert (
+        genq("tenants", "set", *common, "b", "--weight", "0.5", "--share-prefixes").returncode == 0
+    )
     listed = json.loads(genq("tenants", "list", *common, "--json").stdout)
     no_hook = {"webhook_url": "", "webhook_secret": ""}
     assert listed == [
-        {"name": "b", "weight": 0.5, "tokens_per_minute": 0, "max_queued": 0, **no_hook},
-        {"name": "team-a", "weight": 3.0, "tokens_per_minute": 900, "max_queued": 5, **no_hook},
+        {
+            "name": "b",
+            "weight": 0.5,
+            "tokens_per_minute": 0,
+            "max_queued": 0,
+            **no_hook,
+            "share_prefixes": True,
+        },
+        {
+            "name": "team-a",
+            "weight": 3.0,
+            "tokens_per_minute": 900,
+            "max_queued": 5,
+            **no_hook,
+            "share_prefixes": False,
+        },
     ]
     table = genq("tenants", "list", *common)
     assert table.returncode == 0 and "team-a" in table.stdout and "900" in table.stdout

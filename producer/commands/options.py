@@ -77,9 +77,11 @@ def settings_options(func: F) -> F:
             click_type = float
         default = "auto" if click_type is AUTO_OR_COUNT else info.default
         help_text = f"{info.description} [env: {WorkerSettings.env_var(name)}; default: {default}]"
-        func = click.option(
-            f"--{name.replace('_', '-')}", name, type=click_type, default=None, help=help_text
-        )(func)
+        flag = name.replace("_", "-")
+        if isinstance(extra, dict) and extra.get("flag_pair"):  # --x/--no-x
+            func = click.option(f"--{flag}/--no-{flag}", name, default=None, help=help_text)(func)
+            continue
+        func = click.option(f"--{flag}", name, type=click_type, default=None, help=help_text)(func)
     return func
 
 

@@ -27,6 +27,11 @@ def tenants() -> None:
 @click.option("--max-queued", type=int, default=None, help="most requests waiting (0: no limit)")
 @click.option("--webhook-url", default=None, help="where NAME's webhook events go too ('': none)")
 @click.option("--webhook-secret", default=None, help="whsec_... secret that signs them")
+@click.option(
+    "--share-prefixes/--no-share-prefixes",
+    default=None,
+    help="let NAME's prompts share cached prefixes with other sharing tenants (default: not)",
+)
 def tenants_set(
     redis_url: str,
     queue: str,
@@ -36,6 +41,7 @@ def tenants_set(
     max_queued: int | None,
     webhook_url: str | None,
     webhook_secret: str | None,
+    share_prefixes: bool | None,
 ) -> None:
     """Set NAME's weight, limits and webhook (those not given keep their values); print them
     all (the webhook secret only as set)."""
@@ -54,6 +60,7 @@ def tenants_set(
                 max_queued=max_queued,
                 webhook_url=webhook_url,
                 webhook_secret=webhook_secret,
+                share_prefixes=share_prefixes,
             )
         except ConfigError as err:
             raise click.UsageError(f"tenant {name!r}: {err}") from None

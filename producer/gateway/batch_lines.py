@@ -52,6 +52,7 @@ _SAMPLING = (
     "deadline_in_s",
     "tools",
     "tool_choice",
+    "prompt_cache_key",
 )
 _NEUTRAL: dict[str, Any] = {
     "echo": False,

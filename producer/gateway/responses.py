@@ -46,7 +46,7 @@ _PASSING: dict[str, Any] = {
     "stream_options": None,
 }
 """Fields accepted at the value that changes nothing."""
-_GENQ_OPTIONS = ("priority", "deadline_in_s", "top_k")
+_GENQ_OPTIONS = ("priority", "deadline_in_s", "top_k", "prompt_cache_key")
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 FINAL: frozenset[str] = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -74,6 +74,8 @@ class ResponseRecord(BaseModel):
     max_output_tokens: int | None = None
     text_format: dict[str, Any] = Field(default_factory=lambda: {"type": "text"})
     previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+    """Its own, or inherited from the response it continues."""
 
 
 class CreateArgs(BaseModel):

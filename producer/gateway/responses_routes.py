@@ -60,6 +60,8 @@ async def create(request: Request) -> Response:
         if previous_result is None:
             raise InvalidRequest(f"previous response {previous.id} has not run yet")
         context = context_after(previous, previous_result)
+        if previous.prompt_cache_key and "prompt_cache_key" not in args.options:
+            args.options["prompt_cache_key"] = previous.prompt_cache_key  # inherited
     req = build_request(
         messages=conversation(args.instructions, context, args.input_items),
         **args.options,
@@ -84,6 +86,7 @@ async def create(request: Request) -> Response:
         max_output_tokens=args.options.get("max_new_tokens"),
         text_format=args.text_format,
         previous_response_id=args.previous_response_id,
+        prompt_cache_key=args.options.get("prompt_cache_key"),
     )
     key = Keys.response(request_id)
     if args.store:  # first: whoever sees the request's id can read its record

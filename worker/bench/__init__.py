@@ -14,5 +14,6 @@ module              what it measures
 ``structured``      a JSON schema against free text, per engine; compile costs
 ``webhooks``        webhook delivery latency and deliveries per second
 ``dashboard``       a dashboard refresh's cost in Redis, and its render time, on a busy queue
+``prefix``          placement by prefix on and off: echo workers with simulated prefix caches
 ==================  =========================================================================
 """

@@ -22,6 +22,10 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "au
 """The engines measured through the queue (echo has no model to measure)."""
 
 
+SCENARIOS: tuple[str, ...] = ("modes", "priority", "fleet", "gateway", "tenants", "structured")
+SCENARIOS += ("webhooks", "dashboard", "prefix")
+
+
 @click.command()
 @click.option("--model", default="tiny", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
@@ -65,9 +69,7 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "au
 )
 @click.option(
     "--scenario",
-    type=click.Choice(
-        ["modes", "priority", "fleet", "gateway", "tenants", "structured", "webhooks", "dashboard"]
-    ),
+    type=click.Choice(SCENARIOS),
     default="modes",
     show_default=True,
     help="priority: waits per priority under a low-priority backlog; fleet: simulated GPU "
@@ -76,7 +78,8 @@ QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "au
     "a flood beside a trickle, service gaps, weights and a quota, fair against first-come; "
     "structured: tokens/s with a JSON schema against free, per engine, and compile costs; "
     "webhooks: delivery latency after a final state, and deliveries/s of one gateway; "
-    "dashboard: a refresh's cost in Redis and the overview's render time, on a busy queue",
+    "dashboard: a refresh's cost in Redis and the overview's render time, on a busy queue; "
+    "prefix: echo workers with simulated prefix caches, placement by prefix on and off",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
@@ -431,7 +434,7 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
 def _other_scenario(scenario: str, params: dict[str, Any]) -> None:
     """The scenarios that take only ``--redis-url``, ``--quick`` and ``--json`` (and
     ``structured``, which reads the rest of the parameters itself)."""
-    if scenario in ("structured", "webhooks", "dashboard"):
+    if scenario in ("structured", "webhooks", "dashboard", "prefix"):
         module = import_module(f"genq.worker.bench.{scenario}")
         return module.run_and_print(params)  # type: ignore[no-any-return]
     run = {"fleet": _fleet_scenario, "gateway": _gateway_scenario, "tenants": _tenants_scenario}

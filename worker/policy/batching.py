@@ -50,6 +50,9 @@ class Candidate:
     """Whom it belongs to: the tenant with the least service anchors its priority's batch."""
     choices: int = 1
     """The request's ``n``: it runs as that many rows."""
+    prefix: str | None = None
+    """What cached context it likely shares with others (its tenant and prefix key), or None:
+    a prefix-aware order groups those that share one."""
 
     @property
     def cost_tokens(self) -> int:

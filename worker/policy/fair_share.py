@@ -239,10 +239,16 @@ class FairShare:
     ) -> Decision:
         """``next_batch`` with this worker's shares as its preference (none with one tenant).
         Keeps the weights for ``started``; the shares change only there."""
+        return next_batch(candidates, now_ms, policy, self.preference(candidates, weights))
+
+    def preference(
+        self, candidates: Sequence[Candidate], weights: Mapping[str, float]
+    ) -> Shares | None:
+        """This worker's shares as ``next_batch``'s preference (None with one tenant): what an
+        order that wraps this one (``prefixes.PrefixAware``) builds on."""
         self._weights = weights
         view = self._shares.view(c.tenant for c in candidates)
-        shares = Shares(service=view, weights=weights) if len(view) > 1 else None
-        return next_batch(candidates, now_ms, policy, shares)
+        return Shares(service=view, weights=weights) if len(view) > 1 else None
 
     def started(self, batch: Sequence[Candidate]) -> None:
         """Charge each started request to its tenant, per unit of its weight."""

@@ -62,6 +62,7 @@ class Held:
 
     def __post_init__(self) -> None:
         self.key = entry_key(self.stream, self.entry_id)
+        key = self.request.prefix_key
         self.candidate = Candidate(
             key=self.key,
             prompt_tokens=len(self.prompt_ids),
@@ -70,6 +71,7 @@ class Held:
             priority_rank=PRIORITY_RANK[self.request.priority],
             tenant=self.request.tenant,
             choices=self.request.n,
+            prefix=None if key is None else f"{self.request.tenant} {key}",
         )
 
     def recharge(self) -> Refund:

@@ -25,22 +25,32 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol
 
-from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, next_batch
+from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, Preference, next_batch
 from genq.worker.policy.fair_share import FairShare
+from genq.worker.policy.prefixes import PrefixAware
 
 
 class WaitingOrder(Protocol):
     """A rule for which waiting requests go first, with the state it keeps across turns."""
 
-    name: ClassVar[str]
-    read_rule: ClassVar[str]
-    """How the read picks among a priority's tenants in Redis (``common.fair_share.READ_RULES``):
-    the order owns it, so a new order (one wrapping ``FairShare``, say) reads as it declares,
-    not as its name happens to match."""
-    sees_newcomers: ClassVar[bool]
-    """Whether a worker whose look-ahead is full still reads tenants it holds none of (a
-    probe, ``Lookahead.probe``): an order that ranks by tenant wants them before its next
-    batch; first come does not (they are newer than everything held)."""
+    @property
+    def name(self) -> str:
+        """Its value of ``--tenant-policy``."""
+        ...
+
+    @property
+    def read_rule(self) -> str:
+        """How the read picks among a priority's tenants in Redis (``READ_RULES`` of
+        ``common.fair_share``): the order owns it, so a new order (one wrapping ``FairShare``,
+        say) reads as it declares, not as its name happens to match."""
+        ...
+
+    @property
+    def sees_newcomers(self) -> bool:
+        """Whether a worker whose look-ahead is full still reads tenants it holds none of (a
+        probe, ``Lookahead.probe``): an order that ranks by tenant wants them before its next
+        batch; first come does not (they are newer than everything held)."""
+        ...
 
     def decide(
         self,
@@ -57,6 +67,14 @@ class WaitingOrder(Protocol):
 
     def started(self, batch: Sequence[Candidate]) -> None:
         """``batch`` was taken to run (what ``decide`` chose, or a suspect alone)."""
+        ...
+
+    def preference(
+        self, candidates: Sequence[Candidate], weights: Mapping[str, float]
+    ) -> Preference | None:
+        """This order's own rule as ``next_batch``'s ``Preference`` (what ``decide`` uses), so
+        that an order can wrap another: fair share decides whose turn, a prefix rule decides
+        among what it allows."""
         ...
 
 
@@ -77,6 +95,12 @@ class FirstCome:
         """``next_batch`` alone: no preference."""
         return next_batch(candidates, now_ms, policy)
 
+    def preference(
+        self, candidates: Sequence[Candidate], weights: Mapping[str, float]
+    ) -> Preference | None:
+        """None: the most urgent request anchors, the rest by rank and length."""
+        return None
+
     def started(self, batch: Sequence[Candidate]) -> None:
         """Nothing to remember."""
         return None
@@ -89,9 +113,11 @@ ORDERS: dict[str, type[FirstCome] | type[FairShare]] = {
 """Every order by its name (the values of ``--tenant-policy``)."""
 
 
-def make_order(name: str) -> WaitingOrder:
-    """A fresh order named ``name`` (one per worker: its state is that worker's)."""
+def make_order(name: str, *, prefix_aware: bool = False) -> WaitingOrder:
+    """A fresh order named ``name`` (one per worker: its state is that worker's); with
+    ``prefix_aware``, wrapped in ``PrefixAware`` (``--prefix-aware``)."""
     try:
-        return ORDERS[name]()
+        order: WaitingOrder = ORDERS[name]()
     except KeyError:
         raise ValueError(f"unknown order {name!r}; one of {', '.join(sorted(ORDERS))}") from None
+    return PrefixAware(order) if prefix_aware else order

@@ -34,6 +34,7 @@ from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
+from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import QueueIO, raw_read_reply
 from genq.worker.runtime.runners import Runner, RunnerContext, make_runner
 from genq.worker.runtime.starting import Starter
@@ -55,8 +56,15 @@ def build_worker(
         return connect(settings.redis_url) if redis_client is None else redis_client
 
     keys = Keys(settings.queue)
-    order = make_order(settings.tenant_policy)
+    order = make_order(settings.tenant_policy, prefix_aware=settings.prefix_aware)
     tenants = TenantAccounts(r, keys)
+    prefixes = PrefixAffinity(
+        keys=keys,
+        consumer=settings.consumer_name,
+        capacity_tokens=_prefix_capacity(settings),
+        enabled=settings.prefix_aware,
+        sharing=lambda: tenants.weights.sharing,
+    )
     queue = QueueIO(
         r=r,
         keys=keys,
@@ -64,6 +72,7 @@ def build_worker(
         settings=settings,
         tenants=tenants,
         read_rule=order.read_rule,
+        affinity=prefixes,
     )
     counters = Counters()
     metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
@@ -94,6 +103,7 @@ def build_worker(
         keys=keys,
         queue=queue,
         tenants=tenants,
+        prefixes=prefixes,
         availability=Availability(r, on_lost_group=queue.ensure_groups),
         counters=counters,
         metrics=metrics,
@@ -110,6 +120,17 @@ def build_worker(
         keeper=keeper,
         doorbell=DoorbellListener(side_connection(), keys.doorbell),
     )
+
+
+def _prefix_capacity(settings: WorkerSettings) -> int:
+    """How many prompt tokens of prefixes this worker counts itself as holding: the setting;
+    else the echo engine's simulated cache, or four batch budgets (an engine's cache beyond
+    the batch it runs, for now an estimate)."""
+    if settings.prefix_cache_tokens is not None:
+        return settings.prefix_cache_tokens
+    if settings.engine == "echo":
+        return settings.echo_cache_tokens
+    return 4 * settings.max_batch_tokens
 
 
 def _loop_connection(url: str) -> redis.Redis:

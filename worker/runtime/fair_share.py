@@ -85,6 +85,8 @@ class TenantWeights:
         self.now: dict[str, float] = {}
         self.limited: set[str] = set()
         """The tenants with a tokens-per-minute limit."""
+        self.sharing: set[str] = set()
+        """The tenants whose prefix keys meet other sharing tenants' (``share_prefixes``)."""
         self._read_s = -WEIGHTS_EVERY_S
 
     def read_with(self, pipe: Any) -> list[Any]:
@@ -99,6 +101,7 @@ class TenantWeights:
             found = {as_text(k): TenantSettings.from_json(v) for k, v in replies.pop().items()}
             self.now = {t: s.weight for t, s in found.items()}
             self.limited = {t for t, s in found.items() if s.tokens_per_minute}
+            self.sharing = {t for t, s in found.items() if s.share_prefixes}
         return replies
 
 

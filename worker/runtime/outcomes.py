@@ -13,6 +13,7 @@ from genq.common import states
 from genq.common.errors import GenqError
 from genq.common.keys import Keys
 from genq.common.models import DEFAULT_TENANT, Request
+from genq.common.prefixes import continuation_key
 from genq.common.tools import calls_in_text, forced_calls
 from genq.worker.engines.base import GenerationOutput
 from genq.worker.policy.admission import entry_time_ms
@@ -42,6 +43,9 @@ class Outcome:
     completion_tokens: int = 0
     refund: Refund | None = None
     """What goes back to its tenant's share (None: no tenant known, nothing was charged)."""
+    continuation: str | None = None
+    """A finished chat's next-turn prefix key (its messages and this reply: unscoped), which
+    this worker now holds (``runtime/prefixes.py``)."""
 
     @property
     def tenant(self) -> str:
@@ -123,6 +127,7 @@ class Outcomes:
                 prompt_tokens=len(held.prompt_ids),
                 completion_tokens=out.completion_tokens,
             ),
+            continuation=None if r.messages is None else continuation_key(r.messages, out.text),
         )
 
     def failed(

@@ -17,6 +17,7 @@ import redis
 from genq.common import functions, history, states
 from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
+from genq.common.prefixes import HOLDINGS_TTL_S
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
 from genq.common.settings import WorkerSettings
 from genq.common.wire import as_text, encode_delta_event
@@ -25,6 +26,7 @@ from genq.worker.runtime import clock, recovery
 from genq.worker.runtime.dead_letter import add_to_pipeline
 from genq.worker.runtime.fair_share import TenantAccounts, add_refunds, add_starts, give_back_args
 from genq.worker.runtime.outcomes import Outcome
+from genq.worker.runtime.prefixes import PrefixAffinity
 
 log = logging.getLogger("genq.worker")
 
@@ -51,6 +53,7 @@ class QueueIO:
         settings: WorkerSettings,
         tenants: TenantAccounts,
         read_rule: str,
+        affinity: PrefixAffinity | None = None,
     ) -> None:
         self.redis = r
         self.keys = keys
@@ -62,6 +65,15 @@ class QueueIO:
         the read's round trip."""
         self.read_rule = read_rule
         """How the read picks among tenants: the worker's order says (``read_rule``)."""
+        self.affinity = affinity
+        """The prefixes this worker holds, told to the fleet before each read."""
+        self.affinity_args = (
+            [settings.prefix_wait_ms, round(settings.prefix_load_factor * 100)]
+            if settings.prefix_aware
+            else [0, 0]
+        )
+        """PULL's affinity: how long an entry waits for the worker holding its prefix, and
+        the load bound (``common/prefixes.py``); 0: none."""
         self._found_empty_s: float | None = None
         """When a read last found nothing (None: the last read found entries)."""
 
@@ -200,6 +212,7 @@ class QueueIO:
         streams = self.keys.streams()
         pipe = self.redis.pipeline(transaction=False)
         sending = self.tenants.add_deferred(pipe)
+        holds = 0 if self.affinity is None else self.affinity.add_to(pipe)
         skip = len(pipe)
         for s in asked:
             pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
@@ -207,11 +220,12 @@ class QueueIO:
         now, burst = clock.now_ms(), self.settings.max_batch_tokens
         rule = self.read_rule
         args = [self.keys.config, *streams, self.consumer, rule, now, burst, *rooms, total]
-        args.append(probe[0])
-        args += probe[1]
+        args += [probe[0], *self.affinity_args, *probe[1]]
         pipe.execute_command("EVAL", PULL, 4, *args)  # type: ignore[no-untyped-call]
         replies = self.tenants.weights.read_with(pipe)[skip:]
         self.tenants.sent(sending)
+        if self.affinity is not None:
+            self.affinity.sent(holds)
         fresh: Delivered = replies[-1] or []
         back = [s for s, probe in zip(asked, replies[:-1], strict=True) if probe]
         return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
@@ -299,6 +313,10 @@ class QueueIO:
         key = self.keys.worker(self.consumer)
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.settings.heartbeat_ttl_s)
+        if self.settings.prefix_aware:  # the affinity's load bound (common/prefixes.py)
+            held = int(fields.get("held", 0)) + int(fields.get("in_flight", 0))
+            pipe.hset(self.keys.load, self.consumer, held)
+            pipe.expire(self.keys.load, HOLDINGS_TTL_S)
         pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
         history.add(pipe, self.keys, recent, clock.now_ms())
 
@@ -310,9 +328,10 @@ class QueueIO:
 
     def leave(self) -> None:
         """Send the corrections still deferred; delete this worker's stats hash (else it
-        expires on its own)."""
+        expires on its own) and its load."""
         self.tenants.flush()
         self.redis.delete(self.keys.worker(self.consumer))
+        self.redis.hdel(self.keys.load, self.consumer)
 
 
 def raw_read_reply(response: Any, **options: Any) -> Any:

@@ -55,6 +55,7 @@ from genq.worker.runtime.heartbeat import Counters, Heartbeat
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome
+from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import Delivered, QueueIO
 from genq.worker.runtime.recovery import ClaimKeeper
 from genq.worker.runtime.runners import POLL_S, Runner
@@ -79,6 +80,7 @@ class Worker:
     keys: Keys
     queue: QueueIO  # the queue's Redis commands, on the loop's connection
     tenants: TenantAccounts  # the tenants' weights, what goes back to their shares
+    prefixes: PrefixAffinity  # the prefixes this worker holds, told to the fleet
     availability: Availability  # the loop's retry while Redis is away; a full Redis
     counters: Counters
     metrics: Metrics
@@ -197,7 +199,9 @@ class Worker:
             return
         self.arrivals.batch_started()
         self.order.started(decision.batch)
-        self.write(self.start(self.lookahead.take(c.key for c in decision.batch)))
+        batch = self.lookahead.take(c.key for c in decision.batch)
+        self.write(self.start(batch))
+        self.prefixes.started(batch)
         self.starter.hand_back(self.lookahead, self.runner)
 
     def advance(self, listening: bool) -> None:
@@ -340,6 +344,7 @@ class Worker:
         if not outcomes:
             return
         self.counters.ended(outcomes)
+        self.prefixes.finished(outcomes)
         self.stats.latest = self.stats.fields()
         self.writer.put(list(outcomes))
 

@@ -1,0 +1,241 @@
+"""Prefix keys: which requests share the context an engine caches, known without a tokenizer.
+
+A request's **prefix key** names the part of its prompt that other requests are likely to send
+again, so that the read can place it on a worker whose engine still holds that part (issue: a
+pull queue's cache-aware placement). It is computed where a request is built (the client, the
+gateway), carried in the body as ``prefix_key`` (its first field, so scripts find it without
+decoding the body) and never trusted as more than a hint: a wrong key costs a cache miss, not a
+wrong answer.
+
+- ``prompt_cache_key`` (OpenAI's name; a client option and a body field) wins: requests that
+  give the same one share a key.
+- A chat: a hash chained over its messages, all but the last (the newest turn): a chat resent
+  with one more turn has the key of the conversation it continues, and requests with one
+  system prompt (and few-shot messages) share one. A chat of one message is a prompt.
+- A plain prompt: a hash of its first ``PREFIX_BYTES`` bytes, if it is longer than that (a
+  shorter one has no key: there is little to gain).
+
+Keys are **per tenant** where they are used: the scripts and the worker scope a key by its
+tenant (``scoped``), so a cache hit never tells one tenant what another sent, unless the
+tenant's setting ``share_prefixes`` says its prompts may share cache with other sharing tenants.
+``SCOPED_LUA`` is ``scoped``'s twin in the scripts (a test compares them).
+
+The worker also holds the key of what comes next: a chat's conversation with the reply it just
+generated appended (``continuation_key``) is the key of the next turn's request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+PREFIX_BYTES = 1024
+"""A plain prompt longer than this is keyed by its first so many bytes (UTF-8)."""
+KEY_CHARS = 16
+"""A key is this many hex characters of a SHA-1 (64 bits: collisions cost a cache miss)."""
+MAX_PROMPT_CACHE_KEY_CHARS = 256
+"""The longest ``prompt_cache_key`` accepted."""
+
+
+def _sha(text: bytes) -> str:
+    return hashlib.sha1(text, usedforsecurity=False).hexdigest()[:KEY_CHARS]
+
+
+def _message_text(message: Any) -> bytes:
+    """One message in canonical form: role, content, tool calls, tool call id, name."""
+
+    def get(name: str) -> Any:
+        return message.get(name) if isinstance(message, dict) else getattr(message, name, None)
+
+    calls = get("tool_calls")
+    if calls:
+        calls = [c if isinstance(c, dict) else c.model_dump(mode="json") for c in calls]
+    parts = [
+        get("role") or "",
+        get("content") or "",
+        json.dumps(calls, sort_keys=True, separators=(",", ":")) if calls else "",
+        get("tool_call_id") or "",
+        get("name") or "",
+    ]
+    return "\x1f".join(parts).encode("utf-8", "surrogatepass")
+
+
+def chat_chain(messages: Sequence[Any]) -> list[str]:
+    """The chained key after each message: ``chain[i]`` names messages ``0..i``."""
+    out: list[str] = []
+    parent = "c"
+    for m in messages:
+        parent = _sha(parent.encode() + b"\x1e" + _message_text(m))
+        out.append(parent)
+    return out
+
+
+def cache_key_of(prompt_cache_key: str) -> str:
+    """The key of requests that give this ``prompt_cache_key``."""
+    return _sha(b"k\x1e" + prompt_cache_key.encode("utf-8", "surrogatepass"))
+
+
+def prompt_key(prompt: str) -> str | None:
+    """A plain prompt's key: its first ``PREFIX_BYTES`` bytes, if it is longer than that."""
+    data = prompt.encode("utf-8", "surrogatepass")
+    if len(data) <= PREFIX_BYTES:
+        return None
+    return _sha(b"p\x1e" + data[:PREFIX_BYTES])
+
+
+def prefix_key(
+    *,
+    prompt: str | None = None,
+    messages: Sequence[Any] | None = None,
+    prompt_cache_key: str | None = None,
+) -> str | None:
+    """A request's prefix key (see the module docstring), or None when it has none."""
+    if prompt_cache_key:
+        return cache_key_of(prompt_cache_key)
+    if messages:
+        if len(messages) > 1:
+            return chat_chain(messages[:-1])[-1]
+        only = messages[0]
+        content = only.get("content") if isinstance(only, dict) else only.content
+        return prompt_key(content) if content else None
+    return prompt_key(prompt) if prompt else None
+
+
+def continuation_key(messages: Sequence[Any], reply: str) -> str:
+    """The key of the next turn of a chat: its messages and the assistant's ``reply``."""
+    return chat_chain([*messages, {"role": "assistant", "content": reply}])[-1]
+
+
+def scoped(tenant: str, key: str, shared: bool = False) -> str:
+    """A key as the read and the fleet's holdings use it: per tenant, unless ``shared`` (the
+    tenant's ``share_prefixes``: keys of all sharing tenants meet). ``SCOPED_LUA``'s twin."""
+    scope = "*" if shared else tenant
+    return _sha(f"{scope}\x1e{key}".encode())
+
+
+SCOPED_LUA = f"""
+local function scoped(tenant, key, shared)  -- prefixes.py: scoped(); a test compares them
+  local scope = shared and '*' or tenant
+  return string.sub(redis.sha1hex(scope .. '\\30' .. key), 1, {KEY_CHARS})
+end
+local function cache_key_of(k)  -- prefixes.py: cache_key_of()
+  return string.sub(redis.sha1hex('k\\30' .. k), 1, {KEY_CHARS})
+end
+"""
+
+WINDOW = 32
+"""How many of a tenant's waiting entries the read looks at for one whose prefix it holds."""
+MAX_HOLDERS = 4
+"""The most workers a prefix is known to be held by (the most recent first)."""
+HOLDINGS_TTL_S = 86_400
+"""The holders and load hashes expire a day after their last write (a queue nobody serves)."""
+
+AFFINITY_LUA = f"""
+-- Affinity (prefixes.py): which of a tenant's waiting items this reader takes. Needs me and
+-- now_ms; AFF_WAIT_MS (0: off, plain LPOP) and AFF_FACTOR are set by the read from its ARGV.
+local AFF_WAIT_MS, AFF_FACTOR = 0, 1.5
+local loads = nil
+local function load_view()
+  -- The live workers' loads (genq:{{Q}}:load, published with their heartbeats; a worker is
+  -- live while its stats hash is, which its claim keeper renews even during a long batch),
+  -- and their mean. A dead worker's entry is dropped here.
+  if loads == nil then
+    loads = {{live = {{}}, mean = 0}}
+    local flat, n, sum = redis.call('HGETALL', BASE .. ':load'), 0, 0
+    for j = 1, #flat, 2 do
+      if redis.call('EXISTS', BASE .. ':worker:' .. flat[j]) == 1 then
+        loads.live[flat[j]] = tonumber(flat[j + 1]) or 0
+        n, sum = n + 1, sum + (tonumber(flat[j + 1]) or 0)
+      else
+        redis.call('HDEL', BASE .. ':load', flat[j])
+      end
+    end
+    loads.mean = n > 0 and sum / n or 0
+  end
+  return loads
+end
+local function available(w)  -- live, and not above the load bound
+  local v = load_view()
+  local held = v.live[w]
+  return held ~= nil and held <= v.mean * AFF_FACTOR + 1
+end
+local function pick_items(idx, n)
+  -- Up to n items of the index idx for this reader, and whether it left some for another
+  -- worker: first those passed over for AFF_WAIT_MS or more (anyone takes them), then those
+  -- whose key this reader holds (unless it is above the load bound), then those no available
+  -- worker holds. An item another available worker holds waits for it: the first reader to
+  -- pass it over marks when (its third field), and from then on the bound runs (delay
+  -- scheduling: measured from the pass-over, not from the submission, so a backlog is not
+  -- "late" merely for being long).
+  if AFF_WAIT_MS <= 0 then return redis.call('LPOP', idx, n) or {{}}, false end
+  local items = redis.call('LRANGE', idx, 0, math.max({WINDOW}, n) - 1)
+  local late, mine, free, left = {{}}, {{}}, {{}}, false
+  local me_ok = available(me) or load_view().live[me] == nil
+  for j, it in ipairs(items) do
+    local k = item_key(it)
+    local since = tonumber(string.match(it, '^%S+ %x+ (%d+)$'))
+    if k == nil then table.insert(free, j)
+    elseif since and now_ms - since >= AFF_WAIT_MS then table.insert(late, j)
+    else
+      local holders = redis.call('HGET', BASE .. ':holders', k)
+      local ours, other = false, false
+      for w in string.gmatch(holders or '', '%S+') do
+        if w == me then ours = true elseif available(w) then other = true end
+      end
+      if ours and me_ok then table.insert(mine, j)
+      elseif not other then table.insert(free, j)
+      else
+        left = true
+        if not since then  -- passed over for the first time: the bound starts now
+          items[j] = item_id(it) .. ' ' .. k .. ' ' .. now_ms
+          redis.call('LSET', idx, j - 1, items[j])
+        end
+      end
+    end
+  end
+  local chosen = {{}}
+  for _, group in ipairs({{late, mine, free}}) do
+    for _, j in ipairs(group) do
+      if #chosen < n then table.insert(chosen, j) end
+    end
+  end
+  table.sort(chosen)  -- in their order: the oldest first
+  local out, prefix = {{}}, true
+  for c, j in ipairs(chosen) do
+    out[c] = items[j]
+    if j ~= c then prefix = false end
+  end
+  if prefix then
+    if #out > 0 then redis.call('LPOP', idx, #out) end
+  else
+    for _, it in ipairs(out) do redis.call('LREM', idx, 1, it) end
+  end
+  return out, left and #out < n
+end
+"""
+
+HOLD = f"""
+-- KEYS: the queue's config key (genq:{{Q}}:config: the base of the others)
+-- ARGV: this worker, then keys: '+KEY' it holds now, '-KEY' it no longer holds
+-- Which prefixes this worker holds (genq:{{Q}}:holders: key -> its holders, the most recent
+-- first, at most {MAX_HOLDERS}). Its load goes with its heartbeat (genq:{{Q}}:load).
+local base = string.sub(KEYS[1], 1, #KEYS[1] - #':config')
+local me = ARGV[1]
+for j = 2, #ARGV do
+  local op, k = string.sub(ARGV[j], 1, 1), string.sub(ARGV[j], 2)
+  local list = {{}}
+  if op == '+' then table.insert(list, me) end
+  for w in string.gmatch(redis.call('HGET', base .. ':holders', k) or '', '%S+') do
+    if w ~= me and #list < {MAX_HOLDERS} then table.insert(list, w) end
+  end
+  if #list > 0 then
+    redis.call('HSET', base .. ':holders', k, table.concat(list, ' '))
+  else
+    redis.call('HDEL', base .. ':holders', k)
+  end
+end
+redis.call('EXPIRE', base .. ':holders', {HOLDINGS_TTL_S})
+return #ARGV - 1
+"""

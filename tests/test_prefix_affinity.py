@@ -1,0 +1,270 @@
+"""Placement by prefix: keys computed at submission, per tenant, indexed with each waiting
+entry; the read prefers what the reader holds, leaves what another live worker holds to it
+for the bound, and never lets a hot prefix pin work to a busy or dead worker."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import redis
+from genq.common import tenants as registry
+from genq.common.errors import InvalidRequest
+from genq.common.fair_share import PULL
+from genq.common.keys import Keys
+from genq.common.prefixes import (
+    PREFIX_BYTES,
+    SCOPED_LUA,
+    cache_key_of,
+    chat_chain,
+    continuation_key,
+    prefix_key,
+    scoped,
+)
+from genq.producer import Client
+
+from tests.conftest import WorkerProcess, genq_stats, wait_until  # noqa: F401
+
+SYSTEM = [{"role": "system", "content": "You answer in one word."}]
+
+
+def chat(*turns: str) -> list[dict[str, str]]:
+    out = list(SYSTEM)
+    for j, text in enumerate(turns):
+        out.append({"role": "user" if j % 2 == 0 else "assistant", "content": text})
+    return out
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+def test_a_chat_is_keyed_by_everything_before_its_newest_message() -> None:
+    first = prefix_key(messages=chat("What is 2+2?"))
+    assert first == chat_chain(SYSTEM)[-1]
+    assert prefix_key(messages=chat("Another question?")) == first, "one system prompt, one key"
+    # The next turn resends the conversation and the reply: the key a worker holds after the
+    # first turn.
+    second = prefix_key(messages=chat("What is 2+2?", "Four.", "And 3+3?"))
+    assert second == continuation_key(chat("What is 2+2?"), "Four.")
+    assert second != first
+
+
+def test_a_plain_prompt_is_keyed_by_its_first_kilobyte_and_a_short_one_not_at_all() -> None:
+    shared = "x" * PREFIX_BYTES
+    assert prefix_key(prompt=shared + "one") == prefix_key(prompt=shared + "two")
+    assert prefix_key(prompt="short prompt") is None
+    assert prefix_key(prompt="y" + shared) != prefix_key(prompt=shared + "y")
+
+
+def test_prompt_cache_key_wins_over_the_content() -> None:
+    assert prefix_key(prompt="a" * 2000, prompt_cache_key="k1") == cache_key_of("k1")
+    assert prefix_key(messages=chat("hi"), prompt_cache_key="k1") == cache_key_of("k1")
+
+
+@pytest.mark.parametrize("tenant", ["a", "team.b-1"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_scoping_and_cache_keys_agree_with_their_lua_twins(
+    r: redis.Redis, tenant: str, shared: bool
+) -> None:
+    lua = SCOPED_LUA + "return {scoped(ARGV[1], ARGV[2], ARGV[3] == '1'), cache_key_of(ARGV[4])}"
+    got = r.eval(lua, 0, tenant, "0123456789abcdef", "1" if shared else "0", "my-key é")
+    assert [x.decode() for x in got] == [  # type: ignore[union-attr]
+        scoped(tenant, "0123456789abcdef", shared),
+        cache_key_of("my-key é"),
+    ]
+
+
+@pytest.mark.parametrize("bad", [123, "", "k" * 257, ["k"]])
+def test_a_bad_prompt_cache_key_is_refused_before_anything_reaches_redis(
+    redis_url: str, queue: str, r: redis.Redis, bad: Any
+) -> None:
+    client = Client.from_url(redis_url, queue)
+    with pytest.raises(InvalidRequest, match="prompt_cache_key"):
+        client.submit("hi", prompt_cache_key=bad)
+    assert not r.keys(f"genq:{{{queue}}}*")
+
+
+# -- the index and the read ---------------------------------------------------------------
+
+
+def index_items(r: redis.Redis, keys: Keys, tenant: str) -> list[str]:
+    return [x.decode() for x in r.lrange(keys.tenant_index("normal", tenant), 0, -1)]
+
+
+def test_each_waiting_entry_is_indexed_with_its_key_scoped_to_its_tenant(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    registry.update(r, keys, "s1", share_prefixes=True)
+    registry.update(r, keys, "s2", share_prefixes=True)
+    raw = prefix_key(messages=chat("q"))
+    assert raw is not None
+    for tenant in ("a", "b", "s1", "s2"):
+        client.submit(messages=chat("q"), tenant=tenant)
+    client.submit("no key: short", tenant="a")
+    keys_of = {t: [i.split(" ")[1:] for i in index_items(r, keys, t)] for t in ("a", "b", "s1")}
+    assert keys_of["a"] == [[scoped("a", raw)], []]
+    assert keys_of["b"] == [[scoped("b", raw)]]
+    assert keys_of["a"][0] != keys_of["b"][0], "one tenant's key never meets another's"
+    assert keys_of["s1"] == [[scoped("s1", raw, shared=True)]]
+    assert index_items(r, keys, "s2")[0].split(" ")[1] == keys_of["s1"][0][0]
+
+
+def read(
+    r: redis.Redis, keys: Keys, me: str, room: int, *, wait_ms: int = 10_000, factor: int = 150
+) -> list[str]:
+    """One PULL of the normal stream for ``me``; the prompts it got, in order."""
+    seconds, micros = r.time()
+    now_ms = seconds * 1000 + micros // 1000
+    args = [me, "fair", now_ms, 100_000, 0, room, 0, 0, 0, wait_ms, factor]
+    reply: Any = r.eval(PULL, 4, keys.config, *keys.streams(), *args)
+    out = []
+    for _stream, entries in reply or []:
+        for _id, fields in entries:
+            body = dict(zip(fields[::2], fields[1::2], strict=True))[b"body"]
+            out.append(json.loads(body)["prompt"])
+    return out
+
+
+def live(r: redis.Redis, keys: Keys, worker: str, held: int = 0) -> None:
+    """``worker`` is alive (its stats hash) and holds ``held`` requests."""
+    r.hset(keys.worker(worker), "held", held)
+    r.expire(keys.worker(worker), 60)
+    r.hset(keys.load, worker, held)
+
+
+LONG = {p: p * (PREFIX_BYTES + 10) for p in "ABC"}  # three prefixes, by their first kilobyte
+
+
+def submit_mix(client: Client, order: str) -> None:
+    client.submit_many([LONG[p] + f"#{j}" for j, p in enumerate(order)])
+
+
+def test_the_reader_takes_what_it_holds_before_older_cold_entries(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    submit_mix(client, "ABABCB")
+    key_b = scoped("default", prefix_key(prompt=LONG["B"]) or "")
+    r.hset(keys.holders, key_b, "w1")
+    live(r, keys, "w1")
+    got = read(r, keys, "w1", 2)
+    assert [g[0] for g in got] == ["B", "B"]
+    assert [g[-2:] for g in got] == ["#1", "#3"], "its own, oldest first"
+
+
+def test_what_another_live_worker_holds_waits_for_it_then_goes_to_anyone(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    submit_mix(client, "AB")
+    r.hset(keys.holders, scoped("default", prefix_key(prompt=LONG["A"]) or ""), "w1")
+    live(r, keys, "w1")
+    live(r, keys, "w2")
+    assert [g[0] for g in read(r, keys, "w2", 4, wait_ms=200)] == ["B"], "A is w1's"
+    (item,) = index_items(r, keys, "default")
+    assert len(item.split(" ")) == 3, "marked when first passed over"
+    assert read(r, keys, "w2", 4, wait_ms=200) == [], "within the bound"
+    time.sleep(0.25)
+    assert [g[0] for g in read(r, keys, "w2", 4, wait_ms=200)] == ["A"], "past the bound"
+
+
+def test_a_busy_or_dead_holder_claims_nothing(redis_url: str, queue: str, r: redis.Redis) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    submit_mix(client, "AA")
+    r.hset(keys.holders, scoped("default", prefix_key(prompt=LONG["A"]) or ""), "busy dead")
+    live(r, keys, "busy", held=10)  # mean (10 + 0) / 2 = 5: above 1.5 x 5 + 1
+    live(r, keys, "w2", held=0)
+    r.hset(keys.load, "dead", 0)  # a load, but no stats hash: it died
+    assert [g[0] for g in read(r, keys, "w2", 1)] == ["A"]
+    assert not r.hexists(keys.load, "dead"), "a dead worker's load is dropped"
+    live(r, keys, "busy", held=1)  # no longer above the bound: it holds A again
+    assert read(r, keys, "w2", 1) == []
+    assert r.scard(keys.active("normal")) == 1, "still waiting: the tenant stays active"
+
+
+def test_without_affinity_the_read_takes_entries_in_order(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    submit_mix(client, "ABAB")
+    r.hset(keys.holders, scoped("default", prefix_key(prompt=LONG["B"]) or ""), "w2")
+    live(r, keys, "w2")
+    got = read(r, keys, "w1", 4, wait_ms=0)
+    assert [g[0] for g in got] == ["A", "B", "A", "B"]
+
+
+# -- inside a worker: the prefix rule over the order, and what it holds (pure) -------------
+
+
+def cand(key: str, *, prefix: str | None, at: int, tenant: str = "t", tokens: int = 100) -> Any:
+    from genq.worker.policy.batching import Candidate
+
+    return Candidate(
+        key=key,
+        prompt_tokens=tokens,
+        max_new_tokens=8,
+        enqueued_ms=at,
+        tenant=tenant,
+        prefix=prefix,
+    )
+
+
+def decide(order: Any, candidates: list[Any], size: int) -> list[str]:
+    from genq.worker.policy.batching import BatchPolicy
+
+    policy = BatchPolicy(
+        max_batch_tokens=100_000, max_batch_size=size, max_wait_ms=0, priority_aging_ms=10_000
+    )
+    return [c.key for c in order.decide(candidates, 1_000, policy, {}).batch]
+
+
+def test_same_prefix_requests_share_a_batch_and_the_oldest_still_anchors() -> None:
+    from genq.worker.policy.ordering import make_order
+
+    pool = [
+        cand("a1", prefix="A", at=1),
+        cand("b1", prefix="B", at=2, tokens=100),
+        cand("b2", prefix="B", at=3),
+        cand("a2", prefix="A", at=4, tokens=400),
+        cand("a3", prefix="A", at=5, tokens=700),
+    ]
+    plain = make_order("fifo")
+    aware = make_order("fifo", prefix_aware=True)
+    assert decide(plain, pool, 3) == ["a1", "b1", "b2"], "by length, prefixes mixed"
+    assert decide(aware, pool, 3) == ["a1", "a2", "a3"], "the anchor's prefix first"
+
+
+def test_a_warm_prefix_goes_before_a_cold_one_and_fair_share_still_anchors() -> None:
+    from genq.worker.policy.ordering import make_order
+
+    aware = make_order("fair", prefix_aware=True)
+    aware.started([cand("w", prefix="W", at=0)])  # W is in the engine now
+    pool = [
+        cand("x1", prefix="X", at=1, tenant="t1"),
+        cand("c1", prefix="C", at=2, tenant="t1"),
+        cand("w1", prefix="W", at=3, tenant="t1"),
+        cand("y1", prefix=None, at=4, tenant="t2"),
+    ]
+    got = decide(aware, pool, 2)
+    assert got[0] in ("x1", "y1"), "the fair order picks the anchor, not the prefix"
+    assert decide(aware, [p for p in pool if p.tenant == "t1"], 2) == ["x1", "w1"]
+
+
+def test_holdings_let_go_of_the_least_recently_used_prefix_beyond_capacity() -> None:
+    from genq.worker.policy.prefixes import Holdings
+
+    held = Holdings(capacity_tokens=5000)
+    assert held.hold("a", 2000) == (True, [])
+    assert held.hold("b", 2000) == (True, [])
+    assert held.hold("a", 2000) == (False, [])  # used again: most recent
+    assert held.hold("c", 2000) == (True, ["b"])
+    assert "a" in held and "c" in held and "b" not in held
+    assert Holdings(0).hold("a", 1) == (False, [])

@@ -1,0 +1,81 @@
+"""The prefix affinity's runtime side: which prefixes this worker holds (``policy/prefixes.py``
+decides what it keeps), told to the fleet in the read's round trip (``HOLD``, before ``PULL``,
+so the read already knows), and the keys computed for it (``common/prefixes.py``).
+
+A worker holds the key of every request it starts (the engine computes that prefix into its
+cache) and, for a chat it finished, the key of the conversation with its reply (what the next
+turn will send). Keys are scoped to their tenant here exactly as the scripts scope them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from genq.common.keys import Keys
+from genq.common.prefixes import HOLD, scoped
+from genq.worker.policy.lookahead import Held
+from genq.worker.policy.prefixes import Holdings
+from genq.worker.runtime.outcomes import Outcome
+
+
+class PrefixAffinity:
+    """One worker's holdings and the changes it has not told the fleet yet."""
+
+    def __init__(
+        self,
+        *,
+        keys: Keys,
+        consumer: str,
+        capacity_tokens: int,
+        enabled: bool,
+        sharing: Callable[[], set[str]],
+    ) -> None:
+        self.keys = keys
+        self.consumer = consumer
+        self.enabled = enabled
+        self.holdings = Holdings(capacity_tokens if enabled else 0)
+        self._sharing = sharing
+        """The tenants whose keys meet other sharing tenants' (``TenantWeights.sharing``)."""
+        self._ops: dict[str, str] = {}
+        """Key -> '+' (held, tell again: the holders list is most recent first) or '-'."""
+
+    def scoped(self, tenant: str, raw: str) -> str:
+        """``raw`` as the scripts index it for ``tenant``."""
+        return scoped(tenant, raw, tenant in self._sharing())
+
+    def started(self, batch: Sequence[Held]) -> None:
+        """These requests started here: their prefixes are in the engine's cache now."""
+        if not self.enabled:
+            return
+        for h in batch:
+            if h.request.prefix_key:
+                self._hold(self.scoped(h.request.tenant, h.request.prefix_key), len(h.prompt_ids))
+
+    def finished(self, outcomes: Sequence[Outcome]) -> None:
+        """Chats that finished here: the conversation with its reply is the next turn's key."""
+        if not self.enabled:
+            return
+        for o in outcomes:
+            if o.continuation is not None and o.refund is not None:
+                tokens = o.refund.prompt_tokens + o.refund.completion_tokens
+                self._hold(self.scoped(o.tenant, o.continuation), tokens)
+
+    def _hold(self, key: str, tokens: int) -> None:
+        _, gone = self.holdings.hold(key, tokens)
+        self._ops[key] = "+"
+        for k in gone:
+            self._ops[k] = "-"
+
+    def add_to(self, pipe: Any) -> int:
+        """Queue the untold changes on ``pipe`` (one HOLD call); how many, for ``sent``."""
+        if not self._ops:
+            return 0
+        ops = [op + key for key, op in self._ops.items()]
+        pipe.execute_command("EVAL", HOLD, 1, self.keys.config, self.consumer, *ops)
+        return len(ops)
+
+    def sent(self, n: int) -> None:
+        """The changes queued by ``add_to`` reached Redis."""
+        if n:
+            self._ops.clear()
