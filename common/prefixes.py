@@ -196,7 +196,7 @@ local function pick_items(idx, n)
     end
   end
   local chosen = {{}}
-  for _, group in ipairs({{late, mine, free}}) do
+  for _, group in ipairs({{mine, free, late}}) do
     for _, j in ipairs(group) do
       if #chosen < n then table.insert(chosen, j) end
     end

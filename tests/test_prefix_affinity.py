@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from genq.common.prefixes import (
 )
 from genq.producer import Client
 
-from tests.conftest import WorkerProcess, genq_stats, wait_until  # noqa: F401
+from tests.conftest import WorkerProcess, genq_stats, wait_until
 
 SYSTEM = [{"role": "system", "content": "You answer in one word."}]
 
@@ -268,3 +269,43 @@ def test_holdings_let_go_of_the_least_recently_used_prefix_beyond_capacity() -> 
     assert held.hold("c", 2000) == (True, ["b"])
     assert "a" in held and "c" in held and "b" not in held
     assert Holdings(0).hold("a", 1) == (False, [])
+
+
+# -- a fleet --------------------------------------------------------------------------------
+
+
+def test_a_worker_killed_while_holding_a_hot_prefix_loses_nothing_and_another_takes_over(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    common = ("--engine", "echo", "--echo-cache-tokens", "65536", "--max-batch-size", "2")
+    # The holder looks alive for the whole test (its stats hash outlives the kill): only the
+    # bound hands its prefix's waiting work to the other worker.
+    slow = ("--echo-step-ms", "100", "--heartbeat-ttl-s", "60", "--max-lookahead", "2")
+    holder = start_worker(queue, *common, *slow, "--claim-idle-ms", "1000")
+    hot = [{"role": "system", "content": "Hot context. " * 100}, {"role": "user", "content": "q"}]
+    first = client.generate(messages=hot, max_new_tokens=4, timeout=60)
+    assert first.worker == "w0"
+    key = scoped("default", prefix_key(messages=hot) or "")
+    assert r.hget(keys.holders, key) == b"w0"
+    ids = client.submit_many(
+        [{"messages": [*hot[:1], {"role": "user", "content": f"q{i}"}]} for i in range(12)],
+        max_new_tokens=4,
+    )
+    wait_until(lambda: client.status(ids[0]).status == "running", timeout_s=30)
+    other = start_worker(queue, *common, "--prefix-wait-ms", "300")
+    wait_until(lambda: r.exists(keys.worker("w1")), timeout_s=30)
+    holder.kill()
+    killed = time.monotonic()
+    results = client.results(ids, timeout=120)
+    assert [x.status for x in results] == ["succeeded"] * 12
+    assert {x.worker for x in results} >= {"w1"}
+    taken_over = [x for x in results if x.worker == "w1"]
+    assert taken_over, "the other worker took the dead holder's prefix"
+    assert time.monotonic() - killed < 30
+    stats = genq_stats(redis_url, queue)
+    assert sum(w.get("succeeded", 0) for w in stats["workers"] if w["consumer"] == "w1") == len(
+        taken_over
+    ), "each request ran to its end once"
+    other.stop()

@@ -25,7 +25,8 @@ from typing import Any
 SYSTEMS = 8
 SYSTEM_TOKENS = 2_000
 WORKERS = 4
-CACHE_TOKENS = 7_168  # about three system prompts with their requests' own blocks
+CACHE_TOKENS = 10_240  # about three system prompts with their requests' own blocks
+HELD_TOKENS = 7_000  # what each worker counts itself as holding: three prompts' prefixes
 PREFILL_US_PER_TOKEN = 20.0
 STEP_MS = 1.0
 MAX_NEW_TOKENS = 8
@@ -73,6 +74,7 @@ def run_once(redis_url: str, queue: str, prompts: list[str], *, aware: bool) -> 
             echo_cache_tokens=CACHE_TOKENS,
             echo_prefill_us_per_token=PREFILL_US_PER_TOKEN,
             echo_step_ms=STEP_MS,
+            prefix_cache_tokens=HELD_TOKENS,
             max_batch_size=8,
             extra_args=("--prefix-aware",) if aware else ("--no-prefix-aware",),
         )
