@@ -245,7 +245,8 @@ GENQ_ACL = (
     "+fcall +function|load +time "
     "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
     "+xgroup|create +xinfo|groups +xinfo|consumers "
-    "+rpush +lpop +llen +lindex +sadd +srem +smembers +sismember +zadd +zscore +zincrby"
+    "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset "
+    "+sadd +srem +smembers +sismember +zadd +zscore +zincrby"
 )
 
 
