@@ -295,3 +295,14 @@ def test_the_structured_bench_measures_compiles_and_reports_ratios() -> None:
         {"model": "tiny", "requests": 10, "repeats": 3, "engines": runs, "compile": costs}
     )
     assert "| static | 100.0 | 90.0 | 0.900 |" in text and "5 distinct schemas" in text
+
+
+def test_prefix_scenario_runs_every_variant_both_ways_and_counts_cache_hits() -> None:
+    report = bench_json("--scenario", "prefix", "--quick")
+    assert set(report["runs"]) == {"uniform", "zipf", "no shared prefix"}
+    for name, runs in report["runs"].items():
+        assert sorted(r["aware"] for r in runs) == [False, True], name
+        assert all(r["succeeded"] == r["requests"] == report["requests"] for r in runs), name
+    shared = report["runs"]["uniform"]
+    assert all(r["hit_rate"] > 0 for r in shared), "shared prefixes hit the simulated caches"
+    assert all(r["hit_rate"] == 0 for r in report["runs"]["no shared prefix"])

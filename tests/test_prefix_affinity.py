@@ -309,3 +309,19 @@ def test_a_worker_killed_while_holding_a_hot_prefix_loses_nothing_and_another_ta
         taken_over
     ), "each request ran to its end once"
     other.stop()
+
+
+def test_an_entry_handed_back_keeps_its_key_and_its_place(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    from genq.common.fair_share import GIVE_BACK
+
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    submit_mix(client, "AB")
+    before = index_items(r, keys, "default")
+    read(r, keys, "w1", 1, wait_ms=0)  # w1 reads A's entry...
+    entry_id = before[0].split(" ")[0]
+    args = [keys.config, *keys.streams(), 0, int(r.time()[0]), 2, entry_id, "default", 0, 0]
+    r.eval(GIVE_BACK, 4, *args)  # ...and hands it back unstarted
+    assert index_items(r, keys, "default") == before
