@@ -276,6 +276,7 @@ local probe = tonumber(ARGV[9] or '0')
 local held = {{}}
 for j = 12, #ARGV do held[ARGV[j]] = true end
 local taken = 0
+local stalled = false  -- a higher priority's turn waits for its holders: read nothing lower
 local function take(s, p, score, got, room, given)
   -- Up to room entries in got, tenant by tenant from score (each one's service so far).
   local active = BASE .. ':active:' .. p
@@ -296,8 +297,14 @@ local function take(s, p, score, got, room, given)
     local item = picked[1]
     local id = item and item_id(item)
     local limit = settings(best)[2]
-    if not id then
-      if not left then redis.call('SREM', active, best) end  -- left: it waits for its holder
+    if not id and left then
+      -- Its turn, and its next entries wait for the workers holding their prefixes: this
+      -- reader takes nothing more at this priority or below rather than serve another tenant
+      -- (or a lower priority) out of turn; the bound hands them over if their holders lag.
+      stalled = true
+      break
+    elseif not id then
+      redis.call('SREM', active, best)
       score[best] = nil
     elseif limit > 0 and not affordable(KEYS[s], id, best, limit) then
       redis.call('LPUSH', idx, item)  -- it waits for its bucket to refill
@@ -323,6 +330,7 @@ end
 for s = 2, 4 do
   local room, p = tonumber(ARGV[s + 3]), PRI[s - 1]
   if total > 0 then room = math.min(room, total - taken) end  -- higher priorities first
+  if stalled then room, probe = 0, 0 end
   if room > 0 or probe > 0 then
     sweep(s, p, {{}})
     local active = BASE .. ':active:' .. p
@@ -353,6 +361,7 @@ for s = 2, 4 do
         charged[only] = {{c[1] + w, c[2] + tok}}
       end
       if #ids < room and not left then redis.call('SREM', active, only) end
+      if left and #ids < room then stalled = true end
       score = {{}}
     elseif room > 0 then
       take(s, p, score, got, room, given)

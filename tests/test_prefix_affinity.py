@@ -325,3 +325,22 @@ def test_an_entry_handed_back_keeps_its_key_and_its_place(
     args = [keys.config, *keys.streams(), 0, int(r.time()[0]), 2, entry_id, "default", 0, 0]
     r.eval(GIVE_BACK, 4, *args)  # ...and hands it back unstarted
     assert index_items(r, keys, "default") == before
+
+
+def test_a_tenant_whose_turn_waits_for_its_holder_is_not_served_out_of_turn(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    # The fair share's turn is a's (less served); a's entries are w1's prefix. Reader w2 takes
+    # nothing rather than b's entries (which would give b a's turn: with a 3:1 weight, a run
+    # of such reads served b alone), until the bound hands a's entries over.
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    client.submit_many([LONG["A"] + f"#{j}" for j in range(3)], tenant="a")
+    client.submit_many([f"short {j}" for j in range(3)], tenant="b")
+    r.zadd(keys.vtc, {"a": 0, "b": 10_000})
+    r.hset(keys.holders, scoped("a", prefix_key(prompt=LONG["A"]) or ""), "w1")
+    live(r, keys, "w1")
+    live(r, keys, "w2")
+    assert read(r, keys, "w2", 2, wait_ms=200) == []
+    time.sleep(0.25)
+    assert [g[0] for g in read(r, keys, "w2", 2, wait_ms=200)] == ["A", "A"]
