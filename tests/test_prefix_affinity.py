@@ -344,3 +344,16 @@ def test_a_tenant_whose_turn_waits_for_its_holder_is_not_served_out_of_turn(
     assert read(r, keys, "w2", 2, wait_ms=200) == []
     time.sleep(0.25)
     assert [g[0] for g in read(r, keys, "w2", 2, wait_ms=200)] == ["A", "A"]
+
+
+def test_the_worker_that_answered_a_chat_holds_its_next_turn(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    start_worker(queue, "--engine", "echo", "--echo-cache-tokens", "65536")
+    turn = chat("What is in the bag?")
+    reply = client.generate(messages=turn, max_new_tokens=16, tenant="t", timeout=60).text or ""
+    next_turn = [*turn, {"role": "assistant", "content": reply}, {"role": "user", "content": "?"}]
+    key = scoped("t", prefix_key(messages=next_turn) or "")
+    wait_until(lambda: r.hget(keys.holders, key) == b"w0", timeout_s=10)

@@ -152,6 +152,7 @@ def _outcomes(settings: WorkerSettings, engine: Engine, keys: Keys) -> Outcomes:
         keys=keys,
         model=settings.served_model,
         reads_tool_calls=isinstance(template, str) and CALL_FORMAT_MARK in template,
+        keys_next_turns=settings.prefix_aware,
     )
 
 

@@ -57,7 +57,13 @@ class Outcomes:
     """Builds the outcomes of one worker (its consumer name goes into every state)."""
 
     def __init__(
-        self, *, worker: str, keys: Keys, model: str, reads_tool_calls: bool = False
+        self,
+        *,
+        worker: str,
+        keys: Keys,
+        model: str,
+        reads_tool_calls: bool = False,
+        keys_next_turns: bool = False,
     ) -> None:
         self.worker = worker
         self.keys = keys
@@ -65,6 +71,8 @@ class Outcomes:
         self.reads_tool_calls = reads_tool_calls
         """Whether the model's chat template teaches the Hermes call format (``auto`` tool
         choices are read from the text then: ``common/tools.py``)."""
+        self.keys_next_turns = keys_next_turns
+        """Whether a finished chat's next-turn prefix key is computed (``--prefix-aware``)."""
 
     def _tool_calls(self, r: Request, out: GenerationOutput) -> list[dict[str, Any]] | None:
         """The calls in a chat-with-tools' output: the forced one, or (``auto``, on a model
@@ -127,7 +135,9 @@ class Outcomes:
                 prompt_tokens=len(held.prompt_ids),
                 completion_tokens=out.completion_tokens,
             ),
-            continuation=None if r.messages is None else continuation_key(r.messages, out.text),
+            continuation=continuation_key(r.messages, out.text)
+            if self.keys_next_turns and r.messages is not None
+            else None,
         )
 
     def failed(
