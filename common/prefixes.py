@@ -163,15 +163,15 @@ local function available(w)  -- live, and not above the load bound
 end
 local function pick_items(idx, n)
   -- Up to n items of the index idx for this reader, and whether it left some for another
-  -- worker: first those passed over for AFF_WAIT_MS or more (anyone takes them), then those
-  -- whose key this reader holds (unless it is above the load bound), then those no available
-  -- worker holds. An item another available worker holds waits for it: the first reader to
-  -- pass it over marks when (its third field), and from then on the bound runs (delay
-  -- scheduling: measured from the pass-over, not from the submission, so a backlog is not
-  -- "late" merely for being long).
+  -- worker: first those whose key this reader holds (unless it is above the load bound), then
+  -- those with no key, and those no available worker holds when the reader has none of its
+  -- own in sight, then those passed over for AFF_WAIT_MS or more (anyone with room). An item
+  -- another available worker holds waits for it: the first reader to pass it over marks when
+  -- (its third field), and from then on the bound runs (delay scheduling: measured from the
+  -- pass-over, not from the submission, so a backlog is not "late" merely for being long).
   if AFF_WAIT_MS <= 0 then return redis.call('LPOP', idx, n) or {{}}, false end
   local items = redis.call('LRANGE', idx, 0, math.max({WINDOW}, n) - 1)
-  local late, mine, free, left = {{}}, {{}}, {{}}, false
+  local late, mine, free, cold, left = {{}}, {{}}, {{}}, {{}}, false
   local me_ok = available(me) or load_view().live[me] == nil
   for j, it in ipairs(items) do
     local k = item_key(it)
@@ -185,7 +185,7 @@ local function pick_items(idx, n)
         if w == me then ours = true elseif available(w) then other = true end
       end
       if ours and me_ok then table.insert(mine, j)
-      elseif not other then table.insert(free, j)
+      elseif not other then table.insert(cold, j)
       else
         left = true
         if not since then  -- passed over for the first time: the bound starts now
@@ -195,6 +195,22 @@ local function pick_items(idx, n)
       end
     end
   end
+  -- Prefixes nobody holds: taken by a reader with none of its own in sight; one that has its
+  -- own work leaves them (marked passed over: within the bound, a reader without work of its
+  -- own takes them, after it anyone with room), so workers keep to their prefixes instead of
+  -- each taking a little of every new one.
+  for _, j in ipairs(cold) do
+    if #mine == 0 then table.insert(free, j)
+    else
+      left = true
+      local it = items[j]
+      if not string.match(it, '^%S+ %x+ %d+$') then
+        items[j] = it .. ' ' .. now_ms
+        redis.call('LSET', idx, j - 1, items[j])
+      end
+    end
+  end
+  table.sort(free)
   local chosen = {{}}
   for _, group in ipairs({{mine, free, late}}) do
     for _, j in ipairs(group) do

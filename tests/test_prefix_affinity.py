@@ -357,3 +357,19 @@ def test_the_worker_that_answered_a_chat_holds_its_next_turn(
     next_turn = [*turn, {"role": "assistant", "content": reply}, {"role": "user", "content": "?"}]
     key = scoped("t", prefix_key(messages=next_turn) or "")
     wait_until(lambda: r.hget(keys.holders, key) == b"w0", timeout_s=10)
+
+
+def test_a_reader_with_its_own_prefixes_leaves_unheld_ones_to_a_reader_without(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    # w1 holds A; C is nobody's. w1 takes its A and leaves C (marked passed over), so that
+    # workers keep to their prefixes; w2, with nothing of its own, takes C at once.
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    submit_mix(client, "CAC")
+    r.hset(keys.holders, scoped("default", prefix_key(prompt=LONG["A"]) or ""), "w1")
+    live(r, keys, "w1")
+    live(r, keys, "w2")
+    assert [g[0] for g in read(r, keys, "w1", 3)] == ["A"]
+    assert all(len(i.split(" ")) == 3 for i in index_items(r, keys, "default"))
+    assert [g[0] for g in read(r, keys, "w2", 3)] == ["C", "C"]
