@@ -150,19 +150,20 @@ def test_a_busy_worker_asks_an_empty_queue_at_most_every_read_pace(
     client.close()
 
 
+def queue_io_of(r: redis.Redis, keys: Keys, settings: WorkerSettings, consumer: str) -> QueueIO:
+    """A worker's queue IO on its own, reading by fair share."""
+    tenants = TenantAccounts(r, keys)
+    return QueueIO(
+        r=r, keys=keys, consumer=consumer, settings=settings, tenants=tenants, read_rule="fair"
+    )
+
+
 def test_a_paced_read_waits_out_the_pace_after_finding_the_queue_empty(
     r: redis.Redis, queue: str
 ) -> None:
     keys = Keys(queue)
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
-    io = QueueIO(
-        r=r,
-        keys=keys,
-        consumer="c",
-        settings=settings,
-        tenants=TenantAccounts(r, keys),
-        read_rule="fair",
-    )
+    io = queue_io_of(r, keys, settings, "c")
     io.ensure_groups()
     room = dict.fromkeys(keys.streams(), 4)
     assert io.read(room, block_ms=None) == [] and io.read_wait_s() > 0
@@ -202,14 +203,7 @@ def test_the_doorbell_listener_hears_rings_only_while_armed_and_takes_none_from_
     the group still gets every ring (each ring wakes one idle worker)."""
     keys = Keys(queue)
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
-    io = QueueIO(
-        r=r,
-        keys=keys,
-        consumer="idle",
-        settings=settings,
-        tenants=TenantAccounts(r, keys),
-        read_rule="fair",
-    )
+    io = queue_io_of(r, keys, settings, "idle")
     io.ensure_groups()
     listener = DoorbellListener(r, keys.doorbell)
     listener.start()
