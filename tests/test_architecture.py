@@ -227,3 +227,15 @@ def test_no_module_imports_itself_back_through_another() -> None:
     for start in sorted(graph):
         visit(start, [], set())
     assert not cycles
+
+
+def test_the_clients_submit_docstrings_name_every_request_option() -> None:
+    import inspect
+
+    from genq.producer import AsyncClient, Client, build_request
+
+    options = [p for p in inspect.signature(build_request).parameters if p != "prompt"]
+    for submit in (Client.submit, AsyncClient.submit):
+        doc = submit.__doc__ or ""
+        missing = [o for o in options if o not in doc]
+        assert not missing, f"{submit.__qualname__} does not name {missing}"

@@ -9,7 +9,7 @@ new: the prefill's attention grows with the prompt), so each token is given 4x i
 If that is still too much, the out-of-memory back-off (``budget``) halves the budget for a while.
 The continuous engine's paged cache is capped lower (``PAGED_GPU_TOKENS``).
 
-Pure: the device's numbers are arguments (``engines.sizing`` measures them).
+Pure: the device's numbers are arguments (``engines/static.py: device_memory`` measures them).
 """
 
 from __future__ import annotations
