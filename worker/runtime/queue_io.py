@@ -313,17 +313,19 @@ class QueueIO:
         key = self.keys.worker(self.consumer)
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.settings.heartbeat_ttl_s)
-        if self.settings.prefix_aware:  # the affinity's load bound (common/prefixes.py)
-            held = int(fields.get("held", 0)) + int(fields.get("in_flight", 0))
-            pipe.hset(self.keys.load, self.consumer, held)
-            pipe.expire(self.keys.load, HOLDINGS_TTL_S)
         pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
         history.add(pipe, self.keys, recent, clock.now_ms())
 
     def publish_stats(self, fields: dict[str, Any], recent: dict[str, int]) -> None:
-        """Refresh this worker's stats hash now."""
+        """Refresh this worker's stats hash now (the heartbeat), with its load for the
+        affinity's load bound (``common/prefixes.py``): once a heartbeat, not with every
+        result the writer publishes."""
         pipe = self.redis.pipeline(transaction=False)
         self.add_stats(pipe, fields, recent)
+        if self.settings.prefix_aware:
+            held = int(fields.get("held", 0)) + int(fields.get("in_flight", 0))
+            pipe.hset(self.keys.load, self.consumer, held)
+            pipe.expire(self.keys.load, HOLDINGS_TTL_S)
         pipe.execute()
 
     def leave(self) -> None:
