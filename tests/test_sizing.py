@@ -152,3 +152,30 @@ def test_a_static_worker_reads_at_least_a_full_batch_per_stream() -> None:
     assert Lookahead.for_settings(big, ["s"]).room() == {"s": 256}
     small = WorkerSettings.build({"max_batch_size": 8}, env={})
     assert Lookahead.for_settings(small, ["s"]).room() == {"s": 64}
+
+
+def test_a_caching_engine_keeps_room_for_prefixes_beyond_its_batch() -> None:
+    from genq.worker.policy.sizing import PREFIX_ROOM_BUDGETS, kv_cache_tokens, prefix_room
+
+    room = {"budget": 4096, "echo_cache_tokens": 10_240}
+    assert prefix_room(3000, engine="vllm", on_gpu=True, **room) == 3000  # the setting wins
+    assert prefix_room(None, engine="echo", on_gpu=False, **room) == 10_240
+    assert prefix_room(None, engine="static", on_gpu=True, **room) == 0
+    assert prefix_room(None, engine="vllm", on_gpu=True, **room) is None  # vLLM sizes it
+    cpu = prefix_room(None, engine="vllm", on_gpu=False, **room)
+    assert cpu == prefix_room(None, engine="continuous", on_gpu=True, **room)
+    assert cpu == PREFIX_ROOM_BUDGETS * 4096 > 0
+    assert kv_cache_tokens(budget=4096, size=8, block_tokens=128, room=1000) == 4096 + 1024 + 1000
+
+
+def test_the_continuous_engines_pages_hold_the_batch_and_the_prefix_room() -> None:
+    from genq.worker.engines import make_engine
+    from genq.worker.engines.continuous import PAGE_SIZE, ContinuousEngine
+
+    kw = {"engine": "continuous", "max_batch_tokens": 1000, "max_batch_size": 4}
+    plain = make_engine(WorkerSettings.build(kw, env={}))
+    room = make_engine(WorkerSettings.build({**kw, "prefix_cache_tokens": 320}, env={}))
+    assert isinstance(plain, ContinuousEngine) and isinstance(room, ContinuousEngine)
+    assert plain.prefix_room == 1000 and room.prefix_room == 320
+    assert plain._configs[0].num_blocks == 63 + 4 + 63  # ceil(1000 / 16) + a page a request
+    assert room._configs[0].num_blocks == 63 + 4 + 320 // PAGE_SIZE

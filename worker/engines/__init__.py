@@ -2,19 +2,19 @@
 
 ``static`` (transformers ``generate`` per batch), ``continuous`` (transformers' continuous
 batching), ``vllm_engine`` (vLLM's engine) and ``echo`` (no model, for load tests) share the
-small interface in ``base``. Beside them: ``builtin_models`` (the tiny and random-250m models,
-built offline), ``packaged_models`` (smollm2-135m from its PyPI package), ``chat`` (chat
-templates), ``grammar`` (response formats compiled by xgrammar, and the logits processor
-that holds rows to them) and ``simulated_cache`` (the echo engine's prefix cache, an LRU of
-hashed prompt blocks). Engines that need torch import it only when built, so the worker's
-other modules stay importable without it.
+small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-250m and
+random-1b models, built offline), ``packaged_models`` (smollm2-135m from its PyPI
+package), ``chat`` (chat templates), ``grammar`` (response formats compiled by xgrammar, and
+the logits processor that holds rows to them) and ``simulated_cache`` (the echo engine's
+prefix cache, an LRU of hashed prompt blocks). Engines that need torch import it only when
+built, so the worker's other modules stay importable without it.
 """
 
 from __future__ import annotations
 
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import BatchReport, Engine, GenerationInput, GenerationOutput
-from genq.worker.policy.sizing import BatchLimits, batch_limits
+from genq.worker.policy.sizing import BatchLimits, batch_limits, prefix_room
 
 __all__ = ["BatchReport", "Engine", "GenerationInput", "GenerationOutput", "make_engine"]
 
@@ -43,6 +43,7 @@ def make_engine(settings: WorkerSettings) -> Engine:
             device=settings.device,
             max_batch_tokens=limits.tokens,
             max_batch_size=limits.size,
+            prefix_room_tokens=_room(settings, limits) or 0,
         )
     else:
         engine = StaticEngine(model, tokenizer, settings.device)
@@ -69,7 +70,19 @@ def _other_engine(settings: WorkerSettings, limits: BatchLimits) -> Engine:
             settings.dtype,
             max_batch_tokens=limits.tokens,
             max_batch_size=limits.size,
+            prefix_room_tokens=_room(settings, limits),
             vllm_args=settings.vllm_engine_args,
         )
     engine.limits = limits
     return engine
+
+
+def _room(settings: WorkerSettings, limits: BatchLimits) -> int | None:
+    """KV-cache tokens kept for prefixes beyond the batch (``sizing.prefix_room``)."""
+    return prefix_room(
+        settings.prefix_cache_tokens,
+        engine=settings.engine,
+        budget=limits.tokens,
+        on_gpu=settings.device.startswith("cuda"),
+        echo_cache_tokens=settings.echo_cache_tokens,
+    )

