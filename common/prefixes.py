@@ -172,7 +172,7 @@ local function pick_items(idx, n)
   if AFF_WAIT_MS <= 0 then return redis.call('LPOP', idx, n) or {{}}, false end
   local items = redis.call('LRANGE', idx, 0, math.max({WINDOW}, n) - 1)
   local late, mine, free, cold, left = {{}}, {{}}, {{}}, {{}}, false
-  local me_ok = available(me) or load_view().live[me] == nil
+  local me_ok = nil  -- looked up at the first keyed item (keyless work needs no load view)
   for j, it in ipairs(items) do
     local k = item_key(it)
     local since = tonumber(string.match(it, '^%S+ %x+ (%d+)$'))
@@ -184,6 +184,7 @@ local function pick_items(idx, n)
       for w in string.gmatch(holders or '', '%S+') do
         if w == me then ours = true elseif available(w) then other = true end
       end
+      if ours and me_ok == nil then me_ok = available(me) or load_view().live[me] == nil end
       if ours and me_ok then table.insert(mine, j)
       elseif not other then table.insert(cold, j)
       else
