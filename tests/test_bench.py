@@ -171,6 +171,9 @@ def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -
     )
     # A flood batch ran at least its simulated steps (the goal's "one batch time", as measured).
     assert rep["batch_run_ms"]["fair"] >= rep["batch_ms"], rep
+    assert rep["weights_ratio"]["to_last_start"] > 1
+    five = rep["five_weights"]  # every tenant served, a worker killed mid-way
+    assert all(five[f"backlogged:t{i}"] > 0 for i in range(1, 6)), five
 
 
 def test_the_service_gap_is_the_most_the_difference_moved_while_both_waited() -> None:
@@ -306,3 +309,38 @@ def test_prefix_scenario_runs_every_variant_both_ways_and_counts_cache_hits() ->
     shared = report["runs"]["uniform"]
     assert all(r["hit_rate"] > 0 for r in shared), "shared prefixes hit the simulated caches"
     assert all(r["hit_rate"] == 0 for r in report["runs"]["no shared prefix"])
+    online = report["online"]
+    assert sorted(r["aware"] for r in online) == [False, True]
+    assert all(r["succeeded"] == r["requests"] == report["requests"] // 2 for r in online)
+    assert all(r["wait_prefill_p50_ms"] >= 0 and r["hit_rate"] > 0 for r in online)
+
+
+def test_shares_per_unit_of_weight_count_only_starts_in_the_stretch() -> None:
+    from genq.common.models import Result, Timings, Usage
+    from genq.worker.bench.tenant_weights import _per_weight
+
+    def started(tenant: str, at: int, prompt: int) -> Result:
+        return Result(
+            id=f"{tenant}-{at}",
+            status="succeeded",
+            tenant=tenant,
+            usage=Usage(prompt_tokens=prompt),
+            timings=Timings(queued_unix_ms=0, started_unix_ms=at),
+        )
+
+    # Tokens in proportion to the weights 1, 1, 2, 4, 8, then a late start outside [10, 20].
+    fair = [started(f"t{i}", 15, 10 * w) for i, w in enumerate((1, 1, 2, 4, 8), start=1)]
+    out = _per_weight([*fair, started("t5", 25, 999)], 10, 20, "s")
+    assert out["s"] == 0 and out["s:t5"] == 1.0
+    skewed = _per_weight([*fair, started("t1", 12, 10)], 10, 20, "s")
+    assert skewed["s:t1"] == round(20 / 12, 4) and skewed["s"] == round(20 / 12 - 1, 4)
+
+
+def test_the_vllm_prefix_workload_shuffles_equally_popular_system_prompts() -> None:
+    from genq.worker.bench.prefix_engine import SYSTEMS, shuffled_workload
+
+    prompts = shuffled_workload(64)
+    systems = [p.split("Question: ")[0] for p in prompts]
+    assert len(set(systems)) == SYSTEMS and all(systems.count(x) == 8 for x in set(systems))
+    assert not all(systems[i] == systems[i % SYSTEMS] for i in range(64))  # not in turn
+    assert len(set(prompts)) == 64  # each with a question of its own

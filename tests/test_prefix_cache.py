@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import openai
 import pytest
 from genq.producer import Client
 from genq.worker.engines.base import GenerationInput
@@ -112,3 +113,31 @@ def test_the_openai_sdk_sees_cached_tokens_on_chat_completions_and_responses(
     client.responses.create(model="echo", input=SYSTEM + "z", max_output_tokens=4)
     response = client.responses.create(model="echo", input=SYSTEM + "w", max_output_tokens=4)
     assert response.usage.input_tokens_details.cached_tokens >= 512
+
+
+@pytest.mark.parametrize("bad", [7, "", "k" * 257, ["a"]])
+def test_a_bad_prompt_cache_key_is_one_clear_400_on_every_route(
+    openai_client: Any, queue: str, start_worker: Callable[..., WorkerProcess], bad: Any
+) -> None:
+    start_worker(queue, "--engine", "echo", "--max-batch-size", "1")
+    client = openai_client
+    wait_until(lambda: [m.id for m in client.models.list()] == ["echo"], timeout_s=60)
+    calls = {
+        "chat": lambda: client.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "hi"}], prompt_cache_key=bad
+        ),
+        "completions": lambda: client.completions.create(
+            model="echo", prompt="hi", extra_body={"prompt_cache_key": bad}
+        ),
+        "responses": lambda: client.responses.create(
+            model="echo", input="hi", prompt_cache_key=bad
+        ),
+    }
+    for route, call in calls.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            call()
+        assert "prompt_cache_key" in str(refused.value), route
+    ok = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "hi"}], prompt_cache_key="app-1"
+    )
+    assert ok.choices[0].message.content  # a good key, and the worker, are unharmed

@@ -11,9 +11,13 @@ module              what it measures
 ``gateway``         ``genq serve`` against the client library, per request and streamed
 ``vllm_compare``    vLLM alone against vLLM through the queue
 ``tenants``         fair share: a flood against a trickle, weights, tokens per minute
+``tenant_fleet``    one tenants case's fleet, and the counts the cases share
+``tenant_weights``  weights 3:1 over the fleet; 1, 1, 2, 4, 8 with a worker killed
 ``structured``      a JSON schema against free text, per engine; compile costs
 ``webhooks``        webhook delivery latency and deliveries per second
 ``dashboard``       a dashboard refresh's cost in Redis, and its render time, on a busy queue
 ``prefix``          placement by prefix on and off: echo workers with simulated prefix caches
+``prefix_engine``   the same on vLLM (smollm2-135m): shuffled shared prefixes, chats through
+                    ``genq serve`` (``--scenario prefix-vllm``)
 ==================  =========================================================================
 """

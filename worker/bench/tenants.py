@@ -17,7 +17,11 @@ Each case runs on real ``genq worker --engine echo --echo-step-ms S`` processes 
   than fifo. (Counted from the heavy tenant's first submission, as this bench did before, the
   heavy tenant's lead before the light one's submission lands counts too: shown beside it.)
 - **Weights**: weights 3 and 1, both backlogged, over the whole fleet: tokens served (at each
-  start) while both have requests queued in Redis. Goal: within 10% of 3:1.
+  start) while both have requests queued in Redis. Goal: within 10% of 3:1. And up to the
+  first tenant's last start (its last requests waiting in look-aheads included): within 15%.
+- **Five weights and a kill**: tenants at weights 1, 1, 2, 4, 8, all backlogged; one of the
+  three workers killed (SIGKILL) a third of the way through. Tokens per unit of weight at each
+  start, to the first tenant's last start: goal within 7% of the mean for every tenant.
 - **A real model** (not ``quick``): flood vs trickle again, on ``--engine continuous --model
   tiny`` (transformers' continuous batching on the built-in model), fair against fifo.
 - **Quota** (not ``quick``): a tenant limited to N tokens a minute, backlogged for over a minute,
@@ -34,13 +38,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-from genq.common import tenants as registry
-from genq.common.keys import Keys
 from genq.common.models import Result
 from genq.producer import Client
-from genq.worker.bench.fleet import Fleet, redis_counters
+from genq.worker.bench.fleet import redis_counters
 from genq.worker.bench.modes import percentile
+from genq.worker.bench.tenant_fleet import TenantCase, both_waiting, weighted
+from genq.worker.bench.tenant_weights import weights, weights_with_a_kill
 
 POLICIES = ("fair", "fifo")
 FROM_FIRST = "start_from_first_submission"
@@ -82,6 +85,9 @@ class TenantsReport:
     service_gap_runs: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     """Per policy and way of counting: each round's gap."""
     weights_ratio: dict[str, float] = field(default_factory=dict)
+    five_weights: dict[str, float] = field(default_factory=dict)
+    """Weights 1, 1, 2, 4, 8 with a worker killed: each tenant's share per unit of weight over
+    the mean, and the largest deviation."""
     """Weight 3 over weight 1, tokens served: while both are backlogged in the queue, and to the
     first tenant's last finish."""
     quota: dict[str, float] = field(default_factory=dict)
@@ -110,38 +116,6 @@ def _trickle(client: Client, n: int, every_s: float, tenant: str) -> list[str]:
     return ids
 
 
-class _Case:
-    """One fleet on a fresh queue with one tenant policy."""
-
-    def __init__(
-        self,
-        url: str,
-        name: str,
-        policy: str,
-        workers: int,
-        step_ms: float,
-        worker: dict[str, object] | None = None,
-        **settings: Any,
-    ) -> None:
-        """``worker``: more worker settings (another engine); ``settings``: tenants' settings
-        (``genq tenants set``) made before the fleet starts."""
-        self.queue = f"tenants-{name}-{policy}-{int(time.time() * 1000)}"
-        self.r = redis.Redis.from_url(url)
-        self.client = Client(self.r, self.queue)
-        for tenant, changes in settings.items():
-            registry.update(self.r, Keys(self.queue), tenant, **changes)
-        more = worker or {}
-        self.fleet = Fleet(url, self.queue, [step_ms] * workers, 16, tenant_policy=policy, **more)
-
-    def __enter__(self) -> _Case:
-        self.fleet.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.fleet.__exit__()
-        self.client.close()
-
-
 def flood_vs_trickle(
     url: str, policy: str, *, workers: int, step_ms: float, flood: int, trickle: int, every_s: float
 ) -> tuple[list[float], float, float, list[float]]:
@@ -149,7 +123,7 @@ def flood_vs_trickle(
     any others found the fleet idle), the flood's makespan (its first queued to its last
     finished), Redis commands per request, and how long each flood request's batch ran (its
     start to its finish, ms: the simulated steps plus what a batch costs around them)."""
-    with _Case(url, "flood", policy, workers, step_ms) as case:
+    with TenantCase(url, "flood", policy, workers, step_ms) as case:
         c = case.client
         calls0, _ = redis_counters(case.r)
         a_ids = c.submit_many([f"flood {i}" for i in range(flood)], tenant="a", max_new_tokens=16)
@@ -170,7 +144,7 @@ def model_case(url: str, policy: str, *, model: str) -> dict[str, float]:
     """Flood vs trickle on a real model: one continuous worker, 200 requests of tenant A, then
     B's 8, one every 0.3 s."""
     worker: dict[str, object] = {"engine": "continuous", "model": model}
-    with _Case(url, "model", policy, 1, 0.0, worker=worker) as case:
+    with TenantCase(url, "model", policy, 1, 0.0, worker=worker) as case:
         c = case.client
         a_ids = c.submit_many(
             [f"flood {i} of many" for i in range(200)], tenant="a", max_new_tokens=16
@@ -184,14 +158,10 @@ def idle_trickle(
     url: str, *, workers: int, step_ms: float, trickle: int, every_s: float
 ) -> dict[str, float]:
     """B alone on an idle fleet."""
-    with _Case(url, "idle", "fair", workers, step_ms) as case:
+    with TenantCase(url, "idle", "fair", workers, step_ms) as case:
         return _waits(
             case.client.results(_trickle(case.client, trickle, every_s, "b"), timeout=600)
         )
-
-
-def _weighted(x: Result) -> int:
-    return x.usage.prompt_tokens + 2 * x.usage.completion_tokens
 
 
 def service_gap(
@@ -200,7 +170,7 @@ def service_gap(
     """The largest gap in weighted tokens served between a heavy and a light tenant over any
     stretch of time while both wait (``_gap``): counted at each request's start, and at its
     finish; and, for comparison, counted from the heavy tenant's first submission."""
-    with _Case(url, "gap", policy, workers, step_ms) as case:
+    with TenantCase(url, "gap", policy, workers, step_ms) as case:
         c = case.client
         heavy = c.submit_many(["h" * 320] * (n_light // 10), tenant="heavy", max_new_tokens=160)
         light = c.submit_many(["l" * 32] * n_light, tenant="light", max_new_tokens=16)
@@ -227,7 +197,7 @@ def _gap(
     request queued until the first of them has nothing left to start. ``from_first``: counted
     from zero at the first submission instead (the heavy tenant's lead before the light one
     submitted counts too)."""
-    begin, end = _both_waiting(results, when)
+    begin, end = both_waiting(results, when)
     begin = 0 if from_first else begin
     diff, low, high = 0, 0, 0
     for x in sorted(results, key=when):
@@ -235,21 +205,9 @@ def _gap(
             continue  # chosen before both waited
         if when(x) >= end:
             break
-        diff += _weighted(x) if x.tenant == "heavy" else -_weighted(x)
+        diff += weighted(x) if x.tenant == "heavy" else -weighted(x)
         low, high = min(low, diff), max(high, diff)
     return float(high if from_first else high - low)
-
-
-def _both_waiting(
-    results: Sequence[Result],
-    when: Callable[[Result], int],
-    tenants: tuple[str, str] = ("heavy", "light"),
-) -> tuple[int, int]:
-    """From when both tenants had a request queued to the last ``when`` of whichever ended
-    first."""
-    queued = [min(x.timings.queued_unix_ms or 0 for x in results if x.tenant == t) for t in tenants]
-    end = min(max(when(x) for x in results if x.tenant == t) for t in tenants)
-    return max(queued), end
 
 
 def _gap_as_produced(results: Sequence[Result]) -> float:
@@ -257,7 +215,7 @@ def _gap_as_produced(results: Sequence[Result]) -> float:
     prompt at its start, its generated tokens (x2) evenly from its start to its finish, as VTC
     counts tokens on an engine that reports them step by step. The difference is piecewise
     linear, so its extremes are at the starts and finishes: one sweep over them."""
-    begin, end = _both_waiting(results, lambda x: x.timings.started_unix_ms or 0)
+    begin, end = both_waiting(results, lambda x: x.timings.started_unix_ms or 0)
     events: list[tuple[float, float, float]] = []  # (time, jump, change of slope per ms)
     for x in results:
         start, finish = x.timings.started_unix_ms or 0, x.timings.finished_unix_ms or 0
@@ -284,57 +242,13 @@ def _gap_as_produced(results: Sequence[Result]) -> float:
     return high - low
 
 
-def weights(url: str, *, workers: int, step_ms: float, n: int) -> dict[str, float]:
-    """Tokens served to a weight-3 tenant over a weight-1 one while both are backlogged: counted
-    at each request's start from when both have a request queued until one has none left queued
-    in Redis (a watcher reads their indexes every few ms); and, as before, at finishes until
-    the first tenant's last (which adds the tail where one tenant's last requests wait only in
-    some workers' look-aheads while the others, work-conserving, serve the other tenant)."""
-    with _Case(url, "weights", "fair", workers, step_ms, three={"weight": 3}) as case:
-        c = case.client
-        keys = Keys(case.queue)
-        drained: list[int] = []
-        watching = threading.Event()
-
-        def watch() -> None:  # Redis' clock, as the results' timings
-            while not watching.wait(0.002):
-                lengths = [case.r.llen(keys.tenant_index("normal", t)) for t in ("three", "one")]
-                if 0 in lengths:
-                    seconds, micros = case.r.time()
-                    drained.append(seconds * 1000 + micros // 1000)
-                    return
-
-        ids = c.submit_many(["w" * 32] * n, tenant="three", max_new_tokens=16)
-        ids += c.submit_many(["w" * 32] * n, tenant="one", max_new_tokens=16)
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        results = c.results(ids, timeout=900)
-        watching.set()
-        watcher.join()
-    begin, _ = _both_waiting(results, lambda x: 0, ("three", "one"))
-    start = [x for x in results if begin <= (x.timings.started_unix_ms or 0) < (drained or [0])[0]]
-    end = min(
-        max(x.timings.finished_unix_ms or 0 for x in results if x.tenant == t)
-        for t in ("three", "one")
-    )
-    finish = [x for x in results if (x.timings.finished_unix_ms or 0) < end]
-    return {"backlogged": _ratio(start), "to_first_end": _ratio(finish)}
-
-
-def _ratio(results: Sequence[Result]) -> float:
-    got = {"three": 0, "one": 0}
-    for x in results:
-        got[x.tenant] += _weighted(x)
-    return got["three"] / max(1, got["one"])
-
-
 def quota(
     url: str, *, workers: int, step_ms: float, per_minute: int, run_s: float, every_s: float
 ) -> dict[str, float]:
     """A tenant limited to ``per_minute`` tokens, backlogged for ``run_s``, beside a trickle."""
     limit = {"tokens_per_minute": per_minute}
     budget: dict[str, object] = {"max_batch_tokens": BATCH_TOKENS}
-    with _Case(url, "quota", "fair", workers, step_ms, worker=budget, capped=limit) as case:
+    with TenantCase(url, "quota", "fair", workers, step_ms, worker=budget, capped=limit) as case:
         c = case.client
         capped = c.submit_many(["q" * 32] * 2000, tenant="capped", max_new_tokens=16)
         trickle: list[str] = []
@@ -410,7 +324,10 @@ def run_tenants(url: str, *, quick: bool = False) -> TenantsReport:
         policy: {at: statistics.median(v) for at, v in runs.items()}
         for policy, runs in report.service_gap_runs.items()
     }
-    report.weights_ratio = weights(url, workers=3, step_ms=step_ms, n=100 if quick else 1000)
+    report.weights_ratio = weights(url, workers=3, step_ms=step_ms, n=100 if quick else 1200)
+    report.five_weights = weights_with_a_kill(
+        url, workers=3, step_ms=step_ms, n=100 if quick else 600
+    )
     if not quick:
         for policy in POLICIES:
             report.model_wait_ms[policy] = model_case(url, policy, model="tiny")
@@ -473,6 +390,13 @@ def tenants_markdown(rep: TenantsReport) -> str:
         f"| weights 3:1, tokens served while both are backlogged in the queue (to the first "
         f"tenant's last finish: {rep.weights_ratio.get('to_first_end', 0):.2f} : 1) | "
         f"{rep.weights_ratio.get('backlogged', 0):.2f} : 1 | | 2.7-3.3 |",
+        f"| weights 3:1, tokens at each start up to the first tenant's last start | "
+        f"{rep.weights_ratio.get('to_last_start', 0):.2f} : 1 | | 2.55-3.45 (within 15%) |",
+        f"| weights 1, 1, 2, 4, 8, a worker killed a third of the way: largest deviation of a "
+        f"tenant's tokens per unit of weight from the mean, to the first tenant's last start | "
+        f"{rep.five_weights.get('backlogged', 0):.1%} while all have work queued "
+        f"({rep.five_weights.get('to_last_start', 0):.1%} to the first tenant's last start) "
+        f"| | <= 7% |",
     ]
     if rep.model_wait_ms:
         m_fair, m_fifo = rep.model_wait_ms["fair"], rep.model_wait_ms["fifo"]

@@ -20,10 +20,9 @@ from rich.table import Table
 T = TypeVar("T")
 QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "auto")]
 """The engines measured through the queue (echo has no model to measure)."""
-
-
-SCENARIOS: tuple[str, ...] = ("modes", "priority", "fleet", "gateway", "tenants", "structured")
-SCENARIOS += ("webhooks", "dashboard", "prefix")
+MODULES = {"prefix-vllm": "prefix_engine"}  # scenario -> module of genq.worker.bench
+SELF_RUN = ("structured", "webhooks", "dashboard", "prefix", "prefix-vllm")  # run_and_print
+SCENARIOS = ("modes", "priority", "fleet", "gateway", "tenants", *SELF_RUN)
 
 
 @click.command()
@@ -79,7 +78,8 @@ SCENARIOS += ("webhooks", "dashboard", "prefix")
     "structured: tokens/s with a JSON schema against free, per engine, and compile costs; "
     "webhooks: delivery latency after a final state, and deliveries/s of one gateway; "
     "dashboard: a refresh's cost in Redis and the overview's render time, on a busy queue; "
-    "prefix: echo workers with simulated prefix caches, placement by prefix on and off",
+    "prefix: echo workers with simulated prefix caches, placement by prefix on and off; "
+    "prefix-vllm: the same on vLLM (smollm2-135m), with chats through genq serve",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
@@ -434,8 +434,8 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
 def _other_scenario(scenario: str, params: dict[str, Any]) -> None:
     """The scenarios that take only ``--redis-url``, ``--quick`` and ``--json`` (and
     ``structured``, which reads the rest of the parameters itself)."""
-    if scenario in ("structured", "webhooks", "dashboard", "prefix"):
-        module = import_module(f"genq.worker.bench.{scenario}")
+    if scenario in SELF_RUN:
+        module = import_module(f"genq.worker.bench.{MODULES.get(scenario, scenario)}")
         return module.run_and_print(params)  # type: ignore[no-any-return]
     run = {"fleet": _fleet_scenario, "gateway": _gateway_scenario, "tenants": _tenants_scenario}
     run[scenario](params["redis_url"], quick=params["quick"], as_json=params["as_json"])
