@@ -127,5 +127,7 @@ def test_the_gpu_bench_model_has_a_few_hundred_million_parameters() -> None:
 
     with torch.device("meta"):  # shapes only: nothing is allocated or initialised
         model = LlamaForCausalLM(LlamaConfig(**BUILTIN_CONFIGS["random-250m"]))
+        big = LlamaForCausalLM(LlamaConfig(**BUILTIN_CONFIGS["random-1b"]))
     params = sum(p.numel() for p in model.parameters())
     assert 200e6 < params < 400e6
+    assert 0.95e9 < sum(p.numel() for p in big.parameters()) < 1.0e9  # Llama-3.2-1B's shape

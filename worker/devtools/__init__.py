@@ -2,7 +2,8 @@
 
 - ``redis_server``: a private redis-server (tests, the demo, benchmarks);
 - ``worker_process``, ``gateway_process``: a worker or gateway in a subprocess;
-- ``webhook_receiver``: an HTTP endpoint that records the webhook deliveries it gets.
+- ``webhook_receiver``: an HTTP endpoint that records the webhook deliveries it gets;
+- ``gpu_check``: the prepared GPU check's cases and its one table (``scripts/gpu_check.sh``).
 
 The bench scenarios themselves are in ``genq.worker.bench``.
 """

@@ -1,0 +1,164 @@
+"""The prepared GPU check (``scripts/gpu_check.sh run`` calls it): the GPU measurements
+BENCHMARKS.md reports, in one go inside a time limit, as one markdown table.
+
+Each case is one ``genq bench`` run (``--json``, in a process of its own, so a case that runs
+out of time is stopped and reported as such): an engine in-process against the same engine
+through the queue (a private redis-server and a real ``genq worker``), on the built-in
+``random-250m`` and ``random-1b`` (Llama-3.2-1B's shape, random weights), static and
+continuous. Cases run in order of importance; what the time left cannot hold is reported as
+not run. ``--dry-run``: the same cases on the CPU with the tiny model and a few requests (to
+test the script where there is no GPU). Cases that need what such a machine lacks (vLLM, for
+the prefix and adapter cases) are listed as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+LIMIT_S = 480
+"""The whole check's time limit (8 minutes: the device tool lends a machine for 15)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One ``genq bench`` run: ``mode`` in-process against ``queue_engine`` through the
+    queue."""
+
+    model: str
+    mode: str
+    queue_engine: str
+    requests: int
+    repeats: int
+
+    def args(self, device: str) -> list[str]:
+        return [
+            "bench",
+            "--device",
+            device,
+            "--model",
+            self.model,
+            "--requests",
+            str(self.requests),
+            "--repeats",
+            str(self.repeats),
+            "--modes",
+            self.mode,
+            "--queue-engine",
+            self.queue_engine,
+            "--json",
+        ]
+
+
+GPU_CASES = (
+    Case("random-250m", "budgeted_static", "static", 256, 2),
+    Case("random-250m", "continuous", "continuous", 256, 1),
+    Case("random-1b", "budgeted_static", "static", 256, 1),
+    Case("random-1b", "continuous", "continuous", 256, 1),
+)
+SKIPPED = (
+    ("prefix placement on vLLM (`genq bench --scenario prefix-vllm`)", "needs vLLM"),
+    ("models and adapters", "not built yet (#37)"),
+)
+
+
+def dry_cases() -> tuple[Case, ...]:
+    """The GPU cases' shape on the tiny model, small enough for a CPU."""
+    return tuple(Case("tiny", c.mode, c.queue_engine, 16, 1) for c in GPU_CASES[:2])
+
+
+def run_case(case: Case, device: str, timeout_s: float) -> dict[str, Any]:
+    """One case's row: tokens/s in-process and through the queue, their ratio, its time."""
+    t0 = time.perf_counter()
+    command = [sys.executable, "-m", "genq.worker", *case.args(device)]
+    row: dict[str, Any] = {"model": case.model, "engine": case.queue_engine}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=max(1, timeout_s))
+    except subprocess.TimeoutExpired:
+        return {**row, "status": f"stopped after {timeout_s:.0f} s (time limit)"}
+    row["wall_s"] = round(time.perf_counter() - t0, 1)
+    if done.returncode != 0:
+        return {**row, "status": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
+    report = json.loads(done.stdout)
+    speeds = {m["mode"]: m["tokens_per_s"] for m in report["modes"]}
+    row["in_process"] = speeds.get(case.mode)
+    row["queue"] = speeds.get(f"queue_{case.queue_engine}")
+    row["ratio"] = report["queue_vs_best_in_process"]
+    return {**row, "status": "ok"}
+
+
+def machine(device: str) -> str:
+    """The machine in one line: the GPU, python, torch, transformers, redis-server."""
+    import torch
+    import transformers
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
+    version = next((w for w in redis.stdout.split() if w.startswith("v=")), "v=?")[2:]
+    whose = "carried" if ".gpu_check" in (shutil.which("redis-server") or "") else "the machine's"
+    return (
+        f"GPU {gpu}; python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, redis-server {version} ({whose})"
+    )
+
+
+def markdown(rows: list[dict[str, Any]], header: str, device: str) -> str:
+    """The check's one table, with what it did not run."""
+    lines = [
+        f"GPU check ({header}; device {device}).",
+        "",
+        "| model | engine | in-process tokens/s | through the queue tokens/s | queue ÷ in-process "
+        "| s | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        speed = [r.get(k) for k in ("in_process", "queue")]
+        cells = ["-" if v is None else f"{v:,.0f}" for v in speed]
+        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+        lines.append(
+            f"| {r['model']} | {r['engine']} | {cells[0]} | {cells[1]} | {ratio} | "
+            f"{r.get('wall_s', '-')} | {r['status']} |"
+        )
+    lines += ["", *(f"- Not run: {what} ({why})." for what, why in SKIPPED)]
+    return "\n".join(lines) + "\n"
+
+
+def check(*, dry_run: bool, output: Path, limit_s: float = LIMIT_S) -> list[dict[str, Any]]:
+    """Every case that fits in ``limit_s``; the table written to ``output``."""
+    device = "cpu" if dry_run else "cuda"
+    deadline = time.monotonic() + limit_s
+    rows = []
+    for case in dry_cases() if dry_run else GPU_CASES:
+        left = deadline - time.monotonic()
+        if left < 20:
+            rows.append({"model": case.model, "engine": case.queue_engine, "status": "no time"})
+            continue
+        rows.append(run_case(case, device, left))
+        click.echo(f"gpu check: {rows[-1]}", err=True)
+    output.write_text(markdown(rows, machine(device), device))
+    return rows
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="the cases on the CPU with the tiny model")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("gpu_check.md"))
+@click.option("--limit-s", type=float, default=LIMIT_S, show_default=True)
+def main(dry_run: bool, output: Path, limit_s: float) -> None:
+    """Run the GPU check and write its table to OUTPUT."""
+    rows = check(dry_run=dry_run, output=output, limit_s=limit_s)
+    click.echo(output.read_text())
+    if any(r["status"].startswith("failed") for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
