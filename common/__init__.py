@@ -12,6 +12,7 @@ module             what it holds
 ``keys``           every Redis key, with the key table
 ``wire``           stream entries and requests, events
 ``scripts``        the ``SUBMIT`` and ``APPLY`` Lua scripts and what they answer
+``script_calls``   scripts sent by hash (EVALSHA), the source only where Redis lacks it
 ``fair_share``     the Lua of tenants' fair share: indexes, a worker's read and hand-back
 ``prefixes``       prefix keys (no tokenizer), their scoping per tenant, the read's affinity
 ``tenants``        ``TenantSettings``: weight, tokens per minute, most queued; stored

@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from genq.common import script_calls
 from genq.common.keys import Keys
 from genq.common.wire import as_text
 
@@ -90,7 +91,7 @@ def add(pipe: Any, keys: Keys, fields: Mapping[str, int], now_ms: int) -> None:
     args: list[Any] = [keys.history(""), BUCKET_S, BUCKET_TTL_S, now_ms // 1000]
     for k, v in fields.items():
         args += [k, v]
-    pipe.execute_command("EVAL", HISTORY, 1, keys.waiting, *args)
+    script_calls.add(pipe, HISTORY, 1, keys.waiting, *args)
 
 
 def percentile(bins: Mapping[int, int], q: float) -> int | None:

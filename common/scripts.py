@@ -16,9 +16,9 @@ Each runs inside Redis as one step, so there is no window between a check and a 
   does not own its id (a second plain XADD with an id already in use) changes nothing: it is
   acknowledged as a duplicate.
 
-Callers send them with EVAL (Redis caches the compiled script), never EVALSHA: a Redis that
-restarted has an empty script cache, and a NOSCRIPT error in the middle of a pipeline would
-leave the commands around it half done.
+Callers send them by their hash (``script_calls``: EVALSHA, and the source again only for a
+call that answered NOSCRIPT, after a Redis restart or ``SCRIPT FLUSH``; the other commands of
+its pipeline are not repeated).
 
 Keys are passed as KEYS (never built in Lua), so every key still comes from ``keys.py``.
 The same Lua is also loaded as a Redis Functions library (``functions.py``) for clients in
@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Any
 
+from genq.common import script_calls
 from genq.common.connection import is_cluster
 from genq.common.fair_share import DOORBELL_MAX, PRIORITY_LUA, TENANTS_LUA
 from genq.common.keys import GROUP, QUEUED, Keys
@@ -448,10 +449,10 @@ def apply(
     else:
         calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token, unstarted=unstarted)]
     for script_keys, args in calls:
-        pipe.execute_command("EVAL", APPLY, len(script_keys), *script_keys, *args)
+        script_calls.add(pipe, APPLY, len(script_keys), *script_keys, *args)
     if also is not None:
         also(pipe)
-    replies = pipe.execute()
+    replies = script_calls.execute(pipe)
     if not cluster:
         return list(replies[0])
     written = [int(x[0]) for x in replies[: len(calls)]]

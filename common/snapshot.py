@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import orjson
-from genq.common import history
+from genq.common import history, script_calls
 from genq.common.connection import is_cluster
 from genq.common.keys import GROUP, QUEUED, RETURNED, Keys
 from genq.common.models import PRIORITIES, host_now_ms
@@ -145,7 +145,7 @@ def read(r: Any, keys: Keys, history_buckets: int = 0) -> dict[str, Any]:
         history.BUCKET_S,
         host_now_ms(),
     ]
-    raw: Any = r.eval(SNAPSHOT, len(script_keys), *script_keys, *args)
+    raw: Any = script_calls.call(r, SNAPSHOT, len(script_keys), *script_keys, *args)
     doc: dict[str, Any] = orjson.loads(raw)
     return doc
 

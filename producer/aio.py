@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from genq.common import script_calls
 from genq.common.connection import (
     CLUSTER_RETRIES,
     TRANSIENT_ERRORS,
@@ -108,8 +109,8 @@ class AsyncClient:
     async def _submit(self, requests: Sequence[Prepared], cluster: bool) -> list[str]:
         pipe = self.redis.pipeline(transaction=False)
         for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s, cluster):
-            pipe.execute_command("EVAL", SUBMIT, len(script_keys), *script_keys, *args)
-        replies = await pipe.execute(raise_on_error=False)
+            script_calls.add(pipe, SUBMIT, len(script_keys), *script_keys, *args)
+        replies = await script_calls.execute_async(pipe, raise_on_error=False)
         if cluster:  # the queued states, after the entries (see Keys.submitted)
             pipe = self.redis.pipeline(transaction=False)
             for key, state in queued_writes(self.keys, requests, replies):
@@ -129,7 +130,8 @@ class AsyncClient:
             return False
         script_keys, args = call
         return cancel_outcome(
-            request_id, await self.redis.eval(APPLY, len(script_keys), *script_keys, *args)
+            request_id,
+            await script_calls.call_async(self.redis, APPLY, len(script_keys), *script_keys, *args),
         )
 
     async def status(self, request_id: str) -> Result:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
+from genq.common import script_calls
 from genq.common.connection import (
     CLUSTER_RETRIES,
     TRANSIENT_ERRORS,
@@ -106,8 +107,8 @@ class Client:
     def _submit(self, requests: Sequence[Prepared], cluster: bool) -> list[str]:
         pipe = self.redis.pipeline(transaction=False)
         for script_keys, args in submit_calls(self.keys, requests, self.result_ttl_s, cluster):
-            pipe.execute_command("EVAL", SUBMIT, len(script_keys), *script_keys, *args)  # type: ignore[no-untyped-call]
-        replies = pipe.execute(raise_on_error=False)
+            script_calls.add(pipe, SUBMIT, len(script_keys), *script_keys, *args)
+        replies = script_calls.execute(pipe, raise_on_error=False)
         if cluster:  # the queued states, after the entries (see Keys.submitted)
             pipe = self.redis.pipeline(transaction=False)
             for key, state in queued_writes(self.keys, requests, replies):
@@ -127,7 +128,7 @@ class Client:
             return False
         script_keys, args = call
         return cancel_outcome(
-            request_id, self.redis.eval(APPLY, len(script_keys), *script_keys, *args)
+            request_id, script_calls.call(self.redis, APPLY, len(script_keys), *script_keys, *args)
         )
 
     def status(self, request_id: str) -> Result:

@@ -241,7 +241,7 @@ at different lengths."""
 GENQ_ACL = (
     "on >genq-secret ~genq:* resetchannels -@all +@connection "
     "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
-    "+hkeys +hmget +eval "
+    "+hkeys +hmget +eval +evalsha "
     "+fcall +function|load +time "
     "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
     "+xgroup|create +xinfo|groups +xinfo|consumers "

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from genq.common import script_calls
 from genq.common.fair_share import weighted_tokens
 from genq.common.keys import Keys
 from genq.common.tenants import TenantSettings
@@ -95,7 +96,7 @@ class TenantWeights:
         due = now_s - self._read_s >= WEIGHTS_EVERY_S
         if due:
             pipe.hgetall(self.keys.tenants)
-        replies: list[Any] = pipe.execute()
+        replies: list[Any] = script_calls.execute(pipe)
         if due:
             self._read_s = now_s
             found = {as_text(k): TenantSettings.from_json(v) for k, v in replies.pop().items()}

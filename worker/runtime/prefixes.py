@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from genq.common import script_calls
 from genq.common.keys import Keys
 from genq.common.prefixes import HOLD, scoped
 from genq.worker.policy.lookahead import Held
@@ -72,7 +73,7 @@ class PrefixAffinity:
         if not self._ops:
             return 0
         ops = [op + key for key, op in self._ops.items()]
-        pipe.execute_command("EVAL", HOLD, 1, self.keys.config, self.consumer, *ops)
+        script_calls.add(pipe, HOLD, 1, self.keys.config, self.consumer, *ops)
         return len(ops)
 
     def sent(self, n: int) -> None:

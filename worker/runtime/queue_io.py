@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from genq.common import functions, history, states
+from genq.common import functions, history, script_calls, states
 from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.prefixes import HOLDINGS_TTL_S
@@ -221,7 +221,7 @@ class QueueIO:
         rule = self.read_rule
         args = [self.keys.config, *streams, self.consumer, rule, now, burst, *rooms, total]
         args += [probe[0], *self.affinity_args, *probe[1]]
-        pipe.execute_command("EVAL", PULL, 4, *args)  # type: ignore[no-untyped-call]
+        script_calls.add(pipe, PULL, 4, *args)
         replies = self.tenants.weights.read_with(pipe)[skip:]
         self.tenants.sent(sending)
         if self.affinity is not None:
@@ -233,7 +233,7 @@ class QueueIO:
     def take_back(self, room: dict[str, int]) -> Delivered:
         """Claim entries other workers handed back, up to ``room`` per stream (one script)."""
         args: list[str | int] = [GROUP, RETURNED, self.consumer, *room.values()]
-        reply: Any = self.redis.eval(TAKE_BACK, len(room), *room, *args)
+        reply: Any = script_calls.call(self.redis, TAKE_BACK, len(room), *room, *args)
         return reply or []
 
     def hand_back(self, held: Sequence[Held], *, rings: int) -> None:
@@ -242,9 +242,9 @@ class QueueIO:
         next; and ring the doorbell ``rings`` times, which wakes as many idle workers."""
         args = give_back_args(self.keys, held, rings)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.execute_command("EVAL", GIVE_BACK, 4, *args)  # type: ignore[no-untyped-call]
+        script_calls.add(pipe, GIVE_BACK, 4, *args)
         pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
-        pipe.execute()
+        script_calls.execute(pipe)
 
     def mark_running(
         self, items: Sequence[ApplyItem], token: str, held: Sequence[Held] = ()
@@ -326,7 +326,7 @@ class QueueIO:
             held = int(fields.get("held", 0)) + int(fields.get("in_flight", 0))
             pipe.hset(self.keys.load, self.consumer, held)
             pipe.expire(self.keys.load, HOLDINGS_TTL_S)
-        pipe.execute()
+        script_calls.execute(pipe)
 
     def leave(self) -> None:
         """Send the corrections still deferred; delete this worker's stats hash (else it

@@ -1,0 +1,115 @@
+"""How genq's Lua scripts are sent: by their hash (EVALSHA), the source only when Redis lacks
+it.
+
+Every call names its script by SHA1 (``add`` in a pipeline, ``call`` alone), so a request's
+round trips carry a few dozen bytes where they carried the script (the read script alone is
+over 10 KB). A Redis that restarted, or was told ``SCRIPT FLUSH``, answers NOSCRIPT; that call
+alone is sent again by its source (EVAL, which also caches it for the next call). In a
+pipeline the other commands are not repeated: a pipeline is not a transaction, each of its
+commands ran once whatever its neighbours answered, and a NOSCRIPT call did nothing, so
+``execute`` sends again exactly the calls that answered NOSCRIPT, in their order, in one more
+round trip, and puts their replies in their places. (Where a later command of the same
+pipeline read what such a script writes, it ran before the script did: genq's pipelines
+never depend on that order, and it happens only on the first call after a restart.)
+
+The same Lua is also a Functions library (``functions.py``), for clients in other languages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+__all__ = ["add", "call", "call_async", "execute", "execute_async", "sha_of"]
+
+_SOURCES: dict[str, str] = {}
+"""Every script sent so far, by its SHA1: what a NOSCRIPT call is sent again with."""
+
+
+def sha_of(source: str) -> str:
+    """The script's SHA1, as Redis names it (remembered, to send its source if needed)."""
+    sha = hashlib.sha1(source.encode()).hexdigest()
+    _SOURCES.setdefault(sha, source)
+    return sha
+
+
+def add(pipe: Any, source: str, numkeys: int, *args: Any) -> None:
+    """Queue the script on ``pipe`` by its hash (run the pipeline with ``execute``)."""
+    pipe.execute_command("EVALSHA", sha_of(source), numkeys, *args)
+
+
+def call(r: Any, source: str, numkeys: int, *args: Any) -> Any:
+    """Run the script now: by its hash, by its source if Redis does not have it."""
+    try:
+        return r.execute_command("EVALSHA", sha_of(source), numkeys, *args)
+    except NoScriptError:
+        return r.execute_command("EVAL", source, numkeys, *args)
+
+
+async def call_async(r: Any, source: str, numkeys: int, *args: Any) -> Any:
+    """``call`` on an asyncio client."""
+    try:
+        return await r.execute_command("EVALSHA", sha_of(source), numkeys, *args)
+    except NoScriptError:
+        return await r.execute_command("EVAL", source, numkeys, *args)
+
+
+def _queued(pipe: Any) -> list[tuple[Any, ...]]:
+    """The commands queued on ``pipe`` (plain and cluster pipelines, sync and asyncio)."""
+    strategy = getattr(pipe, "_execution_strategy", None)  # cluster pipelines keep them there
+    stack = getattr(strategy, "_command_queue", None)
+    if stack is None:
+        stack = pipe.command_stack
+    return [tuple(c.args if hasattr(c, "args") else c[0]) for c in stack]
+
+
+def _missing(queued: list[tuple[Any, ...]], replies: list[Any]) -> list[int]:
+    """Where an EVALSHA answered NOSCRIPT."""
+    return [
+        i
+        for i, (args, reply) in enumerate(zip(queued, replies, strict=True))
+        if isinstance(reply, NoScriptError) and str(args[0]).upper() == "EVALSHA"
+    ]
+
+
+def _by_source(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    sha = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
+    return ("EVAL", _SOURCES[sha], *args[2:])
+
+
+def _settled(replies: list[Any], raise_on_error: bool) -> list[Any]:
+    if raise_on_error:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+    return replies
+
+
+def execute(pipe: Any, raise_on_error: bool = True) -> list[Any]:
+    """``pipe.execute()``, its scripts sent by hash: those Redis lacked are sent again by
+    source in one more round trip, nothing else is repeated. ``raise_on_error`` as
+    redis-py's (the first error raised after every command ran)."""
+    queued = _queued(pipe)
+    replies = list(pipe.execute(raise_on_error=False))
+    missing = _missing(queued, replies)
+    if missing:
+        for i in missing:
+            pipe.execute_command(*_by_source(queued[i]))
+        for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+            replies[i] = reply
+    return _settled(replies, raise_on_error)
+
+
+async def execute_async(pipe: Any, raise_on_error: bool = True) -> list[Any]:
+    """``execute`` on an asyncio pipeline."""
+    queued = _queued(pipe)
+    replies = list(await pipe.execute(raise_on_error=False))
+    missing = _missing(queued, replies)
+    if missing:
+        for i in missing:
+            pipe.execute_command(*_by_source(queued[i]))
+        for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
+            replies[i] = reply
+    return _settled(replies, raise_on_error)

@@ -1,0 +1,124 @@
+"""Scripts by their hash (``common/script_calls.py``), against a real redis-server: EVALSHA
+on the path, the source sent only for a call Redis lacked, and nothing else of its pipeline
+repeated."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from genq.common import script_calls
+from genq.producer import AsyncClient, Client
+from genq.worker.devtools.redis_server import RedisServer
+
+from tests.conftest import WorkerProcess, workers_on
+
+COUNT = "return redis.call('INCR', KEYS[1])"
+
+
+@pytest.fixture(scope="module")
+def own() -> Iterator[RedisServer]:
+    """A redis-server of this module's own: its script cache is flushed and its command
+    counts read, which nothing else may disturb."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture()
+def r(own: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own.url)
+    client.flushall()
+    client.script_flush()
+    client.config_resetstat()
+    yield client
+    client.close()
+
+
+def test_a_script_redis_lacks_is_sent_again_alone_and_the_rest_is_not_repeated(
+    r: redis.Redis,
+) -> None:
+    pipe = r.pipeline(transaction=False)
+    pipe.incr("before")
+    script_calls.add(pipe, COUNT, 1, "counted")
+    pipe.incr("after")
+    script_calls.add(pipe, COUNT, 1, "counted")
+    assert script_calls.execute(pipe) == [1, 1, 1, 2]
+    assert [r.get(k) for k in ("before", "after", "counted")] == [b"1", b"1", b"2"]
+    # Cached now: by hash alone, no source sent.
+    pipe = r.pipeline(transaction=False)
+    script_calls.add(pipe, COUNT, 1, "counted")
+    assert script_calls.execute(pipe) == [3]
+    assert script_calls.call(r, COUNT, 1, "counted") == 4
+    r.script_flush()
+    assert script_calls.call(r, COUNT, 1, "counted") == 5  # alone: EVALSHA, then EVAL once
+    stats = r.info("commandstats")
+    assert stats["cmdstat_eval"]["calls"] == 3  # each of the three NOSCRIPTs sent again once
+    assert stats["cmdstat_evalsha"]["calls"] == 5
+
+
+def test_errors_still_raise_after_every_command_ran(r: redis.Redis) -> None:
+    pipe = r.pipeline(transaction=False)
+    script_calls.add(pipe, "return redis.error_reply('no')", 0)
+    pipe.incr("ran")
+    with pytest.raises(redis.ResponseError, match="no"):
+        script_calls.execute(pipe)
+    assert r.get("ran") == b"1"
+    pipe = r.pipeline(transaction=False)
+    script_calls.add(pipe, "return redis.error_reply('no')", 0)
+    replies = script_calls.execute(pipe, raise_on_error=False)
+    assert isinstance(replies[0], redis.ResponseError)
+
+
+def test_the_asyncio_client_calls_by_hash_too(own: RedisServer, r: redis.Redis) -> None:
+    async def go() -> list[int]:
+        a = aioredis.Redis.from_url(own.url)
+        pipe = a.pipeline(transaction=False)
+        script_calls.add(pipe, COUNT, 1, "a")
+        pipe.incr("b")
+        out = await script_calls.execute_async(pipe)
+        out.append(await script_calls.call_async(a, COUNT, 1, "a"))
+        await a.aclose()
+        return out
+
+    assert asyncio.run(go()) == [1, 1, 2]
+
+
+def test_a_flushed_script_cache_mid_work_loses_and_repeats_nothing(
+    own: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    queue = "by-hash"
+    with workers_on(own.url, tmp_path) as start:
+        worker = start(queue, "--engine", "echo")
+        _flushed_mid_work(own, r, queue, worker)
+
+
+def _flushed_mid_work(own: RedisServer, r: redis.Redis, queue: str, worker: WorkerProcess) -> None:
+    client = Client.from_url(own.url, queue)
+    first = client.results(client.submit_many([f"warm {i}" for i in range(5)]), timeout=60)
+    assert all(x.status == "succeeded" for x in first)
+    r.config_resetstat()
+    ids = client.submit_many([f"hashed {i}" for i in range(20)])
+    assert all(x.status == "succeeded" for x in client.results(ids, timeout=60))
+    stats = r.info("commandstats")
+    # By hash; a source goes only for a script the warm-up did not need yet (the history's,
+    # at the first heartbeat; a hand-back's), once.
+    sources = stats.get("cmdstat_eval", {}).get("calls", 0)
+    assert sources <= 3 and stats["cmdstat_evalsha"]["calls"] >= 5, stats
+    r.script_flush()  # as after a restart: every script gone from Redis' cache
+    ids = client.submit_many([f"after {i}" for i in range(20)])
+    results = client.results(ids, timeout=60)
+    assert [x.text for x in results] == [f"after {i}" for i in range(20)]
+    stream = r.xrange(f"genq:{{{queue}}}:normal")
+    assert len(stream) == 0 or all(b"after" not in f[b"body"] for _, f in stream)  # all acked
+    assert worker.proc.poll() is None
+
+    async def one() -> str | None:
+        async with AsyncClient.from_url(own.url, queue) as aclient:
+            r.script_flush()
+            return (await aclient.generate("async after a flush", timeout=60)).text
+
+    assert asyncio.run(one()) == "async after a flush"
