@@ -144,7 +144,10 @@ class WorkerSettings(BaseModel):
         DEFAULT_RESULT_TTL_S, description="how long results and events are kept"
     )
     read_block_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
-        1000, description="longest blocking read on an idle queue (bounds shutdown time)"
+        1000,
+        description="longest an idle worker blocks on the doorbell when nothing is left "
+        "waiting (with requests waiting it could not take: 100 ms); bounds shutdown time and "
+        "how soon a plain XADD is seen",
     )
     heartbeat_ttl_s: Annotated[int, Field(ge=1)] = Field(
         30, description="a worker's stats key expires this long after its last heartbeat"

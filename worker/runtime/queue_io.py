@@ -75,6 +75,10 @@ class QueueIO:
         """PULL's affinity: how long an entry waits for the worker holding its prefix, and
         the load bound (``common/prefixes.py``); 0: none."""
         self._found_empty_s: float | None = None
+        self.left_waiting = 1
+        self._rung: list[Any] = []  # doorbell rings heard, acknowledged with the next read
+        """How many requests the queue had waiting after this worker's last read (its backlog
+        list): 0 tells an idle worker that only a doorbell can bring work (``Worker.idle``)."""
         """When a read last found nothing (None: the last read found entries)."""
 
     def ensure_groups(self) -> None:
@@ -192,18 +196,13 @@ class QueueIO:
 
     def wait_for_doorbell(self, block_ms: int) -> None:
         """Block until the doorbell rings (a submission, or entries handed back) or
-        ``block_ms`` passes; the rings heard are acknowledged and deleted. Each ring wakes one
-        idle worker of the group."""
+        ``block_ms`` passes; the rings heard are acknowledged and deleted with the next read
+        (in its round trip). Each ring wakes one idle worker of the group."""
         doorbell = self.keys.doorbell
         resp: Any = self.redis.xreadgroup(
             GROUP, self.consumer, {doorbell: ">"}, count=DOORBELL_MAX, block=block_ms
         )
-        rung = [e[0] for x in resp or [] for e in x[1]]
-        if rung:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xack(doorbell, GROUP, *rung)
-            pipe.xdel(doorbell, *rung)
-            pipe.execute()
+        self._rung += [e[0] for x in resp or [] for e in x[1]]
 
     def _read(
         self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]], total: int
@@ -211,6 +210,10 @@ class QueueIO:
         """``read`` on the streams in ``asked`` (each with room), and ``probe``."""
         streams = self.keys.streams()
         pipe = self.redis.pipeline(transaction=False)
+        if self._rung:
+            pipe.xack(self.keys.doorbell, GROUP, *self._rung)
+            pipe.xdel(self.keys.doorbell, *self._rung)
+            self._rung = []
         sending = self.tenants.add_deferred(pipe)
         holds = 0 if self.affinity is None else self.affinity.add_to(pipe)
         skip = len(pipe)
@@ -222,7 +225,9 @@ class QueueIO:
         args = [self.keys.config, *streams, self.consumer, rule, now, burst, *rooms, total]
         args += [probe[0], *self.affinity_args, *probe[1]]
         script_calls.add(pipe, PULL, 4, *args)
+        pipe.llen(self.keys.waiting)
         replies = self.tenants.weights.read_with(pipe)[skip:]
+        self.left_waiting = int(replies.pop())
         self.tenants.sent(sending)
         if self.affinity is not None:
             self.affinity.sent(holds)

@@ -213,18 +213,22 @@ class Worker:
         self.write(self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired())
 
     def idle(self, fill_wait_ms: int | None) -> None:
-        """Nothing to start: block until an entry arrives (``read_block_ms`` at most), or wait
-        ``fill_wait_ms`` for a batch to fill. A wait shorter than Redis' timer tick is slept
-        here: Redis ends a blocked read only at its next tick (``hz`` 10: every 100 ms), so a
-        10 ms BLOCK would last up to 100 ms."""
+        """Nothing to start: block on the doorbell, or wait ``fill_wait_ms`` for a batch to
+        fill; the next turn reads (one read a wake). With nothing left waiting after the last
+        read only a ring brings work (a submission, a hand-back): wait ``read_block_ms``; with
+        requests waiting this worker could not take (another's prefix, a tenant over its
+        quota), look again every tick. Shorter waits are slept here: Redis ends a blocked read
+        only at its next tick (``hz`` 10), so a 10 ms BLOCK would last up to 100 ms."""
         if fill_wait_ms is not None and fill_wait_ms < REDIS_TICK_MS:
             self._stopping.wait(max(1, fill_wait_ms) / 1000)
             return
-        # Idle: a new entry wakes the read at once, but entries another worker hands back do
-        # not (they are claimed, not added), so an idle worker looks again every tick.
-        idle_ms = min(self.settings.read_block_ms, REDIS_TICK_MS)
+        quiet = self.queue.left_waiting == 0
+        idle_ms = min(self.settings.read_block_ms, 10**9 if quiet else REDIS_TICK_MS)
         block_ms = idle_ms if fill_wait_ms is None else min(fill_wait_ms, MAX_BLOCK_MS)
-        self.admit(self.queue.read(self.room(), block_ms=max(1, block_ms), total=self.read_total()))
+        if any(n > 0 for n in self.room().values()):
+            self.queue.wait_for_doorbell(max(1, block_ms))
+        else:
+            self._stopping.wait(block_ms / 1000)
 
     def listens(self) -> bool:
         """Whether the doorbell listener should wake this turn's wait on the engine: an
