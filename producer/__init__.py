@@ -10,8 +10,9 @@ A base install (``pip install genq``) has all it needs; never torch, never a web
 =================  =========================================================================
 module             what it holds
 =================  =========================================================================
-``client``         ``Client``: submit, cancel, status, result, generate, stream (sync)
-``aio``            ``AsyncClient``: the same API on asyncio
+``client``         ``Client``: submit, cancel, status, result, generate, stream (sync;
+                   written from ``aio`` by ``scripts/unasync.py``)
+``aio``            ``AsyncClient``: the same API on asyncio (the one to edit)
 ``building``       a request validated once, into ``Prepared`` (the submit script's form)
 ``submitting``     the submit and cancel script calls, and what their answers mean
 ``waiting``        waiting for many results (``Waiter``), following one stream

@@ -1,4 +1,7 @@
-"""The asyncio client: the same API as Client, on redis.asyncio."""
+"""The asyncio client: the same API as Client, on redis.asyncio.
+
+The synchronous client (``client.py``) is written from this file by ``scripts/unasync.py``:
+edit this one, then run the script."""
 
 from __future__ import annotations
 

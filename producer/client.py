@@ -1,4 +1,7 @@
-"""The synchronous client."""
+"""The synchronous client: the same API as AsyncClient (``aio.py``), on redis-py.
+
+Written from ``aio.py`` by ``scripts/unasync.py``: edit that file, then run the script (a
+test fails while the two differ)."""
 
 from __future__ import annotations
 
@@ -128,7 +131,8 @@ class Client:
             return False
         script_keys, args = call
         return cancel_outcome(
-            request_id, script_calls.call(self.redis, APPLY, len(script_keys), *script_keys, *args)
+            request_id,
+            script_calls.call(self.redis, APPLY, len(script_keys), *script_keys, *args),
         )
 
     def status(self, request_id: str) -> Result:
@@ -177,8 +181,8 @@ class Client:
             batch, pause_s = poll
             try:
                 waiter.take_stored(batch, pipe.execute())
-            except TRANSIENT_ERRORS:
-                refresh_cluster_view(self.redis)  # a node failed over: read again next round
+            except TRANSIENT_ERRORS:  # a node failed over: read again next round
+                refresh_cluster_view(self.redis)
             time.sleep(pause_s)
 
     def generate(

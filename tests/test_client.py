@@ -15,6 +15,8 @@ from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 from genq.producer import AsyncClient, Client
 from genq.producer.building import build_request, prepare, prepare_many
 
+from tests.conftest import ROOT
+
 
 def final_event(result: Result) -> dict[str, str]:
     """The fields of the event that ends a request's event stream (the worker's APPLY script
@@ -227,3 +229,16 @@ def test_no_blocking_read_outlasts_redis_pys_default_socket_timeout() -> None:
         assert socket_timeout_s is None or socket_timeout_s / 2 >= MAX_BLOCK_MS / 1000
     read = Waiter(Keys("q"), ["a"], None).next_read()
     assert read is not None and read[2] == MAX_BLOCK_MS
+
+
+def test_the_sync_client_is_written_from_the_async_one() -> None:
+    """One source for the two clients: ``producer/client.py`` is what ``scripts/unasync.py``
+    writes from ``producer/aio.py`` (edit aio.py, run the script)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("unasync", ROOT / "scripts" / "unasync.py")
+    assert spec is not None and spec.loader is not None
+    unasync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(unasync)
+    written = unasync.sync_source((ROOT / "producer" / "aio.py").read_text())
+    assert written == (ROOT / "producer" / "client.py").read_text(), "run scripts/unasync.py"
