@@ -50,7 +50,7 @@ AUTO = 0
 
 
 class WorkerSettings(BaseModel):
-    """Everything a worker can be told. See the README's configuration table."""
+    """Everything a worker can be told. See the configuration table (docs/workers.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 

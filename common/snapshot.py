@@ -7,7 +7,7 @@ stats hash; every tenant's settings, waiting requests, last minute and total ser
 dead-letter stream's length; Redis' memory; and, for the dashboard, the last buckets of the
 queue's history (``genq.common.history``). One call, so a refresh costs one round trip however
 many rows it shows, and every number in it is of the same instant. The same commands, one at a
-time, give the same numbers from redis-cli (README: "Looking at a queue").
+time, give the same numbers from redis-cli (docs/wire-format.md: the redis-cli cookbook).
 """
 
 from __future__ import annotations

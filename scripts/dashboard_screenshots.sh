@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's dashboard screenshots (docs/dashboard/*.png): the dashboard's browser tests take
+# The dashboard page's screenshots (docs/dashboard/*.png): the dashboard's browser tests take
 # them, each page as the test left it. Needs Debian's chromium (apt-get install chromium).
 set -euo pipefail
 cd "$(dirname "$0")/.."

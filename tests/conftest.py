@@ -177,7 +177,7 @@ def genq_stats(redis_url: str, queue: str) -> dict[str, Any]:
 
 def submit_keys(keys: Keys, request_ids: list[str]) -> list[str]:
     """The KEYS of an FCALL genq_submit for these ids (one Redis, not a cluster), in the order
-    the README's functions section documents."""
+    the functions section of docs/wire-format.md documents."""
     return [keys.config, *keys.streams(), *(keys.result(i) for i in request_ids)]
 
 

@@ -1,4 +1,4 @@
-"""Autoscaling from zero: the README's KEDA ScaledObject reads the queue's backlog list (LLEN of
+"""Autoscaling from zero: the guide's KEDA ScaledObject reads the queue's backlog list (LLEN of
 ``genq:{Q}:waiting``) and each priority stream's consumer-group lag (XINFO GROUPS: entries a
 plain XADD added, not yet swept into the tenants' indexes); each must count the waiting work
 from a queue's first submission on, before any worker has run, and come back to 0 (a number)
@@ -17,11 +17,12 @@ from genq.producer import Client
 
 from tests.conftest import WorkerProcess, wait_until
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parent.parent / "docs" / "deployment.md").read_text()
+"""The deployment guide (moved from the README to the documentation site)."""
 
 
 def scaled_object_triggers() -> list[dict[str, str]]:
-    """The triggers of the README's ScaledObject, as their metadata (a flat YAML subset)."""
+    """The triggers of the guide's ScaledObject, as their metadata (a flat YAML subset)."""
     block = re.search(
         r"<!-- keda-scaledobject.*?-->\s*```yaml\n(.*?)```\s*<!-- /keda-scaledobject -->",
         README,

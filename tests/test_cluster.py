@@ -102,7 +102,7 @@ def test_a_primary_failover_under_load_loses_nothing_here(
 ) -> None:
     """The queue's primary fails over while a worker is busy: the replica takes over, the
     clients follow, and every request ends succeeded. (On loopback replication lags by
-    microseconds; see the README for what a real failover can lose.)"""
+    microseconds; see docs/deployment.md for what a real failover can lose.)"""
     client = Client.from_url(cluster.url, queue)
     cluster_worker("--engine", "echo", "--echo-step-ms", "10", "--max-batch-size", "8")
     ids = client.submit_many([f"p{i}" for i in range(200)], max_new_tokens=4)
@@ -157,7 +157,7 @@ def test_redis_functions_on_a_redis_cluster(
 ) -> None:
     """A worker's start loads the library on every primary; genq_submit's cluster form (the
     queue's marker in place of the state key), then the state written with SET NX, as the
-    README says."""
+    functions section of docs/wire-format.md says."""
     from genq.common import functions, states
 
     cluster_worker("--engine", "echo")

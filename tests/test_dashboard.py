@@ -4,7 +4,7 @@ shows checked against the queue (the overview against ``genq stats --json``); ev
 checks the console stayed clean and no request left the page's origin.
 
 Screenshots go to ``$DASHBOARD_SCREENSHOTS_DIR`` when set (``scripts/dashboard_screenshots.sh``
-makes the README's), else to the test's temporary folder."""
+makes the dashboard page's), else to the test's temporary folder."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def test_the_overview_shows_what_genq_stats_shows(
     shared = "a system prompt that every one of these requests shares, " * 2
     for turn in range(2):  # the second round finds the shared prefix cached
         client.results(client.submit_many([f"{shared}{turn}-{i}" for i in range(3)]), timeout=60)
-    if os.environ.get("DASHBOARD_SCREENSHOTS_DIR"):  # the README's: a minute of traffic to draw
+    if os.environ.get("DASHBOARD_SCREENSHOTS_DIR"):  # the docs' pictures: a minute of traffic
         for second in range(70):
             burst = 5 + (second * 7) % 40
             client.submit_many([f"s{second}-{i}" for i in range(burst)], max_new_tokens=8)

@@ -1,8 +1,12 @@
-"""The README's promises: its redis-cli example runs, its tables match the code."""
+"""The documentation's promises (the README and the pages of the site in ``docs/``): its
+redis-cli example runs, its tables match the code, and the README opens with its two
+commands."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,7 +20,10 @@ from genq.worker.devtools.redis_server import RedisServer
 
 from tests.conftest import WorkerProcess
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+OPENING = (ROOT / "README.md").read_text()
+README = "\n".join([OPENING, *(page.read_text() for page in sorted((ROOT / "docs").glob("*.md")))])
+"""The README and every page of the documentation site (the guides moved there from it)."""
 
 
 def test_readme_redis_cli_example_runs_against_a_worker(
@@ -73,7 +80,7 @@ def test_every_setting_is_in_the_readme_configuration_table() -> None:
 
 
 def test_readme_opens_with_the_two_commands() -> None:
-    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", OPENING, re.S)
     assert blocks[0].strip() == "bash scripts/setup.sh && .venv/bin/genq demo"
     assert blocks[1].strip() == "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
 
@@ -130,3 +137,29 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
     assert len(found) >= 14
     for key in found:
         assert f"`{key}`" in README, key
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (the docs extra)"
+)
+def test_the_documentation_site_builds_strictly(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: a page missing from the navigation, a link to a page that is
+    not there, or a reference page whose code cannot be read fails it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
+    assert "--max-batch-tokens" in cli and "GENQ_MAX_BATCH_TOKENS" in cli  # from click itself
+    api = (tmp_path / "site" / "python-api" / "index.html").read_text()
+    assert "submit_many" in api  # from the docstrings
+
+
+def test_the_readme_links_to_pages_that_exist() -> None:
+    for target in re.findall(r"\]\((docs/[^)#]+|[A-Z]+\.md)", OPENING):
+        assert (ROOT / target).exists(), target
