@@ -10,9 +10,10 @@ key                    type    written by                  read by             T
 ``genq:{Q}:low``                                                               when acked
 ``genq:{Q}:dead``      stream  worker (entries with no     ``genq dlq``        none; capped at
                                usable id; poison requests) (XRANGE)            ~10,000 entries
-``genq:{Q}:doorbell``  stream  worker (handing entries      idle workers        heartbeat_ttl_s,
-                               back)                       (XREADGROUP)        renewed by live
-                                                                               workers
+``genq:{Q}:doorbell``  stream  submit script; worker       idle workers        heartbeat_ttl_s,
+                               (handing entries back; a    (XREADGROUP)        renewed by live
+                               woken one passing the                           workers
+                               ring on)
 ``genq:{Q}:config``    hash    worker at start             client (in the      none (one small
                                (``max_queue_depth``);      submit script)      hash per queue)
                                submit script (``groups``)

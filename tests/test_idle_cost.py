@@ -47,3 +47,23 @@ def test_an_idle_worker_blocks_on_the_doorbell_and_wakes_at_once(
             time.sleep(1.2)  # idle again, blocked on the doorbell
             waits.append(client.generate(f"wake {i}", timeout=60).timings.queue_wait_ms or 0)
         assert sorted(waits)[2] <= 50, waits  # the doorbell wakes it, no polling tick needed
+
+
+def test_a_burst_in_one_call_wakes_every_idle_worker(own: RedisServer, tmp_path: Path) -> None:
+    """One submission rings the doorbell once; each worker it wakes passes the ring on while
+    work is left, so the whole idle fleet joins within a few reads, not a blocked wait each."""
+    flags = ("--engine", "echo", "--echo-step-ms", "5", "--max-batch-size", "4")
+    with workers_on(own.url, tmp_path) as start:
+        for _ in range(3):
+            start("burst", *flags, "--max-lookahead", "4")
+        client = Client.from_url(own.url, "burst")
+        assert client.generate("first", timeout=60).status == "succeeded"
+        time.sleep(2.5)  # every worker idle, blocked on the doorbell (a 1 s wait each)
+        results = client.results(client.submit_many([f"b{i}" for i in range(90)]), timeout=60)
+    first = {}
+    for x in results:
+        started = x.timings.started_unix_ms or 0
+        first[x.worker] = min(first.get(x.worker, started), started)
+    queued = min(x.timings.queued_unix_ms or 0 for x in results)
+    assert len(first) == 3, first  # all three served
+    assert max(first.values()) - queued < 500, (first, queued)  # woken, not found by a timeout

@@ -75,11 +75,9 @@ class QueueIO:
         """PULL's affinity: how long an entry waits for the worker holding its prefix, and
         the load bound (``common/prefixes.py``); 0: none."""
         self._found_empty_s: float | None = None
-        self.left_waiting = 1
-        self._rung: list[Any] = []  # doorbell rings heard, acknowledged with the next read
-        """How many requests the queue had waiting after this worker's last read (its backlog
-        list): 0 tells an idle worker that only a doorbell can bring work (``Worker.idle``)."""
         """When a read last found nothing (None: the last read found entries)."""
+        self.left_waiting = 1  # the backlog after the last read: 0, only a ring brings work
+        self._rung: list[Any] = []  # doorbell rings heard, acknowledged with the next read
 
     def ensure_groups(self) -> None:
         """Create the consumer group on every priority stream (and the streams) if missing,
@@ -184,8 +182,11 @@ class QueueIO:
             return []
         if block_ms is not None:
             self.wait_for_doorbell(block_ms)
+        woken = bool(self._rung)
         delivered = self._read(asked, room, probe, total)
         self._found_empty_s = None if delivered else time.monotonic()
+        if woken and delivered and self.left_waiting > 0:
+            pass_the_ring_on(self.redis, self.keys, self.left_waiting)
         return delivered
 
     def read_wait_s(self) -> float:
@@ -345,3 +346,12 @@ def raw_read_reply(response: Any, **options: Any) -> Any:
     """XREADGROUP's reply as ``[[stream, [[entry id, [field, value, ...]], ...]], ...]`` (the
     RESP2 shape; RESP3's map of streams is turned into it)."""
     return list(response.items()) if isinstance(response, dict) else response
+
+
+def pass_the_ring_on(r: Any, keys: Keys, waiting: int) -> None:
+    """Wake the next idle worker: a ring woke this one, it took some, and ``waiting`` more
+    wait. A burst submitted in one call rings once; each worker it wakes passes the ring on
+    while work is left, so the idle fleet wakes one worker a read apart. A worker that took
+    nothing rings nobody, so every ring passed on is paid for by entries taken (no ring storm
+    over work nobody can take: a tenant over its quota, another's prefix)."""
+    r.xadd(keys.doorbell, {"n": waiting}, maxlen=DOORBELL_MAX)
