@@ -422,7 +422,9 @@ def test_genq_stats_shows_each_tenant(
     assert (before["fast"]["waiting"], before["slow"]["waiting"]) == (3, 4)
     assert before["slow"]["weight"] == 2 and before["slow"]["tokens_per_minute"] == 100
     start_worker(queue, "--engine", "echo")
-    wait_until(lambda: stats()["fast"]["requests_total"] == 3)
+    # A tenant with no settings is listed while it has requests waiting or served: for the
+    # moment its last ones run, it is in neither (see the closing note of this change).
+    wait_until(lambda: stats().get("fast", {}).get("requests_total") == 3)
     # Its bucket (100 tokens) runs dry after a few requests: the rest wait, shown throttled.
     wait_until(lambda: stats()["slow"]["throttled"])
     after = stats()
