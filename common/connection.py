@@ -175,13 +175,21 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
 
 
 def connect_async(url: str, **kwargs: Any) -> aioredis.Redis:
-    """The asyncio twin of ``connect``."""
+    """The asyncio twin of ``connect``. ``pool_wait_s`` (not for a cluster): the pool holds at
+    most ``max_connections`` and a command that finds none free waits up to that long for one
+    (redis-py's default pool raises at once)."""
     retry = _AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES)
     plain = cluster_url(url)
     if plain is not None:
         kwargs.setdefault("retry", retry)
         cluster: Any = AsyncRedisCluster.from_url(plain, **kwargs)
         return cluster  # type: ignore[no-any-return]
+    wait_s = kwargs.pop("pool_wait_s", None)
+    if wait_s is not None:  # at most max_connections; a caller finding none free waits
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, timeout=wait_s, **_retry_options(kwargs, retry)
+        )
+        return aioredis.Redis(connection_pool=pool)
     return aioredis.Redis.from_url(url, **_retry_options(kwargs, retry))
 
 

@@ -21,6 +21,9 @@ request alone, ``invalid_request``, at the worker.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -116,16 +119,38 @@ class ResponseFormat(_Frozen):
         return self.type + ":" + orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode()
 
 
+_CHECKED: OrderedDict[bytes, str | None] = OrderedDict()
+"""``schema_problem``'s answers by the schema's hash (most recent last), so a schema sent again
+(an agent's tools, resent with every turn) is checked once per process."""
+CHECKED_SCHEMAS_KEPT = 1_024
+_CHECKED_LOCK = threading.Lock()
+
+
 def schema_problem(schema: Any) -> str | None:
-    """What keeps ``schema`` from being a usable JSON Schema, or None."""
+    """What keeps ``schema`` from being a usable JSON Schema, or None. Answers are cached by
+    the schema's hash (``CHECKED_SCHEMAS_KEPT`` of them)."""
     if not isinstance(schema, dict):
         return "json_schema.schema must be a JSON object"
     try:
-        size = len(orjson.dumps(schema))
+        text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError as err:
         return f"json_schema.schema is not JSON: {err}"
-    if size > MAX_SCHEMA_CHARS:
-        return f"json_schema.schema is {size} characters as JSON; at most {MAX_SCHEMA_CHARS}"
+    if len(text) > MAX_SCHEMA_CHARS:
+        return f"json_schema.schema is {len(text)} characters as JSON; at most {MAX_SCHEMA_CHARS}"
+    digest = hashlib.sha256(text).digest()
+    with _CHECKED_LOCK:  # the gateway checks in threads
+        if digest in _CHECKED:
+            _CHECKED.move_to_end(digest)
+            return _CHECKED[digest]
+    problem = _check_schema(schema)
+    with _CHECKED_LOCK:
+        _CHECKED[digest] = problem
+        if len(_CHECKED) > CHECKED_SCHEMAS_KEPT:
+            _CHECKED.popitem(last=False)
+    return problem
+
+
+def _check_schema(schema: dict[str, Any]) -> str | None:
     from jsonschema import exceptions, validators
 
     try:

@@ -79,6 +79,9 @@ key                    type    written by                  read by             T
                                delivered)                                      with the event
 ``genq:{Q}:hooks:dead``        gateways (deliveries that   ``genq webhooks``   none; capped at
                        stream  gave up)                                        ~10,000 entries
+``genq:{Q}:wake:R``    stream  a gateway (a request        that gateway's      1 h after its
+                               joined reader R while it    result reader R     last write;
+                               blocked: one entry)         (XREAD)             deleted at exit
 ``genq:resp:{ID}``     string  ``POST /v1/responses``      ``/v1/responses``   result_ttl_s;
                                (the record: input, options deleted by DELETE
                                and context, JSON)          /v1/responses/ID
@@ -306,6 +309,11 @@ class Keys:
     def webhook_dead(self) -> str:
         """Webhook deliveries that gave up (a stream: event, endpoint, why)."""
         return f"{self._base}:hooks:dead"
+
+    def reader_wake(self, reader: str) -> str:
+        """A gateway's result reader ``reader``'s wake stream: the gateway adds an entry when a
+        request joins that reader while it blocks, so the read ends and takes it in."""
+        return f"{self._base}:wake:{reader}"
 
     @staticmethod
     def response(request_id: str) -> str:

@@ -9,11 +9,18 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from genq.common.formats import ResponseFormat
 from genq.common.prefixes import MAX_PROMPT_CACHE_KEY_CHARS
-from genq.common.tools import MAX_TOOLS, Tool, ToolCall, ToolChoice, check_tools
+from genq.common.tools import (
+    MAX_TOOLS,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    check_tools,
+    tools_size_problem,
+)
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 #: Hard limits of the wire format. A worker may set tighter ones (its settings), never looser.
@@ -28,6 +35,8 @@ MAX_CHOICES_PER_REQUEST = 16
 MAX_LOGIT_BIAS = 300
 """Most entries in a request's ``logit_bias`` (OpenAI's limit)."""
 MAX_METADATA_VALUE_CHARS = 1_024
+MAX_METADATA_KEY_CHARS = 64
+"""OpenAI's bound on a metadata key."""
 
 Priority = Literal["high", "normal", "low"]
 #: Highest first; the order the worker reads and serves them in (before aging).
@@ -63,6 +72,7 @@ def tenant_problem(name: object) -> str | None:
 REQUEST_ID_CHARS = r"[A-Za-z0-9_.:\-]{1,128}"
 """What a request id may be (it becomes part of key names)."""
 RequestId = Annotated[str, StringConstraints(pattern=f"^{REQUEST_ID_CHARS}$")]
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METADATA_KEY_CHARS)]
 MetadataValue = (
     Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]
     | int
@@ -107,6 +117,16 @@ class ChatMessage(_Strict):
     tool_call_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     """A ``tool`` message: the call it answers."""
     name: Annotated[str, StringConstraints(max_length=64)] | None = None
+
+    @property
+    def chars(self) -> int:
+        """The characters it adds to the prompt: content, calls (ids, names, arguments), the id
+        of the call it answers, its name."""
+        calls = sum(
+            len(c.id) + len(c.function.name) + len(c.function.arguments)
+            for c in self.tool_calls or ()
+        )
+        return len(self.content or "") + calls + len(self.tool_call_id or "") + len(self.name or "")
 
     @model_validator(mode="after")
     def _content_or_calls(self) -> ChatMessage:
@@ -196,8 +216,8 @@ class RequestBody(_Strict):
     """If the request has not started this long after Redis accepted it (its entry's time, by
     Redis' clock), it ends ``expired``: no host's clock matters. The clients' ``deadline_in_s``
     sets it."""
-    metadata: Annotated[dict[str, MetadataValue], Field(max_length=MAX_METADATA_KEYS)] = Field(
-        default_factory=dict
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA_KEYS)] = (
+        Field(default_factory=dict)
     )
     """Free-form data the client wants back with the result; genq does not read it."""
     tenant: TenantName = DEFAULT_TENANT
@@ -210,6 +230,18 @@ class RequestBody(_Strict):
     ) = None
     """OpenAI's ``prompt_cache_key``: requests that give the same one are placed as sharing
     their cached context (per tenant)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tools_in_bounds(cls, data: Any) -> Any:
+        """Tools are bounded in all before any schema of theirs is checked (checking costs
+        ~0.8 s of CPU per 100 KB)."""
+        tools = data.get("tools") if isinstance(data, dict) else None
+        if isinstance(tools, list) and tools:
+            problem = tools_size_problem(tools)
+            if problem is not None:
+                raise ValueError(problem)
+        return data
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> RequestBody:
@@ -228,8 +260,11 @@ class RequestBody(_Strict):
             raise ValueError("give response_format or a forced tool_choice, not both")
         if self.tools and self.stream:
             raise ValueError("stream with tools is not supported: ask without stream")
-        if self.messages and sum(len(m.content or "") for m in self.messages) > MAX_PROMPT_CHARS:
-            raise ValueError(f"messages hold more than {MAX_PROMPT_CHARS} characters in all")
+        if self.messages and sum(m.chars for m in self.messages) > MAX_PROMPT_CHARS:
+            raise ValueError(
+                f"messages hold more than {MAX_PROMPT_CHARS} characters in all (content, tool "
+                "calls' ids, names and arguments)"
+            )
         return self
 
 

@@ -36,6 +36,10 @@ from genq.common.formats import JsonSchemaFormat, ResponseFormat, schema_problem
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
 MAX_TOOLS = 128
+MAX_TOOLS_CHARS = 65_536
+"""Most characters a request's tools may take as JSON, all together: their schemas are checked
+as they are validated (once per distinct schema in a process: ``formats.schema_problem``
+caches), at ~0.8 s of CPU per 100 KB."""
 FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-.]{1,64}$")]
 CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 """A Hermes-format call (Hermes, Qwen 2.5 / 3, SmolLM3 templates)."""
@@ -88,8 +92,8 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class CalledFunction(_Frozen):
-    name: str
-    arguments: str
+    name: Annotated[str, StringConstraints(max_length=64)]
+    arguments: Annotated[str, StringConstraints(max_length=200_000)]
     """The arguments as a JSON string (OpenAI's shape)."""
 
 
@@ -99,6 +103,18 @@ class ToolCall(_Frozen):
     id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
     type: Literal["function"] = "function"
     function: CalledFunction
+
+
+def tools_size_problem(tools: list[Any]) -> str | None:
+    """What is wrong with the size of ``tools`` as sent (over ``MAX_TOOLS_CHARS`` as JSON),
+    or None; what is not JSON is left for validation to name."""
+    try:
+        size = len(json.dumps(tools, separators=(",", ":")))
+    except (TypeError, ValueError):
+        return None
+    if size > MAX_TOOLS_CHARS:
+        return f"tools take {size} characters as JSON; at most {MAX_TOOLS_CHARS} in all"
+    return None
 
 
 def check_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> str | None:

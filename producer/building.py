@@ -79,14 +79,14 @@ def build_request(
     fields: dict[str, Any] = {
         "id": request_id if request_id is not None else new_request_id(),
         "prompt": prompt,
-        "messages": None if messages is None else [dict(m) for m in messages],
+        "messages": _dicts(messages),
         "max_new_tokens": max_new_tokens,
         "priority": priority,
         "temperature": float(temperature) if isinstance(temperature, int) else temperature,
         "top_p": float(top_p) if isinstance(top_p, int) else top_p,
         "top_k": top_k,
         "seed": seed,
-        "stop": list(stop or []),
+        "stop": list(stop) if isinstance(stop, list | tuple) else (stop or []),
         "min_p": _float(min_p),
         "frequency_penalty": _float(frequency_penalty),
         "presence_penalty": _float(presence_penalty),
@@ -98,10 +98,10 @@ def build_request(
         "top_logprobs": top_logprobs,
         "response_format": response_format_from(response_format),
         "n": n,
-        "tools": None if tools is None else [dict(t) for t in tools],
+        "tools": _dicts(tools),
         "tool_choice": tool_choice,
         "deadline_in_ms": _deadline_ms(deadline_in_s),
-        "metadata": dict(metadata or {}),
+        "metadata": dict(metadata) if isinstance(metadata, Mapping) else (metadata or {}),
         "stream": stream,
         "tenant": tenant,
         "prompt_cache_key": prompt_cache_key,
@@ -110,6 +110,14 @@ def build_request(
         return _keyed(Request.model_validate(fields))
     except ValidationError as err:
         raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
+
+
+def _dicts(items: Any) -> Any:
+    """A list of mappings as a list of dicts (the caller's own are not changed); anything else
+    as it is, for validation to name what is wrong with it."""
+    if not isinstance(items, list | tuple):
+        return items
+    return [dict(m) if isinstance(m, Mapping) else m for m in items]
 
 
 def _keyed(request: Request) -> Request:

@@ -347,3 +347,11 @@ def test_the_vllm_prefix_workload_shuffles_equally_popular_system_prompts() -> N
     assert len(set(systems)) == SYSTEMS and all(systems.count(x) == 8 for x in set(systems))
     assert not all(systems[i] == systems[i % SYSTEMS] for i in range(64))  # not in turn
     assert len(set(prompts)) == 64  # each with a question of its own
+
+
+def test_flood_scenario_serves_every_chat_and_reports_connections_and_memory() -> None:
+    res = bench_json("--scenario", "flood", "--quick", timeout_s=300)
+    assert res["alice_served"] == res["waiting"] == 500
+    assert res["bob_failed"] == 0 and res["bob_requests"] > 0
+    assert 0 < res["redis_connections"] <= 64 + 2 + 4  # the shared pool, the readers, the rest
+    assert res["kb_per_waiting"] > 0 and res["health_max_ms"] > 0

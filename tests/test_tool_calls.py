@@ -83,6 +83,15 @@ def test_bad_tools_are_refused_before_queuing() -> None:
         {"messages": ASK, "tools": [WEATHER], "tool_choice": "auto", "parallel_tool_calls": True},
     )
     assert build_request(**args).tools is not None
+    # LangChain's with_structured_output(method="function_calling") sends false: genq makes at
+    # most one call per choice anyway, so both are accepted; a non-boolean is refused.
+    for value in (False, True):
+        args = request_args(
+            CHAT, {"messages": ASK, "tools": [WEATHER], "parallel_tool_calls": value}
+        )
+        assert build_request(**args).tools is not None
+    with pytest.raises(InvalidRequest, match="parallel_tool_calls"):
+        request_args(CHAT, {"messages": ASK, "parallel_tool_calls": "yes"})
 
 
 def test_forced_calls_have_schema_valid_arguments_by_construction() -> None:

@@ -13,6 +13,11 @@ module             what it holds
                    key stands for, or an admin)
 ``openai_errors``  genq's errors as OpenAI error JSON with the status codes the SDKs map
 ``fleet``          which models the queue's live workers serve (``GET /v1/models``)
+``result_hub``     ``ResultHub``: every waiting completion's and stream's events, read by a
+                   few shared connections (one per 500 waiting requests)
+``body_limit``     ``BodyLimit``: request bodies bounded as their bytes arrive (413)
+``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
+                   past which the gateway answers 429 (pure)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE
 ``responses_routes``  ``/v1/responses``: create (background, stream), retrieve, cancel,
                    delete, input items (records in Redis; shapes in ``responses``)

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from genq.common import webhooks
+from genq.common.connection import cluster_url, is_cluster
 from genq.producer.aio import AsyncClient
 from genq.producer.client import Client
 from genq.producer.gateway import (
@@ -20,15 +21,29 @@ from genq.producer.gateway import (
     openai_errors,
     responses_routes,
 )
+from genq.producer.gateway.body_limit import BodyLimit, limit_for
 from genq.producer.gateway.context import Gateway, callers, check_key, gateway
 from genq.producer.gateway.fleet import Fleet
+from genq.producer.gateway.result_hub import ResultHub
 from genq.producer.gateway.settings import GatewaySettings
 from genq.producer.gateway.webhook_delivery import Deliverer
+
+POOL_WAIT_S = 20.0
+"""Longest a route waits for a free connection of the shared pool (then 503)."""
 
 
 def _model(gw: Gateway, model: str) -> dict[str, Any]:
     """OpenAI's model object."""
     return {"id": model, "object": "model", "created": gw.fleet.created(model), "owned_by": "genq"}
+
+
+def shared_pool(settings: GatewaySettings) -> dict[str, Any]:
+    """redis-py options of the connections the routes share: at most ``redis_connections``,
+    and a route that finds none free waits for one (up to ``POOL_WAIT_S``) instead of failing
+    at once (a pool limit must never become one tenant's 503 because of another's load)."""
+    if cluster_url(settings.redis_url) is not None:
+        return {}
+    return {"max_connections": settings.redis_connections, "pool_wait_s": POOL_WAIT_S}
 
 
 def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
@@ -42,13 +57,21 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = AsyncClient.from_url(
-            settings.redis_url, settings.queue, result_ttl_s=settings.result_ttl_s
+            settings.redis_url,
+            settings.queue,
+            result_ttl_s=settings.result_ttl_s,
+            **shared_pool(settings),
         )
         sync_client = Client.from_url(
             settings.redis_url, settings.queue, result_ttl_s=settings.result_ttl_s
         )
         fleet = Fleet(client.redis, client.keys, settings.models_cache_s)
-        app.state.gateway = Gateway(settings, client, sync_client, fleet, keys)
+        hub = (
+            None
+            if is_cluster(client.redis)
+            else ResultHub(settings.redis_url, client.keys, client.redis)
+        )
+        app.state.gateway = Gateway(settings, client, sync_client, fleet, keys, hub)
         deliverer = Deliverer(client.redis, client.keys, settings)
         delivering = asyncio.create_task(deliverer.run() if api else asyncio.sleep(0))
         try:
@@ -58,6 +81,8 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await delivering
             await deliverer.close()
+            if hub is not None:
+                await hub.close()
             await client.close()
             sync_client.close()
 
@@ -68,6 +93,7 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
         dependencies=[Depends(check_key)],
     )
     openai_errors.install(app)
+    app.add_middleware(BodyLimit, limit=limit_for(settings.max_body_bytes, settings.max_file_bytes))
     dashboard_routes.install(app)
 
     @app.get("/health")

@@ -64,7 +64,6 @@ _NEUTRAL: dict[str, Any] = {
     "spaces_between_special_tokens": True,
     "include_stop_str_in_output": False,
     "stop_token_ids": [],
-    "parallel_tool_calls": True,
 }
 """Fields genq does not implement, accepted at the value that changes nothing (clients send
 them by default); any other value is refused, naming the field."""
@@ -89,6 +88,14 @@ class RejectedLine:
     message: str
 
 
+def check_parallel_tool_calls(value: Any) -> None:
+    """``parallel_tool_calls`` is accepted either way: genq makes at most one tool call per
+    choice, which is what ``false`` asks and what ``true`` allows (LangChain's structured
+    output sends ``false``). Anything but a boolean is refused."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest("'parallel_tool_calls' must be true or false")
+
+
 def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """``build_request`` arguments for an OpenAI ``body`` sent to ``url`` (a completion or a
     chat completion); raise InvalidRequest saying what is wrong. Shared by batch lines and the
@@ -109,6 +116,7 @@ def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
         args["n"] = n  # validation names a value out of 1-16
     for key in _ACCEPTED:
         body.pop(key, None)
+    check_parallel_tool_calls(body.pop("parallel_tool_calls", None))
     if url == COMPLETIONS:
         prompt = body.pop("prompt", None)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -201,7 +209,9 @@ def _text_message(m: Any) -> dict[str, Any]:
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(texts) != len(content):
             raise InvalidRequest("only text message content is supported")
-        content = "".join(t or "" for t in texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest("a text part's 'text' must be a string")
+        content = "".join(str(t) for t in texts)
     return {"role": m.get("role"), "content": content, **extra}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from genq.common.errors import GenqError, InvalidRequest, ResultTimeout
+from genq.common.models import Request as GenqRequest
 from genq.common.models import Result
 from genq.producer.building import build_request
 from genq.producer.gateway.batch_lines import (
@@ -26,7 +28,7 @@ from genq.producer.gateway.batch_lines import (
     response_body,
     usage_of,
 )
-from genq.producer.gateway.context import Gateway, caller, gateway
+from genq.producer.gateway.context import Caller, Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import (
     ApiError,
     error_for_result,
@@ -54,39 +56,98 @@ async def json_object(request: Request) -> dict[str, Any]:
         body = json.loads(await request.body())
     except ValueError as err:
         raise invalid(f"the body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise invalid("the body's JSON is nested too deeply") from None
     if not isinstance(body, dict):
         raise invalid("the body must be a JSON object")
     return body
 
 
 async def _complete(request: Request, url: str) -> Response:
-    gw = gateway(request)
+    gw, who = gateway(request), caller(request)
+    gw.enter(who)
+    response: Response | None = None
+    try:
+        response = await _answer(request, gw, who, url)
+        return response
+    finally:
+        if not isinstance(response, StreamingResponse):  # a stream leaves when it ends
+            gw.leave(who)
+
+
+async def _answer(request: Request, gw: Gateway, who: Caller, url: str) -> Response:
     body = await json_object(request)
     stream = bool(body.pop("stream", False))
     options = body.pop("stream_options", None) or {}
+    if not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object", param="stream_options")
     metadata = body.pop("metadata", None)
     model = await served_model(gw, body.get("model"))
     args = request_args(url, body)
     if stream and args.get("logprobs"):
         raise InvalidRequest("logprobs are returned with the whole answer: ask without stream")
-    try:
-        req = build_request(**args, stream=stream, metadata=metadata, tenant=caller(request).tenant)
-    except TypeError as err:
-        raise InvalidRequest(f"invalid request: {err}") from None
+    req = await checked_request(args, stream=stream, metadata=metadata, tenant=who.tenant)
     [request_id] = await gw.client.submit_requests([req])
     if stream:
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        include_usage = bool(options.get("include_usage"))
         events = _events(gw, request_id, url, model, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return StreamingResponse(held(gw, who, events), media_type="text/event-stream")
     result = await wait_or_cancel(gw, request, request_id)
     if result.status != "succeeded":
         raise result_error(result)
     return JSONResponse(response_body(url, result))
 
 
+def held(gw: Gateway, who: Caller, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``, counted in flight for ``who`` until the stream ends (``Gateway.enter``
+    counted it in)."""
+
+    async def stream() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        finally:
+            gw.leave(who)
+            await events.aclose()  # type: ignore[attr-defined]
+
+    return stream()
+
+
+SCHEMA_CHECK_S = 5.0
+"""Longest the gateway spends checking one request's tool and output schemas (in a thread, off
+the event loop); past it the request is refused (400)."""
+
+
+async def checked_request(args: dict[str, Any], **more: Any) -> GenqRequest:
+    """``build_request(**args, **more)``, raising InvalidRequest for what is wrong. With tools
+    or a response format it runs in a thread, so their schemas' check (~0.8 s of CPU per
+    100 KB; cached by hash) leaves the event loop free, within ``SCHEMA_CHECK_S``."""
+    build = functools.partial(_build, {**args, **more})
+    if not (args.get("tools") or args.get("response_format")):
+        return build()
+    try:
+        return await asyncio.wait_for(
+            asyncio.get_running_loop().run_in_executor(None, build), SCHEMA_CHECK_S
+        )
+    except TimeoutError:
+        raise invalid(
+            f"the request's tool and output schemas took over {SCHEMA_CHECK_S} s to check: "
+            "send fewer or simpler ones"
+        ) from None
+
+
+def _build(fields: dict[str, Any]) -> GenqRequest:
+    try:
+        return build_request(**fields)
+    except TypeError as err:
+        raise InvalidRequest(f"invalid request: {err}") from None
+
+
 async def served_model(gw: Gateway, model: Any) -> str:
     """The model to answer with: the one asked for, if a live worker serves it (404 if none
     does); 503 if no live worker serves the queue at all (the request would wait forever)."""
+    if model is not None and not isinstance(model, str):
+        raise invalid("'model' must be a string", param="model")
     models = await gw.fleet.models()
     queue = gw.settings.queue
     if not models:
@@ -126,9 +187,7 @@ async def _disconnected(request: Request) -> None:
 async def wait_or_cancel(gw: Gateway, request: Request, request_id: str) -> Result:
     """The request's final result; cancel it if the client disconnects (499) or it is not
     final within ``request_timeout_s`` (504)."""
-    wait = asyncio.ensure_future(
-        gw.client.result(request_id, timeout=gw.settings.request_timeout_s)
-    )
+    wait = asyncio.ensure_future(gw.result(request_id))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -169,20 +228,24 @@ def _chunk(url: str, request_id: str, model: str, created: int, **choice: Any) -
 async def _events(
     gw: Gateway, request_id: str, url: str, model: str, include_usage: bool
 ) -> AsyncIterator[str]:
-    """The SSE stream of one request: chunks as text arrives, the final chunk, usage if asked,
-    ``[DONE]``. An error after the stream began is sent as an ``error`` event. If the client
-    goes away (Starlette cancels this generator), the request is cancelled."""
+    """The SSE stream of one request: chunks as text arrives (on chat the first carries the
+    assistant role with the first text, as vLLM sends it, so a client timing the first chunk
+    measures the first token), the final chunk, usage if asked, ``[DONE]``. An error after the
+    stream began is sent as an ``error`` event. If the client goes away (Starlette cancels
+    this generator), the request is cancelled."""
     created = int(time.time())
     finished = False
+    role: dict[str, str] = {"role": "assistant"} if url == CHAT else {}
     try:
-        if url == CHAT:
-            yield _sse(_chunk(url, request_id, model, created, delta={"role": "assistant"}))
-        async for item in gw.client.stream(request_id, timeout=gw.settings.request_timeout_s):
+        async for item in gw.follow(request_id):
             if isinstance(item, str):
-                piece = {"delta": {"content": item}} if url == CHAT else {"text": item}
+                piece = {"delta": {**role, "content": item}} if url == CHAT else {"text": item}
+                role = {}
                 yield _sse(_chunk(url, request_id, model, created, **piece))
                 continue
             finished = True
+            if role and item.status == "succeeded":  # no text at all: the role alone
+                yield _sse(_chunk(url, request_id, model, created, delta=role))
             if item.status != "succeeded":
                 yield _sse(result_error(item).body)
                 break

@@ -4,14 +4,17 @@ who sent a request (``Caller``: its API key's tenant, or an admin), checked by `
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from fastapi import Request
-from genq.common.models import DEFAULT_TENANT
+from genq.common.models import DEFAULT_TENANT, Result
 from genq.producer.aio import AsyncClient
 from genq.producer.client import Client
 from genq.producer.gateway.fleet import Fleet
+from genq.producer.gateway.in_flight import InFlight
 from genq.producer.gateway.openai_errors import ApiError
+from genq.producer.gateway.result_hub import ResultHub
 from genq.producer.gateway.settings import GatewaySettings, key_tenants
 
 
@@ -49,6 +52,44 @@ class Gateway:
     fleet: Fleet
     keys: dict[str, Caller]
     """Every accepted key, and who it stands for."""
+    hub: ResultHub | None
+    """The readers that wait for results (None on a Redis Cluster: the client polls)."""
+    in_flight: InFlight = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.in_flight = InFlight(s.max_in_flight, s.max_in_flight_per_tenant)
+
+    def follow(self, request_id: str) -> AsyncIterator[str | Result]:
+        """A request's text pieces as they come, then its Result (within the request timeout:
+        ResultTimeout after)."""
+        timeout_s = self.settings.request_timeout_s
+        if self.hub is None:
+            return self.client.stream(request_id, timeout=timeout_s)
+        return self.hub.follow(request_id, timeout_s)
+
+    async def result(self, request_id: str) -> Result:
+        """A request's final Result (within the request timeout: ResultTimeout after)."""
+        timeout_s = self.settings.request_timeout_s
+        if self.hub is None:
+            return await self.client.result(request_id, timeout=timeout_s)
+        return await self.hub.result(request_id, timeout_s)
+
+    def enter(self, caller: Caller) -> None:
+        """Count one more completion or response of ``caller`` in flight, or raise 429 (with
+        Retry-After) if that passes a limit. Every ``enter`` has its ``leave``."""
+        refusal = self.in_flight.enter(caller.tenant)
+        if refusal is not None:
+            raise ApiError(
+                429,
+                refusal.message(caller.tenant),
+                type_="rate_limit_error",
+                code="too_many_in_flight",
+                headers={"Retry-After": "1"},
+            )
+
+    def leave(self, caller: Caller) -> None:
+        self.in_flight.leave(caller.tenant)
 
 
 def gateway(request: Request) -> Gateway:

@@ -22,6 +22,8 @@ from starlette.datastructures import UploadFile
 
 router = APIRouter()
 OUTPUT_SUFFIXES = {"-output": "output", "-errors": "errors"}
+MAX_FIELD_BYTES = 65_536
+"""Largest multipart field of an upload other than its file."""
 
 
 def _file_object(file_id: str, info: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +44,9 @@ def _file_object(file_id: str, info: dict[str, Any]) -> dict[str, Any]:
 async def upload(request: Request) -> dict[str, Any]:
     """Upload a batch input file (multipart: ``file``, ``purpose`` = ``batch``)."""
     gw = gateway(request)
-    form = await request.form(max_part_size=gw.settings.max_file_bytes)
+    # Fields other than the file are small (purpose); one file. The body's whole size is
+    # bounded as it arrives (body_limit).
+    form = await request.form(max_files=1, max_fields=8, max_part_size=MAX_FIELD_BYTES)
     purpose, upload = form.get("purpose"), form.get("file")
     if purpose != "batch":
         raise invalid(f"purpose must be 'batch', got {purpose!r}", param="purpose")

@@ -18,6 +18,7 @@ from genq.common.errors import (
     RequestNotFound,
     SubmitFailed,
 )
+from genq.producer.gateway.body_limit import BodyTooLarge
 from starlette.exceptions import HTTPException
 
 
@@ -32,9 +33,11 @@ class ApiError(Exception):
         type_: str,
         code: str | None = None,
         param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -65,7 +68,7 @@ def error_for_result(status: str, code: str, message: str) -> ApiError:
 
 
 def _answer(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body, status_code=err.status)
+    return JSONResponse(err.body, status_code=err.status, headers=err.headers)
 
 
 def install(app: FastAPI) -> None:
@@ -78,6 +81,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, err: InvalidRequest) -> JSONResponse:
         return _answer(invalid(str(err), code="invalid_request"))
+
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(_: Request, err: BodyTooLarge) -> JSONResponse:
+        return _answer(
+            ApiError(413, str(err), type_="invalid_request_error", code="body_too_large")
+        )
 
     @app.exception_handler(QueueFull)
     async def queue_full(_: Request, err: QueueFull) -> JSONResponse:

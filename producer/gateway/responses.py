@@ -18,9 +18,10 @@ developer and assistant; content a string or ``input_text``/``output_text`` part
 ``json_schema``: constrained decoding, as ``response_format`` on chat), ``stream``,
 ``background``, ``store``, ``previous_response_id`` (that response's context, input and output
 come first). genq's own ``priority``, ``deadline_in_s`` and ``top_k`` ride along; ``user`` and
-the neutral values of ``truncation``, ``parallel_tool_calls``, ``include``, ``service_tier``,
-``tools`` and ``tool_choice`` pass; anything else is a 400 naming it (tools on this door are
-not built yet: /v1/chat/completions has them).
+``parallel_tool_calls`` (true or false: genq makes at most one call per choice) and the neutral
+values of ``truncation``, ``include``, ``service_tier``, ``tools`` and ``tool_choice`` pass;
+anything else is a 400 naming it (tools on this door are not built yet: /v1/chat/completions
+has them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Literal
 
 from genq.common.errors import INPUT_ERRORS, InvalidRequest
 from genq.common.models import Result, Usage
+from genq.producer.gateway.batch_lines import check_parallel_tool_calls
 from pydantic import BaseModel, ConfigDict, Field
 
 RESPONSE_PREFIX = "resp_"
@@ -38,7 +40,6 @@ INPUT_ROLES = ("user", "system", "developer", "assistant")
 """Roles an input message may have (``developer`` is a system message to the chat template)."""
 _PASSING: dict[str, Any] = {
     "truncation": "disabled",
-    "parallel_tool_calls": True,
     "include": [],
     "service_tier": "auto",
     "tools": [],
@@ -109,7 +110,10 @@ def parse_create(body: Mapping[str, Any], request_id: str = "") -> CreateArgs:
         if key in body and body[key] in (neutral, None):
             del body[key]
     body.pop("user", None)
+    check_parallel_tool_calls(body.pop("parallel_tool_calls", None))
     model = body.pop("model", None)
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string")
     instructions = body.pop("instructions", None)
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("'instructions' must be a string")
@@ -144,7 +148,7 @@ def parse_create(body: Mapping[str, Any], request_id: str = "") -> CreateArgs:
     if left:
         raise InvalidRequest(f"unsupported body fields {left} on /v1/responses")
     return CreateArgs(
-        model=None if model is None else str(model),
+        model=model,
         input_items=items,
         instructions=instructions,
         stream=stream,
@@ -181,7 +185,10 @@ def _input_item(index: int, m: Any, request_id: str) -> dict[str, Any]:
         kinds = {p.get("type") for p in parts}
         if len(parts) != len(content) or not kinds <= {"input_text", "output_text"}:
             raise InvalidRequest(f"input item {index}: only text content is supported")
-        text = "".join(str(p.get("text") or "") for p in parts)
+        texts = [p.get("text") for p in parts]
+        if not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest(f"input item {index}: each text part's 'text' must be a string")
+        text = "".join(str(t) for t in texts)
     else:
         raise InvalidRequest(f"input item {index}: 'content' must be a string or a list of parts")
     part = "output_text" if role == "assistant" else "input_text"

@@ -23,9 +23,10 @@ from genq.common.errors import GenqError, InvalidRequest, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import Result
 from genq.common.wire import decode_result
-from genq.producer.building import build_request
 from genq.producer.gateway.completions import (
     cancel_quietly,
+    checked_request,
+    held,
     json_object,
     result_error,
     served_model,
@@ -51,6 +52,17 @@ router = APIRouter()
 @router.post("/v1/responses")
 async def create(request: Request) -> Response:
     gw, who = gateway(request), caller(request)
+    gw.enter(who)
+    response: Response | None = None
+    try:
+        response = await _create(request, gw, who)
+        return response
+    finally:
+        if not isinstance(response, StreamingResponse):  # a stream leaves when it ends
+            gw.leave(who)
+
+
+async def _create(request: Request, gw: Gateway, who: Caller) -> Response:
     request_id = uuid.uuid4().hex
     args = parse_create(await json_object(request), request_id)
     model = await served_model(gw, args.model)
@@ -62,9 +74,9 @@ async def create(request: Request) -> Response:
         context = context_after(previous, previous_result)
         if previous.prompt_cache_key and "prompt_cache_key" not in args.options:
             args.options["prompt_cache_key"] = previous.prompt_cache_key  # inherited
-    req = build_request(
+    req = await checked_request(
+        args.options,
         messages=conversation(args.instructions, context, args.input_items),
-        **args.options,
         stream=args.stream,
         metadata=args.metadata,
         tenant=who.tenant,
@@ -97,7 +109,7 @@ async def create(request: Request) -> Response:
         await gw.client.redis.delete(key)
         raise
     if args.stream:
-        events = _events(gw, record, cancel_on_leave=not args.background)
+        events = held(gw, who, _events(gw, record, cancel_on_leave=not args.background))
         return StreamingResponse(events, media_type="text/event-stream")
     if args.background:
         return JSONResponse(response_object(record, None))
@@ -200,8 +212,7 @@ async def _events(
         item = output_message(record, "", "in_progress")
         yield sse("response.output_item.added", output_index=0, item=item)
         yield sse("response.content_part.added", **at, part=part)
-        timeout = gw.settings.request_timeout_s
-        async for piece in gw.client.stream(record.request_id, timeout=timeout):
+        async for piece in gw.follow(record.request_id):
             if isinstance(piece, str):
                 yield sse("response.output_text.delta", **at, delta=piece, logprobs=[])
                 continue

@@ -71,6 +71,30 @@ class GatewaySettings:
         env="GENQ_SERVE_REQUEST_TIMEOUT_S",
         help="longest a completion waits for its result; then it is cancelled (504)",
     )
+    max_in_flight: int = _flag(
+        10_000,
+        env="GENQ_SERVE_MAX_IN_FLIGHT",
+        help="most completions and responses this gateway answers at once, every tenant's "
+        "together (waiting or streaming); past it, 429 with Retry-After (0: no limit)",
+    )
+    max_in_flight_per_tenant: int = _flag(
+        5_000,
+        env="GENQ_SERVE_MAX_IN_FLIGHT_PER_TENANT",
+        help="most completions and responses of one tenant (all its keys together) this "
+        "gateway answers at once; past it, 429 with Retry-After (0: no limit)",
+    )
+    redis_connections: int = _flag(
+        64,
+        env="GENQ_SERVE_REDIS_CONNECTIONS",
+        help="Redis connections the gateway's routes share (a route waits for a free one); the "
+        "result readers add one per 500 waiting requests",
+    )
+    max_body_bytes: int = _flag(
+        4_000_000,
+        env="GENQ_SERVE_MAX_BODY_BYTES",
+        help="largest JSON request body, counted as it arrives (413 past it; uploads have "
+        "--max-file-bytes)",
+    )
     max_file_bytes: int = _flag(
         50_000_000,
         env="GENQ_SERVE_MAX_FILE_BYTES",

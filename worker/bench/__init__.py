@@ -9,6 +9,8 @@ module              what it measures
 ``priority``        what a high request waits behind low ones
 ``fleet``           a fleet of workers against an ideal central queue
 ``gateway``         ``genq serve`` against the client library, per request and streamed
+``flood``           one tenant's thousands of waiting chats at one ``genq serve`` against
+                    another's single requests and ``/health``; connections and memory
 ``vllm_compare``    vLLM alone against vLLM through the queue
 ``tenants``         fair share: a flood against a trickle, weights, tokens per minute
 ``tenant_fleet``    one tenants case's fleet, and the counts the cases share

@@ -159,3 +159,11 @@ def gateway_markdown(res: dict[str, Any]) -> str:
             "worker and Redis share the machine).",
         ]
     )
+
+
+def run_and_print(params: dict[str, Any]) -> None:
+    """``genq bench --scenario gateway`` with the command's parameters."""
+    from genq.worker.bench.modes import report_on_redis
+
+    sizes = {"sequential": 20, "concurrent": 100} if params["quick"] else {}
+    report_on_redis(params, lambda url: run_gateway_scenario(url, **sizes), gateway_markdown)

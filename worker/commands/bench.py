@@ -21,8 +21,16 @@ T = TypeVar("T")
 QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "auto")]
 """The engines measured through the queue (echo has no model to measure)."""
 MODULES = {"prefix-vllm": "prefix_engine"}  # scenario -> module of genq.worker.bench
-SELF_RUN = ("structured", "webhooks", "dashboard", "prefix", "prefix-vllm")  # run_and_print
-SCENARIOS = ("modes", "priority", "fleet", "gateway", "tenants", *SELF_RUN)
+SELF_RUN = (
+    "structured",
+    "webhooks",
+    "dashboard",
+    "prefix",
+    "prefix-vllm",
+    "flood",
+    "gateway",
+)  # run_and_print
+SCENARIOS = ("modes", "priority", "fleet", "tenants", *SELF_RUN)
 
 
 @click.command()
@@ -437,7 +445,7 @@ def _other_scenario(scenario: str, params: dict[str, Any]) -> None:
     if scenario in SELF_RUN:
         module = import_module(f"genq.worker.bench.{MODULES.get(scenario, scenario)}")
         return module.run_and_print(params)  # type: ignore[no-any-return]
-    run = {"fleet": _fleet_scenario, "gateway": _gateway_scenario, "tenants": _tenants_scenario}
+    run = {"fleet": _fleet_scenario, "tenants": _tenants_scenario}
     run[scenario](params["redis_url"], quick=params["quick"], as_json=params["as_json"])
 
 
@@ -450,27 +458,6 @@ def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> N
         click.echo(json.dumps({"machine": machine_info(), **as_dict(report)}, indent=2))
     else:
         _markdown(tenants_markdown(report))
-
-
-def _gateway_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> None:
-    from genq.worker.bench.gateway import gateway_markdown, run_gateway_scenario
-    from genq.worker.bench.modes import machine_info
-    from genq.worker.devtools.redis_server import RedisServer
-
-    server = None if redis_url else RedisServer().start()
-    sizes = {"sequential": 20, "concurrent": 100} if quick else {}
-    try:
-        res = run_gateway_scenario(server.url if server else str(redis_url), **sizes)
-    finally:
-        if server is not None:
-            server.stop()
-    if as_json:
-        click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
-    else:
-        click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
-        click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
-        click.echo("")
-        click.echo(gateway_markdown(res))
 
 
 def _vllm_comparison(params: dict[str, Any]) -> None:

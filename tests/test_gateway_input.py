@@ -1,0 +1,142 @@
+"""Bounded input at ``genq serve``: every malformed body is a 400 naming what is wrong (never a
+500), a body over its limit is a 413 before it is held whole, tool schemas are bounded in all
+and checked off the event loop, and what a chat's tool calls carry counts against the prompt
+limit. Real redis-server, ``genq serve`` and an echo worker."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from genq.common.errors import InvalidRequest
+from genq.producer import build_request
+from genq.worker.devtools.gateway_process import GatewayProcess
+
+from tests.conftest import WorkerProcess, wait_until
+
+M = [{"role": "user", "content": "hi"}]
+MALFORMED_CHATS: dict[str, bytes | str] = {
+    "nested too deeply": "[" * 100_000 + "]" * 100_000,
+    "'model' must be a string": json.dumps({"model": ["echo"], "messages": M}),
+    "'text' must be a string": json.dumps(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
+    ),
+    "messages.0.content": json.dumps({"messages": [{"role": "user", "content": 5}]}),
+    "stop": json.dumps({"messages": M, "stop": {"a": 1}}),
+    "metadata": json.dumps({"messages": M, "metadata": {"k" * 100: "v"}}),
+    "'stream_options' must be an object": json.dumps(
+        {"messages": M, "stream": True, "stream_options": [1]}
+    ),
+    "tools": json.dumps({"messages": M, "tools": "x"}),
+    "tools.0.function.name": json.dumps(
+        {"messages": M, "tools": [{"type": "function", "function": {"name": 5}}]}
+    ),
+    "parallel_tool_calls": json.dumps({"messages": M, "parallel_tool_calls": "yes"}),
+    "not valid JSON": b'{"messages": "\xff"}',
+    "finite": '{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+}
+
+
+@pytest.fixture()
+def gateway(
+    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> Iterator[GatewayProcess]:
+    g = GatewayProcess(redis_url, queue, tmp_path / "gateway.log", ["--max-body-bytes", "1000000"])
+    start_worker(queue, "--engine", "echo")
+    wait_until(lambda: httpx.get(f"{g.url}/models").json()["data"])
+    yield g
+    g.stop()
+
+
+def _post(gateway: GatewayProcess, path: str, body: Any, **kw: Any) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    return httpx.post(f"{gateway.url}{path}", content=body, headers=headers, timeout=60, **kw)
+
+
+def test_every_malformed_body_is_a_400_naming_what_is_wrong(gateway: GatewayProcess) -> None:
+    for why, body in MALFORMED_CHATS.items():
+        response = _post(gateway, "/chat/completions", body)
+        assert response.status_code == 400, (why, response.text)
+        assert why in response.json()["error"]["message"], (why, response.text)
+    responses = {
+        "'model' must be a string": {"input": "x", "model": ["a"]},
+        "'text' must be a string": {
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]
+        },
+    }
+    for why, doc in responses.items():
+        response = _post(gateway, "/responses", json.dumps(doc))
+        assert response.status_code == 400 and why in response.text, (why, response.text)
+    # Still serving.
+    ok = _post(gateway, "/chat/completions", json.dumps({"messages": M, "max_tokens": 2}))
+    assert ok.status_code == 200, ok.text
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_held_whole(gateway: GatewayProcess) -> None:
+    before = _rss_mb(gateway.proc.pid)
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 50_000_000}]}).encode()
+    declared = _post(gateway, "/chat/completions", big)  # with its Content-Length
+    assert declared.status_code == 413, declared.text
+    assert "--max-body-bytes" in declared.json()["error"]["message"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        for i in range(0, len(big), 1 << 20):
+            yield big[i : i + (1 << 20)]
+
+    try:
+        chunked = _post(gateway, "/chat/completions", chunks())
+        assert chunked.status_code == 413, chunked.text
+    except httpx.WriteError:  # the gateway answered and closed while we still sent: refused
+        pass
+    assert _rss_mb(gateway.proc.pid) - before < 30  # never held 50 MB
+    ok = _post(gateway, "/chat/completions", json.dumps({"messages": M, "max_tokens": 2}))
+    assert ok.status_code == 200, ok.text
+
+
+def _tool(i: int, fields: int) -> dict[str, Any]:
+    props = {f"f{j}": {"type": "string", "description": "d" * 40} for j in range(fields)}
+    params = {"type": "object", "properties": props, "required": list(props)}
+    return {"type": "function", "function": {"name": f"t{i}", "parameters": params}}
+
+
+def test_tool_schemas_are_bounded_in_all_and_checked_off_the_event_loop(
+    gateway: GatewayProcess,
+) -> None:
+    too_many = {"messages": M, "tools": [_tool(i, 60) for i in range(16)]}  # ~100 KB
+    t0 = time.perf_counter()
+    refused = _post(gateway, "/chat/completions", json.dumps(too_many))
+    assert refused.status_code == 400 and "at most 65536 in all" in refused.text
+    assert time.perf_counter() - t0 < 2  # refused by size, before any schema is checked
+    fits = {"messages": M, "tools": [_tool(i, 20) for i in range(8)], "max_tokens": 2}
+    first = _post(gateway, "/chat/completions", json.dumps(fits))
+    assert first.status_code == 200, first.text
+    # The same tools again: checked once (cached by hash), answered as fast as a plain chat.
+    t0 = time.perf_counter()
+    assert _post(gateway, "/chat/completions", json.dumps(fits)).status_code == 200
+    assert time.perf_counter() - t0 < 2
+
+
+def test_tool_calls_count_against_the_prompt_limit() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    big_call = {**call, "function": {"name": "f", "arguments": "x" * 150_000}}
+    messages = [
+        {"role": "user", "content": "y" * 60_000},
+        {"role": "assistant", "content": None, "tool_calls": [big_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    with pytest.raises(InvalidRequest, match="characters in all"):
+        build_request(messages=messages)
+    messages[1] = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert build_request(messages=messages).messages is not None
