@@ -9,6 +9,12 @@ from genq.common.errors import ConfigError
 from genq.producer.commands.options import redis_options
 from genq.producer.gateway.settings import GatewaySettings, serve_flags
 
+LISTEN_BACKLOG = 16_384
+"""Connections the kernel may hold for the gateway before it accepts them (capped by
+``net.core.somaxconn``). uvicorn's 2,048 overflowed when thousands of clients connected at
+once: the kernel dropped their SYNs, and those clients, and anyone connecting meanwhile (a
+health probe), waited 1 s, then 3 s, to retry."""
+
 
 def serve_options(func: Any) -> Any:
     """One option per flag setting of ``GatewaySettings`` (defaults, env twins and help come
@@ -69,4 +75,11 @@ def _run(flags: dict[str, Any], *, api: bool) -> None:
         raise click.UsageError(str(err)) from None
     where = f"http://{settings.host}:{settings.port}/dashboard"
     click.echo(f"genq: dashboard at {where}", err=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=False,
+        backlog=LISTEN_BACKLOG,
+    )

@@ -15,6 +15,8 @@ module             what it holds
 ``fleet``          which models the queue's live workers serve (``GET /v1/models``)
 ``result_hub``     ``ResultHub``: every waiting completion's and stream's events, read by a
                    few shared connections (one per 500 waiting requests)
+``submitter``      ``Submitter``: the submissions of one turn of the event loop sent together,
+                   one SUBMIT call per tenant
 ``body_limit``     ``BodyLimit``: request bodies bounded as their bytes arrive (413)
 ``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
                    past which the gateway answers 429 (pure)

@@ -81,6 +81,7 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await delivering
             await deliverer.close()
+            await app.state.gateway.submitter.close()
             if hub is not None:
                 await hub.close()
             await client.close()

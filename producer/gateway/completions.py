@@ -87,7 +87,7 @@ async def _answer(request: Request, gw: Gateway, who: Caller, url: str) -> Respo
     if stream and args.get("logprobs"):
         raise InvalidRequest("logprobs are returned with the whole answer: ask without stream")
     req = await checked_request(args, stream=stream, metadata=metadata, tenant=who.tenant)
-    [request_id] = await gw.client.submit_requests([req])
+    request_id = await gw.submitter.submit(req)
     if stream:
         include_usage = bool(options.get("include_usage"))
         events = _events(gw, request_id, url, model, include_usage)

@@ -16,6 +16,7 @@ from genq.producer.gateway.in_flight import InFlight
 from genq.producer.gateway.openai_errors import ApiError
 from genq.producer.gateway.result_hub import ResultHub
 from genq.producer.gateway.settings import GatewaySettings, key_tenants
+from genq.producer.gateway.submitter import Submitter
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,13 @@ class Gateway:
     hub: ResultHub | None
     """The readers that wait for results (None on a Redis Cluster: the client polls)."""
     in_flight: InFlight = field(init=False)
+    submitter: Submitter = field(init=False)
+    """Completions' and responses' submissions, gathered per turn of the event loop."""
 
     def __post_init__(self) -> None:
         s = self.settings
         self.in_flight = InFlight(s.max_in_flight, s.max_in_flight_per_tenant)
+        self.submitter = Submitter(self.client)
 
     def follow(self, request_id: str) -> AsyncIterator[str | Result]:
         """A request's text pieces as they come, then its Result (within the request timeout:
@@ -109,9 +113,10 @@ async def check_key(request: Request) -> None:
     the caller it stands for goes to ``request.state.caller``."""
     keys: dict[str, Caller] = request.app.state.gateway.keys
     request.state.caller = OPEN
-    if not keys or request.url.path == "/health":  # a load balancer's probe needs no key
+    path = request.scope["path"]
+    if not keys or path == "/health":  # a load balancer's probe needs no key
         return
-    if request.url.path.startswith("/dashboard"):  # its own check: admin keys, or a cookie
+    if path.startswith("/dashboard"):  # its own check: admin keys, or a cookie
         return
     header = request.headers.get("authorization", "")
     given = (header[7:].strip() if header.lower().startswith("bearer ") else "").encode()

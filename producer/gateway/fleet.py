@@ -3,6 +3,7 @@ heartbeat hashes (which expire with their workers), and reused for ``models_cach
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -21,11 +22,22 @@ class Fleet:
         self._read_at = -float("inf")
         self._models: dict[str, int] = {}
         self._created: dict[str, int] = {}
+        self._reading: asyncio.Future[dict[str, int]] | None = None
 
     async def models(self) -> dict[str, int]:
-        """Model name -> how many live workers serve it (read at most every ``cache_s``)."""
+        """Model name -> how many live workers serve it (read at most every ``cache_s``, by one
+        read at a time: the requests that find the list stale meanwhile share that read)."""
         if time.monotonic() - self._read_at < self._cache_s:
             return self._models
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read())
+            self._reading.add_done_callback(self._read_done)
+        return await asyncio.shield(self._reading)
+
+    def _read_done(self, _: object) -> None:
+        self._reading = None
+
+    async def _read(self) -> dict[str, int]:
         try:
             consumers: Any = await self._redis.xinfo_consumers(self._keys.stream("normal"), GROUP)
         except aioredis.ResponseError:  # no stream or group yet: no worker ever ran

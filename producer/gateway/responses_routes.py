@@ -104,7 +104,7 @@ async def _create(request: Request, gw: Gateway, who: Caller) -> Response:
     if args.store:  # first: whoever sees the request's id can read its record
         await gw.client.redis.set(key, record.model_dump_json(), ex=gw.settings.result_ttl_s)
     try:
-        await gw.client.submit_requests([req])
+        await gw.submitter.submit(req)
     except GenqError:
         await gw.client.redis.delete(key)
         raise

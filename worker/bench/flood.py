@@ -75,24 +75,26 @@ def _chat(content: str, stream: bool) -> dict[str, Any]:
     }
 
 
-async def _alice(http: Any, url: str, i: int) -> bool:
-    """One of alice's chats: whether it came back with its own text."""
-    headers = {"Authorization": "Bearer key-a"}
-    body = _chat(f"a{i:05d}", stream=i % 2 == 1)
+async def _alice(port: int, i: int) -> bool:
+    """One of alice's chats, over its own connection (plain HTTP/1.1 on asyncio streams: a
+    client library's pool costs more CPU than the gateway with thousands in flight, and this
+    process must keep up): whether it came back with its answer."""
+    body = json.dumps(_chat(f"a{i:05d}", stream=i % 2 == 1)).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Authorization: Bearer key-a\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
     try:
-        if not body["stream"]:
-            r = await http.post(f"{url}/chat/completions", json=body, headers=headers)
-            return r.status_code == 200 and "a" in r.json()["choices"][0]["message"]["content"]
-        text = ""
-        async with http.stream("POST", f"{url}/chat/completions", json=body, headers=headers) as r:
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    if chunk.get("choices"):
-                        text += chunk["choices"][0]["delta"].get("content") or ""
-        return r.status_code == 200 and bool(text)
-    except Exception:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head.encode() + body)
+        data = await reader.read()  # to the end: the gateway closes after the answer
+        writer.close()
+    except OSError:
         return False
+    if not data.startswith(b"HTTP/1.1 200"):
+        return False
+    return b"[DONE]" in data if i % 2 == 1 else f"a{i:05d}".encode() in data
 
 
 def run_flood(redis_url: str, *, waiting: int) -> dict[str, Any]:
@@ -127,9 +129,7 @@ def run_flood(redis_url: str, *, waiting: int) -> dict[str, Any]:
         idle = _probe(base, 4.0)
         clients_before = int(r.info("clients")["connected_clients"])
         rss_before = _rss_mb(gateway.proc.pid)
-        loaded, peak, alice, took_s = asyncio.run(
-            _flood(gateway.url, base, waiting, r, gateway.proc.pid)
-        )
+        loaded, peak, alice, took_s = asyncio.run(_flood(base, waiting, r, gateway.proc.pid))
         bob_idle = statistics.median(idle["bob"]) * 1000
         bob_loaded = statistics.median(loaded["bob"]) * 1000
         health = sorted(h * 1000 for h in loaded["health"])
@@ -173,24 +173,21 @@ def _probe(base: str, seconds: float) -> dict[str, Any]:
 
 
 async def _flood(
-    url: str, base: str, waiting: int, r: Any, pid: int
+    base: str, waiting: int, r: Any, pid: int
 ) -> tuple[dict[str, Any], dict[str, float], int, float]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        t0 = time.perf_counter()
-        tasks = [asyncio.create_task(_alice(http, url, i)) for i in range(waiting)]
-        await asyncio.sleep(2.0)  # all sent
-        peak = {"clients": float(r.info("clients")["connected_clients"]), "rss": _rss_mb(pid)}
-        probe = asyncio.create_task(asyncio.to_thread(_probe, base, 6.0))
-        for _ in range(30):  # the peak while the probe runs
-            await asyncio.sleep(0.2)
-            peak["clients"] = max(peak["clients"], float(r.info("clients")["connected_clients"]))
-            peak["rss"] = max(peak["rss"], _rss_mb(pid))
-        loaded = await probe
-        served = sum(await asyncio.gather(*tasks))
-        return loaded, peak, served, time.perf_counter() - t0
+    port = int(base.rsplit(":", 1)[1])
+    t0 = time.perf_counter()
+    tasks = [asyncio.create_task(_alice(port, i)) for i in range(waiting)]
+    await asyncio.sleep(2.0)  # all sent
+    peak = {"clients": float(r.info("clients")["connected_clients"]), "rss": _rss_mb(pid)}
+    probe = asyncio.create_task(asyncio.to_thread(_probe, base, 6.0))
+    for _ in range(30):  # the peak while the probe runs
+        await asyncio.sleep(0.2)
+        peak["clients"] = max(peak["clients"], float(r.info("clients")["connected_clients"]))
+        peak["rss"] = max(peak["rss"], _rss_mb(pid))
+    loaded = await probe
+    served = sum(await asyncio.gather(*tasks))
+    return loaded, peak, served, time.perf_counter() - t0
 
 
 def flood_markdown(res: dict[str, Any]) -> str:
