@@ -377,11 +377,12 @@ def test_with_no_keys_the_dashboard_is_for_this_machine_only(redis_url: str, que
     from genq.producer.gateway.settings import GatewaySettings
 
     app = create_app(GatewaySettings(redis_url=redis_url, queue=queue), api=False)
-    with TestClient(app, client=("10.1.2.3", 50000)) as remote:
+    local_url = "http://127.0.0.1"  # an open gateway answers loopback host names only
+    with TestClient(app, base_url=local_url, client=("10.1.2.3", 50000)) as remote:
         assert remote.get("/dashboard").status_code == 403
         assert remote.get("/dashboard/api/snapshot").status_code == 403
         assert remote.get("/v1/models").status_code == 404  # genq dashboard: no API routes
-    with TestClient(app, client=("127.0.0.1", 50000)) as local:
+    with TestClient(app, base_url=local_url, client=("127.0.0.1", 50000)) as local:
         assert local.get("/dashboard").status_code == 200
         assert local.get("/dashboard/api/snapshot").json()["stats"]["queue"] == queue
         assert local.get("/dashboard/static/uPlot.LICENSE").text.startswith("The MIT License")

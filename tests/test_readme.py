@@ -86,16 +86,30 @@ def test_readme_opens_with_the_two_commands() -> None:
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-def test_compose_file_is_valid() -> None:
+def test_compose_file_is_valid(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
+    compose = ["docker-compose", "-f", str(root / "compose.yaml")]
+    example = ["--env-file", str(root / ".env.example")]
     out = subprocess.run(
-        ["docker-compose", "-f", str(root / "compose.yaml"), "config"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [*compose, *example, "config"], capture_output=True, text=True, timeout=60, cwd=root
     )
     assert out.returncode == 0, out.stderr
     assert "appendonly" in out.stdout and "service_healthy" in out.stdout
+    # Safe by default: Redis asks for the password and is not published; the gateway is
+    # published on loopback only; without the secrets the file refuses to run.
+    assert "--requirepass" in out.stdout and "6379:6379" not in out.stdout
+    assert "host_ip: 127.0.0.1" in out.stdout or "127.0.0.1:8000:8000" in out.stdout
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    bare = subprocess.run(
+        [*compose, "--env-file", str(empty), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GENQ_")},
+    )
+    assert bare.returncode != 0 and "GENQ_REDIS_PASSWORD" in bare.stderr + bare.stdout
 
 
 def test_the_documented_acl_line_is_the_tested_one() -> None:

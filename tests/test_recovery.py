@@ -174,3 +174,28 @@ def test_a_second_signal_exits_at_once(
     assert worker.proc.wait(timeout=10) == 1
     assert time.monotonic() - t0 < 5
     assert pending(r, queue, "w0") == 1  # left for another worker to take over
+
+
+def test_a_worker_killed_with_sigkill_leaves_no_engine_process_behind() -> None:
+    """The reaper (``worker/engines/reaper.py``), as the vLLM engine starts it: a process that
+    started it and then a child of its own (as vLLM starts its engine core) is SIGKILLed; the
+    child is gone within seconds, and so is the reaper."""
+    import psutil
+
+    script = (
+        "import subprocess, sys, time\n"
+        "from genq.worker.engines.reaper import start_reaper\n"
+        "reaper = start_reaper()\n"
+        "core = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print(reaper.pid, core.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None
+    reaper_pid, core_pid = map(int, worker.stdout.readline().split())
+    core, reaper = psutil.Process(core_pid), psutil.Process(reaper_pid)
+    time.sleep(1.5)  # the reaper has noted the core (it looks every 0.5 s)
+    worker.kill()
+    worker.wait()
+    _, alive = psutil.wait_procs([core, reaper], timeout=10)
+    assert alive == [], [p.pid for p in alive]

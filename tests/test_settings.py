@@ -54,6 +54,7 @@ def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
     assert {f.name for f in flags} == {
         "host",
         "port",
+        "insecure_open",
         "api_keys",
         "admin_keys",
         "request_timeout_s",

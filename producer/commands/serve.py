@@ -23,6 +23,15 @@ def serve_options(func: Any) -> Any:
         env = f"[env: {f.env}" + (", comma-separated]" if f.type_ is tuple else "]")
         if f.type_ is tuple:
             option = click.option(f.flag, f.name, multiple=True, help=f"{f.help} {env}")
+        elif f.type_ is bool:
+            option = click.option(
+                f.flag,
+                f.name,
+                is_flag=True,
+                envvar=f.env,
+                default=f.default,
+                help=f"{f.help} {env}",
+            )
         else:
             option = click.option(
                 f.flag,

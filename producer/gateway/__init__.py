@@ -17,6 +17,8 @@ module             what it holds
                    few shared connections (one per 500 waiting requests)
 ``submitter``      ``Submitter``: the submissions of one turn of the event loop sent together,
                    one SUBMIT call per tenant
+``guards``         ``Guards``: cross-site writes, non-JSON bodies and (with no keys) foreign
+                   host names refused before any route runs
 ``body_limit``     ``BodyLimit``: request bodies bounded as their bytes arrive (413)
 ``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
                    past which the gateway answers 429 (pure)

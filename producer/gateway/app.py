@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from genq.common import webhooks
 from genq.common.connection import cluster_url, is_cluster
+from genq.common.errors import ConfigError
 from genq.producer.aio import AsyncClient
 from genq.producer.client import Client
 from genq.producer.gateway import (
@@ -24,6 +25,7 @@ from genq.producer.gateway import (
 from genq.producer.gateway.body_limit import BodyLimit, limit_for
 from genq.producer.gateway.context import Gateway, callers, check_key, gateway
 from genq.producer.gateway.fleet import Fleet
+from genq.producer.gateway.guards import Guards, is_loopback
 from genq.producer.gateway.result_hub import ResultHub
 from genq.producer.gateway.settings import GatewaySettings
 from genq.producer.gateway.webhook_delivery import Deliverer
@@ -46,32 +48,57 @@ def shared_pool(settings: GatewaySettings) -> dict[str, Any]:
     return {"max_connections": settings.redis_connections, "pool_wait_s": POOL_WAIT_S}
 
 
+def _is_open(settings: GatewaySettings, keys: dict[str, Any]) -> bool:
+    """Whether the gateway is open (no keys, and no ``--insecure-open``): then it must bind
+    loopback (ConfigError otherwise) and answer loopback host names only."""
+    open_gateway = not keys and not settings.insecure_open
+    if open_gateway and not is_loopback(settings.host):
+        raise ConfigError(
+            f"genq serve --host {settings.host} with no --api-key or --admin-key would let "
+            "anyone who reaches it use the fleet and see every tenant's work: give keys, bind "
+            "127.0.0.1, or pass --insecure-open if your own authentication stands in front"
+        )
+    return open_gateway
+
+
+def _gateway(settings: GatewaySettings, keys: dict[str, Any]) -> Gateway:
+    """What the routes share: the clients (the async one's pool bounded), the fleet, the
+    result readers (none on a Redis Cluster)."""
+    client = AsyncClient.from_url(
+        settings.redis_url,
+        settings.queue,
+        result_ttl_s=settings.result_ttl_s,
+        **shared_pool(settings),
+    )
+    sync_client = Client.from_url(
+        settings.redis_url, settings.queue, result_ttl_s=settings.result_ttl_s
+    )
+    fleet = Fleet(client.redis, client.keys, settings.models_cache_s)
+    hub = (
+        None
+        if is_cluster(client.redis)
+        else ResultHub(settings.redis_url, client.keys, client.redis)
+    )
+    return Gateway(settings, client, sync_client, fleet, keys, hub)
+
+
 def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
     """The OpenAI-compatible app for ``settings.queue``, with its dashboard. Raises ConfigError
     for a bad ``--api-key``. ``api=False``: the dashboard alone (``genq dashboard``: no
     OpenAI routes, no webhook deliveries)."""
     keys = callers(settings)
+    open_gateway = _is_open(settings, keys)
     if settings.webhook_url or settings.webhook_secret:  # a bad one: one line at start
         webhooks.endpoint(webhooks.GLOBAL_ENDPOINT, settings.webhook_url, settings.webhook_secret)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = AsyncClient.from_url(
-            settings.redis_url,
-            settings.queue,
-            result_ttl_s=settings.result_ttl_s,
-            **shared_pool(settings),
+        app.state.gateway = _gateway(settings, keys)
+        client, sync_client, hub = (
+            app.state.gateway.client,
+            app.state.gateway.sync_client,
+            app.state.gateway.hub,
         )
-        sync_client = Client.from_url(
-            settings.redis_url, settings.queue, result_ttl_s=settings.result_ttl_s
-        )
-        fleet = Fleet(client.redis, client.keys, settings.models_cache_s)
-        hub = (
-            None
-            if is_cluster(client.redis)
-            else ResultHub(settings.redis_url, client.keys, client.redis)
-        )
-        app.state.gateway = Gateway(settings, client, sync_client, fleet, keys, hub)
         deliverer = Deliverer(client.redis, client.keys, settings)
         delivering = asyncio.create_task(deliverer.run() if api else asyncio.sleep(0))
         try:
@@ -92,9 +119,13 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
         summary="OpenAI-compatible gateway to a genq queue",
         lifespan=lifespan,
         dependencies=[Depends(check_key)],
+        openapi_url=None,  # no schema or docs pages for anyone who knocks: the docs site has them
+        docs_url=None,
+        redoc_url=None,
     )
     openai_errors.install(app)
     app.add_middleware(BodyLimit, limit=limit_for(settings.max_body_bytes, settings.max_file_bytes))
+    app.add_middleware(Guards, open_gateway=open_gateway)  # outermost: before anything reads
     dashboard_routes.install(app)
 
     @app.get("/health")

@@ -15,7 +15,7 @@ from genq.producer.gateway.fleet import Fleet
 from genq.producer.gateway.in_flight import InFlight
 from genq.producer.gateway.openai_errors import ApiError
 from genq.producer.gateway.result_hub import ResultHub
-from genq.producer.gateway.settings import GatewaySettings, key_tenants
+from genq.producer.gateway.settings import OPERATOR_TENANT, GatewaySettings, key_tenants
 from genq.producer.gateway.submitter import Submitter
 
 
@@ -40,6 +40,10 @@ class Caller:
 
 OPEN = Caller(DEFAULT_TENANT, admin=True)
 """The caller of a gateway with no keys configured."""
+OPERATOR = Caller(OPERATOR_TENANT, admin=True)
+"""The caller of an ``--admin-key``: sees every tenant, and what it submits is the reserved
+tenant ``operators`` (not ``default``, which a bare ``--api-key`` stands for: a bare key must
+not read or delete an operator's files and responses)."""
 
 
 @dataclass
@@ -105,7 +109,7 @@ def gateway(request: Request) -> Gateway:
 def callers(settings: GatewaySettings) -> dict[str, Caller]:
     """Every accepted key and who it stands for (raises ConfigError on a bad ``--api-key``)."""
     keys = {k: Caller(t, admin=False) for k, t in key_tenants(settings.api_keys).items()}
-    return {**keys, **{k: OPEN for k in settings.admin_keys}}
+    return {**keys, **{k: OPERATOR for k in settings.admin_keys}}
 
 
 async def check_key(request: Request) -> None:

@@ -5,6 +5,7 @@ too), 504 (no result in time)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
@@ -20,6 +21,8 @@ from genq.common.errors import (
 )
 from genq.producer.gateway.body_limit import BodyTooLarge
 from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -103,7 +106,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(redis.ConnectionError)
     @app.exception_handler(redis.TimeoutError)
     async def redis_away(_: Request, err: Exception) -> JSONResponse:
-        return _answer(unavailable(f"Redis is unreachable: {err}", "redis_unavailable"))
+        log.warning("Redis is unreachable: %s", err)  # its address stays in the gateway's log
+        return _answer(unavailable("Redis is unreachable: retry later", "redis_unavailable"))
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, err: RequestValidationError) -> JSONResponse:

@@ -11,6 +11,9 @@ from genq.common.errors import ConfigError
 from genq.common.models import DEFAULT_TENANT, tenant_problem
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_REDIS_URL, DEFAULT_RESULT_TTL_S
 
+OPERATOR_TENANT = "operators"
+"""The tenant of what ``--admin-key`` callers submit; no ``--api-key`` may name it."""
+
 
 def key_tenants(specs: tuple[str, ...]) -> dict[str, str]:
     """``--api-key`` values (``KEY=TENANT``, or a bare ``KEY``: tenant ``default``) as a map
@@ -26,6 +29,10 @@ def key_tenants(specs: tuple[str, ...]) -> dict[str, str]:
             raise ConfigError(f"--api-key ...={tenant}: {problem}")
         if not key:
             raise ConfigError(f"--api-key {spec!r}: the key is empty")
+        if tenant == OPERATOR_TENANT:
+            raise ConfigError(
+                f"--api-key ...={tenant}: tenant {tenant!r} is reserved for --admin-key callers"
+            )
         out[key] = tenant
     return out
 
@@ -46,6 +53,12 @@ class GatewaySettings:
     queue: str = DEFAULT_QUEUE
     host: str = _flag("127.0.0.1", env="GENQ_SERVE_HOST", help="interface to listen on")
     port: int = _flag(8000, env="GENQ_SERVE_PORT", help="TCP port")
+    insecure_open: bool = _flag(
+        False,
+        env="GENQ_SERVE_INSECURE_OPEN",
+        help="serve with no --api-key/--admin-key on a non-loopback --host, and to any Host "
+        "name (every caller is then an operator): only behind your own authentication",
+    )
     api_keys: tuple[str, ...] = _flag(
         (),
         env="GENQ_API_KEYS",
@@ -62,10 +75,11 @@ class GatewaySettings:
         (),
         env="GENQ_ADMIN_KEYS",
         flag="--admin-key",
-        help="a key that sees every tenant's files and batches (operators); repeat for several",
+        help="a key that sees every tenant's files and batches (operators; what it submits is "
+        "tenant 'operators'); repeat for several",
     )
     """Keys that see every tenant's files and batches (operators, the dashboard); what they
-    submit is tenant ``default``."""
+    submit is the reserved tenant ``operators``."""
     request_timeout_s: float = _flag(
         600.0,
         env="GENQ_SERVE_REQUEST_TIMEOUT_S",

@@ -6,7 +6,8 @@ small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-2
 random-1b models, built offline), ``packaged_models`` (smollm2-135m from its PyPI
 package), ``chat`` (chat templates), ``grammar`` (response formats compiled by xgrammar, and
 the logits processor that holds rows to them) and ``simulated_cache`` (the echo engine's
-prefix cache, an LRU of hashed prompt blocks). Engines that need torch import it only when
+prefix cache, an LRU of hashed prompt blocks) and ``reaper`` (a small process that ends vLLM's
+processes when their worker dies, SIGKILL included). Engines that need torch import it only when
 built, so the worker's other modules stay importable without it.
 """
 

@@ -51,6 +51,7 @@ from genq.worker.engines.base import (
     logprob_entries,
     run_to_completion,
 )
+from genq.worker.engines.reaper import start_reaper
 from genq.worker.policy.sizing import BatchLimits, kv_cache_tokens
 
 log = logging.getLogger("genq.worker")
@@ -227,6 +228,8 @@ class VllmEngine:
         self.block_tokens = int(engine.vllm_config.cache_config.block_size or BLOCK_TOKENS)
         self.prefix_room = 0
         """KV-cache tokens beyond the batch budget (``load`` counts them): prefixes kept."""
+        self.reaper: Any = None
+        """This process's reaper (``reaper.py``): vLLM's processes do not outlive it."""
         self._rows: dict[str, GenerationInput] = {}  # the loop's thread only
         self._sent: dict[str, str] = {}  # streamed text so far, by key
         self._commands: deque[tuple[str, Any, Any]] = deque()
@@ -274,7 +277,9 @@ class VllmEngine:
             engine_arguments = EngineArgs(**args)
         except TypeError as err:
             raise ConfigError(f"--vllm-args: {err}") from err
+        reaper = start_reaper()  # ends vLLM's processes if this one is killed (-9 included)
         engine = cls(LLMEngine.from_engine_args(engine_arguments))
+        engine.reaper = reaper
         # What vLLM made of it (its blocks, counted once its cache was allocated).
         blocks = engine._engine.vllm_config.cache_config.num_gpu_blocks or 0
         batch = kv_cache_tokens(

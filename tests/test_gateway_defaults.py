@@ -1,0 +1,154 @@
+"""Safe defaults at ``genq serve``: an open gateway (no keys) binds loopback only unless told, and
+answers loopback host names only; no browser page of another site can make it do anything;
+no schema pages for strangers; an operator's work is not the bare key's tenant. The guards'
+rules are a pure function, tested alone; then on a real gateway."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from genq.producer import Client
+from genq.producer.gateway.guards import is_loopback, problem
+from genq.worker.devtools.gateway_process import GatewayProcess
+
+from tests.conftest import WorkerProcess, wait_until
+
+JSON = {b"content-type": b"application/json", b"content-length": b"10"}
+
+
+def _h(**more: bytes) -> dict[bytes, bytes]:
+    return {
+        b"host": b"127.0.0.1:8000",
+        **JSON,
+        **{k.replace("_", "-").encode(): v for k, v in more.items()},
+    }
+
+
+def test_the_guards_rules() -> None:
+    post = "/v1/chat/completions"
+    assert problem("POST", post, _h(), open_gateway=True) is None
+    assert problem("POST", post, {**_h(), b"host": b"localhost"}, open_gateway=True) is None
+    rebinding = problem("GET", "/v1/models", {b"host": b"evil.example:8000"}, open_gateway=True)
+    assert rebinding is not None and rebinding[0] == 403
+    assert problem("GET", "/v1/models", {b"host": b"evil.example"}, open_gateway=False) is None
+    cross = problem("POST", post, _h(sec_fetch_site=b"cross-site"), open_gateway=False)
+    assert cross is not None and cross[0] == 403
+    foreign = problem("POST", post, _h(origin=b"https://evil.example"), open_gateway=False)
+    assert foreign is not None and foreign[0] == 403
+    same = problem("POST", post, _h(origin=b"http://127.0.0.1:8000"), open_gateway=False)
+    assert same is None
+    plain = {**_h(), b"content-type": b"text/plain"}
+    assert (problem("POST", post, plain, open_gateway=False) or (0,))[0] == 415
+    charset = {**_h(), b"content-type": b"application/json; charset=utf-8"}
+    assert problem("POST", post, charset, open_gateway=False) is None
+    upload = {**_h(), b"content-type": b"multipart/form-data; boundary=x"}
+    assert problem("POST", "/v1/files", upload, open_gateway=False) is None
+    no_body = {b"host": b"127.0.0.1:8000"}  # a cancel: nothing to be JSON
+    assert problem("POST", "/v1/batches/b/cancel", no_body, open_gateway=False) is None
+    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.1", "example.com", "::"))
+
+
+def test_an_open_gateway_refuses_a_public_bind_unless_told(redis_url: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "serve",
+            "--redis-url",
+            redis_url,
+            "--host",
+            "0.0.0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "--insecure-open" in done.stderr, done.stderr[-500:]
+    refused = subprocess.run(
+        [sys.executable, "-m", "genq.worker", "serve", "--api-key", "k=operators"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "reserved" in refused.stderr
+
+
+def test_a_browser_page_cannot_use_an_open_gateway(
+    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    gateway = GatewayProcess(redis_url, queue, tmp_path / "gateway.log")
+    try:
+        start_worker(queue, "--engine", "echo")
+        wait_until(lambda: httpx.get(f"{gateway.url}/models").json()["data"])
+        url = f"{gateway.url}/chat/completions"
+        body = '{"model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
+        # What a page of another site can send without asking: text/plain, its own Origin.
+        simple = httpx.post(url, content=body, headers={"content-type": "text/plain"})
+        assert simple.status_code == 415
+        cross = httpx.post(
+            url,
+            content=body,
+            headers={"content-type": "application/json", "origin": "https://evil.example"},
+        )
+        assert cross.status_code == 403
+        # DNS rebinding: the page's own name, resolved to 127.0.0.1.
+        rebound = httpx.get(f"{gateway.url}/models", headers={"host": "evil.example"})
+        assert rebound.status_code == 403
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert httpx.get(gateway.url.removesuffix("/v1") + path).status_code == 404
+        ok = httpx.post(url, content=body, headers={"content-type": "application/json"})
+        assert ok.status_code == 200, ok.text
+    finally:
+        gateway.stop()
+
+
+def test_an_operators_work_is_not_the_bare_keys_tenant(
+    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    args = ["--api-key", "bare", "--admin-key", "boss"]
+    gateway = GatewayProcess(redis_url, queue, tmp_path / "gateway.log", args)
+    try:
+        start_worker(queue, "--engine", "echo")
+        auth = {"Authorization": "Bearer boss"}
+        wait_until(lambda: httpx.get(f"{gateway.url}/models", headers=auth).json()["data"])
+        body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        done = httpx.post(f"{gateway.url}/chat/completions", json=body, headers=auth).json()
+        assert Client.from_url(redis_url, queue).status(done["id"]).tenant == "operators"
+        stored = httpx.post(
+            f"{gateway.url}/responses", json={"model": "echo", "input": "x"}, headers=auth
+        ).json()
+        bare = httpx.get(
+            f"{gateway.url}/responses/{stored['id']}", headers={"Authorization": "Bearer bare"}
+        )
+        assert bare.status_code == 404  # the bare key is tenant default: not an operator
+    finally:
+        gateway.stop()
+
+
+def test_a_503_for_redis_names_no_address(tmp_path: Path) -> None:
+    """The gateway's Redis goes away: tenants learn it is away, not where it lives."""
+    from genq.worker.devtools.redis_server import RedisServer
+
+    server = RedisServer().start()
+    gateway = GatewayProcess(server.url, "q503", tmp_path / "gateway.log", ["--api-key", "k"])
+    try:
+        server.stop()
+        time.sleep(1.5)  # the served models' list, read at start, is stale
+        body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+        answer = httpx.post(
+            f"{gateway.url}/chat/completions",
+            json=body,
+            headers={"Authorization": "Bearer k"},
+            timeout=60,
+        )
+        assert answer.status_code == 503
+        assert "127.0.0.1" not in answer.text and str(server.port) not in answer.text, answer.text
+    finally:
+        gateway.stop()
