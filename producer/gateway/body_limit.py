@@ -52,7 +52,7 @@ class BodyLimit:
         limit, setting = self.limit(scope["path"])
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _refuse(send, BodyTooLarge(limit, setting))
+            await send_refusal(send, 413, str(BodyTooLarge(limit, setting)), "body_too_large")
             return
         seen = 0
 
@@ -68,17 +68,11 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-async def _refuse(send: Any, err: BodyTooLarge) -> None:
-    body = json.dumps(
-        {
-            "error": {
-                "message": str(err),
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "body_too_large",
-            }
-        }
-    ).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
+async def send_refusal(send: Any, status: int, message: str, code: str) -> None:
+    """Answer an HTTP request with OpenAI's error JSON before the app sees it (the ASGI
+    middlewares' refusals)."""
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    body = json.dumps({"error": error}).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})

@@ -16,9 +16,10 @@ browsers used as a weapon:
 from __future__ import annotations
 
 import ipaddress
-import json
 from typing import Any
 from urllib.parse import urlsplit
+
+from genq.producer.gateway.body_limit import send_refusal
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 UPLOAD_PATH = "/v1/files"
@@ -93,9 +94,4 @@ class Guards:
         if found is None:
             await self.app(scope, receive, send)
             return
-        status, message = found
-        error = {"message": message, "type": "invalid_request_error", "param": None}
-        body = json.dumps({"error": {**error, "code": "refused"}}).encode()
-        head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": status, "headers": head})
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, *found, "refused")
