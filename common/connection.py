@@ -226,3 +226,12 @@ times a typical cluster-node-timeout plus election)."""
 
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *TRANSIENT_ERRORS)
 """Any error from Redis, cluster routing errors included (some are not RedisErrors)."""
+
+
+def permission_refused(err: BaseException) -> bool:
+    """Whether ``err`` is Redis refusing this user a command or a key (ACL), directly or inside
+    a script: a grant, not a retry, fixes it."""
+    text = str(err)
+    return isinstance(err, redis.exceptions.NoPermissionError) or any(
+        mark in text for mark in ("NOPERM", "can't run this command", "No permissions to access")
+    )

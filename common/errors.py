@@ -122,3 +122,8 @@ INPUT_ERRORS = frozenset(
 )
 """Result error codes that mean the request itself was wrong (HTTP 400; a response's
 ``invalid_prompt``)."""
+
+
+EXIT_NO_PERMISSION = 77
+"""A worker's exit status when Redis refuses its user a command or key (sysexits' EX_NOPERM):
+a restart would meet the same refusal, so its launcher does not restart it."""

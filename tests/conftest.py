@@ -241,12 +241,12 @@ at different lengths."""
 GENQ_ACL = (
     "on >genq-secret ~genq:* resetchannels -@all +@connection "
     "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
-    "+hkeys +hmget +eval +evalsha "
-    "+fcall +function|load +time "
+    "+hkeys +hmget +hsetnx +eval +evalsha "
+    "+fcall +function|load +time +multi +exec "
     "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
     "+xgroup|create +xinfo|groups +xinfo|consumers "
-    "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset "
-    "+sadd +srem +smembers +sismember +zadd +zscore +zincrby"
+    "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset +ltrim "
+    "+sadd +srem +smembers +sismember +zadd +zscore +zincrby +zrevrange +zrevrank +zremrangebyscore"
 )
 
 

@@ -3,8 +3,10 @@ redis-server configured that way; and no prompt or output in the worker's log.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,3 +157,155 @@ def test_a_port_with_nothing_on_it_is_one_line_saying_what_to_check() -> None:
     assert time.monotonic() - t0 < 5  # was ~9 s: a refused connection was retried
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "cannot reach Redis" in out.stderr and "redis-server runs there" in out.stderr
+
+
+def test_the_gateway_and_a_rate_limited_tenant_work_under_the_documented_acl(
+    tmp_path: Path,
+) -> None:
+    """Everything a deployment runs, as the documented ACL user: a worker serving a tenant with
+    a tokens-per-minute limit (its requests held back and put back: LPUSH), and ``genq serve``'s
+    chats, streams, responses, files, batches, webhook deliveries and dashboard. Every answer
+    is a success, and Redis logged no refusal (INFO and CONFIG, which genq reads only where it
+    may, aside)."""
+    from genq.worker.devtools.gateway_process import GatewayProcess
+
+    with RedisServer() as server:
+        admin = redis.Redis(port=server.port)
+        admin.execute_command("ACL", "SETUSER", "genq", *GENQ_ACL.split())
+        url = f"redis://genq:genq-secret@127.0.0.1:{server.port}/0"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "genq.worker",
+                "tenants",
+                "set",
+                "acme",
+                "--redis-url",
+                url,
+                "--queue",
+                "acl",
+                "--tokens-per-minute",
+                "60",
+                "--weight",
+                "2",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        worker = WorkerProcess(
+            ["--redis-url", url, "--queue", "acl", "--engine", "echo", "--consumer", "acl"],
+            tmp_path / "worker.log",
+        )
+        hook = ["--webhook-url", "http://127.0.0.1:9/h", "--webhook-secret", "whsec_" + "A" * 32]
+        keys = ["--api-key", "k=beta", "--admin-key", "boss", *hook]
+        gateway = GatewayProcess(url, "acl", tmp_path / "gateway.log", keys)
+        try:
+            # acme's limit holds most of these back: the read script puts them back (LPUSH).
+            with Client.from_url(url, "acl") as client:
+                held = client.submit_many(["x" * 40] * 6, max_new_tokens=8, tenant="acme")
+                first = client.result(held[0], timeout=60)
+                assert first.status == "succeeded"
+            statuses = _gateway_tour(gateway)
+            assert set(statuses.values()) == {200}, statuses
+            assert worker.proc.poll() is None, worker.log()[-2000:]
+        finally:
+            gateway.stop()
+            assert worker.stop() == 0, worker.log()[-2000:]
+        refused = {
+            (e["object"], e["reason"])
+            for e in admin.acl_log(1000)
+            if e["object"] not in ("info", "config|get")
+        }
+        assert refused == set(), refused
+
+
+def _gateway_tour(gateway: object) -> dict[str, int]:
+    """What a tenant and an operator do at a gateway; each call's HTTP status."""
+    import httpx
+
+    base = gateway.url
+    tenant, boss = {"Authorization": "Bearer k"}, {"Authorization": "Bearer boss"}
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    for _ in range(100):
+        if httpx.get(f"{base}/models", headers=tenant).json()["data"]:
+            break
+        time.sleep(0.1)
+    out: dict[str, int] = {}
+
+    def call(name: str, method: str, path: str, **kw: object) -> httpx.Response:
+        r = httpx.request(method, base + path, timeout=60, **kw)  # type: ignore[arg-type]
+        out[name] = r.status_code
+        return r
+
+    call("chat", "POST", "/chat/completions", json=chat, headers=tenant)
+    call("stream", "POST", "/chat/completions", json={**chat, "stream": True}, headers=tenant)
+    rid = call(
+        "response", "POST", "/responses", json={"model": "echo", "input": "x"}, headers=tenant
+    ).json()["id"]
+    call("retrieve", "GET", f"/responses/{rid}", headers=tenant)
+    call(
+        "follow-up",
+        "POST",
+        "/responses",
+        headers=tenant,
+        json={"model": "echo", "input": "y", "previous_response_id": rid},
+    )
+    call("delete response", "DELETE", f"/responses/{rid}", headers=tenant)
+    line = json.dumps(
+        {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": chat}
+    )
+    upload = {"file": ("in.jsonl", f"{line}\nnot json\n".encode())}
+    fid = call(
+        "upload", "POST", "/files", files=upload, data={"purpose": "batch"}, headers=tenant
+    ).json()["id"]
+    call("file", "GET", f"/files/{fid}", headers=tenant)
+    call("file content", "GET", f"/files/{fid}/content", headers=tenant)
+    create = {"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    bid = call("batch", "POST", "/batches", json=create, headers=tenant).json()["id"]
+    for _ in range(200):
+        if httpx.get(f"{base}/batches/{bid}", headers=tenant).json()["status"] == "completed":
+            break
+        time.sleep(0.1)
+    call("batches", "GET", "/batches", headers=tenant)
+    call("output", "GET", f"/files/{bid}-output/content", headers=tenant)
+    call("errors", "GET", f"/files/{bid}-errors/content", headers=tenant)
+    other = call("batch 2", "POST", "/batches", json=create, headers=tenant).json()["id"]
+    call("cancel batch", "POST", f"/batches/{other}/cancel", headers=tenant)
+    call("delete file", "DELETE", f"/files/{fid}", headers=tenant)
+    board = {**boss, "X-Genq-Dashboard": "1"}
+    dashboard = gateway.dashboard + "/api"
+    for page in ("snapshot", "batches", "dead-letters"):
+        r = httpx.get(f"{dashboard}/{page}", headers=board, timeout=60)
+        out[f"dashboard {page}"] = r.status_code
+    time.sleep(1.0)  # a webhook delivery or two (to nowhere: retried, then given up)
+    return out
+
+
+def test_a_worker_refused_a_permission_says_so_in_one_line_and_is_not_restarted() -> None:
+    """An ACL user without HSET (the heartbeat): the worker exits with one line naming the
+    refusal and status 77 (EX_NOPERM), and ``--gpus`` does not restart it (it would only meet
+    the same refusal, forever)."""
+    from genq.common.errors import EXIT_NO_PERMISSION
+
+    with RedisServer() as server:
+        admin = redis.Redis(port=server.port)
+        admin.execute_command("ACL", "SETUSER", "genq", *GENQ_ACL.replace(" +hset ", " ").split())
+        url = f"redis://genq:genq-secret@127.0.0.1:{server.port}/0"
+        base = [sys.executable, "-m", "genq.worker", "worker", "--redis-url", url]
+        alone = subprocess.run(
+            [*base, "--engine", "echo"], capture_output=True, text=True, timeout=120
+        )
+        assert alone.returncode == EXIT_NO_PERMISSION, alone.stderr[-2000:]
+        assert "Traceback" not in alone.stderr
+        [line] = [x for x in alone.stderr.splitlines() if x.startswith("genq worker: Redis")]
+        assert "refused this user a command" in line
+        supervised = subprocess.run(
+            [*base, "--engine", "echo", "--gpus", "0,1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert supervised.returncode == EXIT_NO_PERMISSION, supervised.stderr[-2000:]
+        assert "restarting" not in supervised.stderr and "not restarted" in supervised.stderr

@@ -6,7 +6,8 @@ import sys
 from typing import Any
 
 import click
-from genq.common.errors import ConfigError
+from genq.common.connection import REDIS_ERRORS, permission_refused
+from genq.common.errors import EXIT_NO_PERMISSION, ConfigError
 from genq.common.settings import WorkerSettings
 from genq.producer.commands.options import settings_options
 
@@ -29,7 +30,17 @@ def worker(**flags: Any) -> None:
         engine = make_engine(settings)
     except ConfigError as err:  # a model, package or engine setting that cannot work
         raise click.ClickException(str(err)) from None
-    build_worker(settings, engine).run()
+    try:
+        build_worker(settings, engine).run()
+    except REDIS_ERRORS as err:
+        if not permission_refused(err):
+            raise
+        click.echo(
+            f"genq worker: Redis refused this user a command it needs ({err}); grant the "
+            "worker's ACL user what docs/security.md lists, then start it again",
+            err=True,
+        )
+        sys.exit(EXIT_NO_PERMISSION)
 
 
 def _launch(settings: WorkerSettings, flags: dict[str, Any]) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from genq.common.errors import ConfigError
+from genq.common.errors import EXIT_NO_PERMISSION, ConfigError
 from genq.common.settings import WorkerSettings
 
 log = logging.getLogger("genq.launcher")
@@ -86,6 +86,9 @@ class Child:
     backoff_s: float = BACKOFF_START_S
     restart_at: float = 0.0
     restarts: int = 0
+    refused: bool = False
+    """It exited for a Redis permission it lacks (``EXIT_NO_PERMISSION``): not restarted, as
+    a restart would meet the same refusal."""
 
 
 @dataclass
@@ -108,10 +111,11 @@ class Launcher:
         for c in self.children:
             self._start(c)
         log.info("supervising %d workers on GPUs %s", len(self.children), list(self.gpus))
-        while not self._signals:
+        while not self._signals and not all(c.refused for c in self.children):
             time.sleep(POLL_S)
             self._watch()
-        return self._shutdown()
+        code = self._shutdown()
+        return EXIT_NO_PERMISSION if all(c.refused for c in self.children) else code
 
     def _start(self, c: Child) -> None:
         env = child_env(os.environ, c.gpu)
@@ -134,6 +138,13 @@ class Launcher:
     def _watch(self) -> None:
         now = time.monotonic()
         for c in self.children:
+            if c.proc is not None and c.proc.poll() == EXIT_NO_PERMISSION:
+                log.error(
+                    "worker %s lacks a Redis permission (its log says which): not restarted",
+                    c.consumer,
+                )
+                c.proc, c.refused = None, True
+                continue
             if c.proc is not None and c.proc.poll() is not None:
                 if now - c.started > HEALTHY_AFTER_S:
                     c.backoff_s = BACKOFF_START_S
@@ -145,7 +156,7 @@ class Launcher:
                 )
                 c.proc, c.restart_at = None, now + c.backoff_s
                 c.backoff_s = min(BACKOFF_MAX_S, c.backoff_s * 2)
-            if c.proc is None and now >= c.restart_at and not self._signals:
+            if c.proc is None and not c.refused and now >= c.restart_at and not self._signals:
                 c.restarts += 1
                 self._start(c)
 
