@@ -83,6 +83,13 @@ class QueueFull(SubmitFailed):
     code = "queue_full"
 
 
+class PriorityDenied(InvalidRequest):
+    """A request asked for a priority above its tenant's ``max_priority`` (``genq tenants set
+    --max-priority``); nothing of the call was enqueued. HTTP 403 at the gateway."""
+
+    code = "priority_denied"
+
+
 class PoisonRequest(GenqError):
     """Every worker that started this request died before finishing it, ``max_attempts`` times."""
 

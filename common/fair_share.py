@@ -59,17 +59,19 @@ local function tenant_ok(t)
 end
 local settings_cache = {{}}
 local function settings(t)
-  -- weight, tokens per minute, max queued, shares prefixes (genq:{{Q}}:tenants)
+  -- weight, tokens per minute, max queued, shares prefixes, max priority (genq:{{Q}}:tenants)
   local c = settings_cache[t]
   if c == nil then
-    c = {{1, 0, 0, false}}
+    c = {{1, 0, 0, false, ''}}
     local raw = redis.call('HGET', BASE .. ':tenants', t)
     if raw then
       local ok, d = pcall(cjson.decode, raw)
       if ok and type(d) == 'table' then
         local w = tonumber(d['weight']) or 1
+        local mp = d['max_priority']
         c = {{w > 0 and w or 1, tonumber(d['tokens_per_minute']) or 0,
-          tonumber(d['max_queued']) or 0, d['share_prefixes'] == true}}
+          tonumber(d['max_queued']) or 0, d['share_prefixes'] == true,
+          type(mp) == 'string' and mp or ''}}
       end
     end
     settings_cache[t] = c

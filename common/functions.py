@@ -33,10 +33,10 @@ from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 log = logging.getLogger("genq")
 
 LIBRARY = "genq"
-VERSION = 3
+VERSION = 4
 """Raised whenever a function's arguments or answers change (2: genq_submit indexes each request
 under its tenant and may answer GENQ_TENANT_FULL; 3: genq_cancel takes a response's record and
-the webhook outbox as optional KEYS 4 and 5)."""
+the webhook outbox as optional KEYS 4 and 5; 4: genq_submit may answer GENQ_PRIORITY_DENIED)."""
 
 CANCEL = (
     IS_FINAL_LUA

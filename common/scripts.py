@@ -43,6 +43,8 @@ QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
 """Start of the error SUBMIT returns when the queue is full (the client raises QueueFull)."""
 INVALID_PREFIX = "GENQ_INVALID"
 TENANT_FULL_PREFIX = "GENQ_TENANT_FULL"
+PRIORITY_DENIED_PREFIX = "GENQ_PRIORITY_DENIED"
+"""Start of the error SUBMIT returns for a request above its tenant's ``max_priority``."""
 """Start of the error SUBMIT returns when a tenant has ``max_queued`` requests waiting."""
 """Start of the error SUBMIT returns for a call it cannot take (a bad id, priority or body)."""
 MAX_QUEUE_DEPTH_FIELD = "max_queue_depth"
@@ -93,7 +95,8 @@ SUBMIT = (
 --       JSON ('' to build it here from the body)
 -- Returns per request the new entry's id, or 0 if the id already has a state (not enqueued
 -- again). Errors, for the whole call (nothing enqueued): {QUEUE_FULL_PREFIX} DEPTH LIMIT, or
--- {INVALID_PREFIX} why, or {TENANT_FULL_PREFIX} TENANT WAITING LIMIT (that tenant's max_queued).
+-- {INVALID_PREFIX} why, or {TENANT_FULL_PREFIX} TENANT WAITING LIMIT (that tenant's max_queued),
+-- or {PRIORITY_DENIED_PREFIX} TENANT PRIORITY HIGHEST (above that tenant's max_priority).
 -- The queued state records the entry that owns the id ("entry": "PRIORITY/ENTRY_ID", right
 -- after the status): another entry with the id is a duplicate. Each new entry is delivered to
 -- {QUEUED} at once and its id appended to its tenant's index (TENANTS_LUA: ``sweep``).
@@ -160,6 +163,14 @@ if max_depth > 0 then
   end
   if fresh > 0 and depth + fresh > max_depth then
     return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
+  end
+end
+local RANK = {{high = 3, normal = 2, low = 1}}
+for i = 1, n do  -- a tenant's highest priority (genq tenants set --max-priority)
+  local t, priority = tenant_of[i], ARGV[2 + (i - 1) * 4 + 1]
+  local highest = settings(t)[5]
+  if RANK[highest] and RANK[priority] > RANK[highest] then
+    return redis.error_reply('{PRIORITY_DENIED_PREFIX} ' .. t .. ' ' .. priority .. ' ' .. highest)
   end
 end
 local fresh_of = {{}}  -- per tenant with a max_queued: its requests this call adds

@@ -40,6 +40,10 @@ class TenantSettings:
     """Where its webhook events go too ("": only the gateway's own endpoint)."""
     webhook_secret: str = ""
     """The ``whsec_...`` secret its events are signed with (never printed: ``public``)."""
+    max_priority: str = ""
+    """The highest priority its requests may have (``high``, ``normal`` or ``low``; "": any).
+    A request above it is refused at submission (the SUBMIT script: every producer, HTTP or
+    not), never lowered."""
     share_prefixes: bool = False
     """Whether its prompts' prefix keys meet those of other tenants that share: requests of
     sharing tenants with one system prompt are placed together (a cache hit can then tell a
@@ -57,6 +61,11 @@ class TenantSettings:
                 raise ConfigError(
                     f"{name} must be a whole number >= 0 (0: no limit), got {value!r}"
                 )
+        if self.max_priority not in ("", "high", "normal", "low"):
+            raise ConfigError(
+                f"max_priority must be high, normal or low ('' or any: no limit), got "
+                f"{self.max_priority!r}"
+            )
         if not isinstance(self.share_prefixes, bool):
             raise ConfigError(f"share_prefixes must be true or false, got {self.share_prefixes!r}")
         if bool(self.webhook_url) != bool(self.webhook_secret):

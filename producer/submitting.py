@@ -9,10 +9,16 @@ from typing import Any
 
 import redis
 from genq.common import states
-from genq.common.errors import QueueFull, RequestNotFound, SubmitFailed
+from genq.common.errors import PriorityDenied, QueueFull, RequestNotFound, SubmitFailed
 from genq.common.keys import Keys
 from genq.common.models import host_now_ms
-from genq.common.scripts import QUEUE_FULL_PREFIX, TENANT_FULL_PREFIX, Applied, apply_args
+from genq.common.scripts import (
+    PRIORITY_DENIED_PREFIX,
+    QUEUE_FULL_PREFIX,
+    TENANT_FULL_PREFIX,
+    Applied,
+    apply_args,
+)
 from genq.common.wire import as_text
 from genq.producer.building import Prepared
 from genq.producer.waiting import parse_stored
@@ -97,6 +103,12 @@ def submit_outcome(requests: Sequence[Prepared], replies: Sequence[Any]) -> list
             done += ids
     if first is None:
         return done
+    if PRIORITY_DENIED_PREFIX in str(first):
+        tenant, priority, highest = str(first).split()[-3:]
+        raise PriorityDenied(
+            f"tenant {tenant!r} may not submit priority {priority!r}: its highest is "
+            f"{highest!r} (genq tenants set {tenant} --max-priority)"
+        )
     went_in = f"{len(done)} of {len(requests)} were enqueued (the error's .submitted)"
     if TENANT_FULL_PREFIX in str(first):
         tenant, waiting, limit = str(first).split()[-3:]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from genq.producer import Client
 from genq.producer.gateway.guards import is_loopback, problem
 from genq.worker.devtools.gateway_process import GatewayProcess
@@ -150,5 +151,54 @@ def test_a_503_for_redis_names_no_address(tmp_path: Path) -> None:
         )
         assert answer.status_code == 503
         assert "127.0.0.1" not in answer.text and str(server.port) not in answer.text, answer.text
+    finally:
+        gateway.stop()
+
+
+def test_a_tenant_may_not_go_above_its_highest_priority(
+    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """``genq tenants set --max-priority``: the SUBMIT script refuses a request above it, for
+    every producer (the client here, and the gateway: 403); at or below it, served."""
+    from genq.common.errors import PriorityDenied
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "tenants",
+            "set",
+            "alice",
+            "--redis-url",
+            redis_url,
+            "--queue",
+            queue,
+            "--max-priority",
+            "normal",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and '"max_priority": "normal"' in done.stdout, done.stderr
+    client = Client.from_url(redis_url, queue)
+    with pytest.raises(PriorityDenied, match="its highest is 'normal'"):
+        client.submit("x", priority="high", tenant="alice")
+    client.submit("x", priority="high", tenant="bob")  # another tenant: no limit
+    gateway = GatewayProcess(redis_url, queue, tmp_path / "gateway.log", ["--api-key", "ka=alice"])
+    try:
+        start_worker(queue, "--engine", "echo")
+        auth = {"Authorization": "Bearer ka"}
+        wait_until(lambda: httpx.get(f"{gateway.url}/models", headers=auth).json()["data"])
+        body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        high = httpx.post(
+            f"{gateway.url}/chat/completions", json={**body, "priority": "high"}, headers=auth
+        )
+        assert high.status_code == 403 and high.json()["error"]["code"] == "priority_denied"
+        normal = httpx.post(
+            f"{gateway.url}/chat/completions", json={**body, "priority": "normal"}, headers=auth
+        )
+        assert normal.status_code == 200, normal.text
     finally:
         gateway.stop()

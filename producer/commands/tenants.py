@@ -25,6 +25,12 @@ def tenants() -> None:
     "--tokens-per-minute", type=int, default=None, help="most tokens served in any 60 s (0: none)"
 )
 @click.option("--max-queued", type=int, default=None, help="most requests waiting (0: no limit)")
+@click.option(
+    "--max-priority",
+    type=click.Choice(["high", "normal", "low", "any"]),
+    default=None,
+    help="the highest priority NAME's requests may have (above it: refused); any: no limit",
+)
 @click.option("--webhook-url", default=None, help="where NAME's webhook events go too ('': none)")
 @click.option("--webhook-secret", default=None, help="whsec_... secret that signs them")
 @click.option(
@@ -39,6 +45,7 @@ def tenants_set(
     weight: float | None,
     tokens_per_minute: int | None,
     max_queued: int | None,
+    max_priority: str | None,
     webhook_url: str | None,
     webhook_secret: str | None,
     share_prefixes: bool | None,
@@ -58,6 +65,7 @@ def tenants_set(
                 weight=weight,
                 tokens_per_minute=tokens_per_minute,
                 max_queued=max_queued,
+                max_priority=None if max_priority is None else max_priority.replace("any", ""),
                 webhook_url=webhook_url,
                 webhook_secret=webhook_secret,
                 share_prefixes=share_prefixes,

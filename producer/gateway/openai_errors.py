@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from genq.common.errors import (
     INPUT_ERRORS,
     InvalidRequest,
+    PriorityDenied,
     QueueFull,
     RequestNotFound,
     SubmitFailed,
@@ -80,6 +81,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
         return _answer(err)
+
+    @app.exception_handler(PriorityDenied)
+    async def priority_denied(_: Request, err: PriorityDenied) -> JSONResponse:
+        denied = ApiError(403, str(err), type_="permission_error", code="priority_denied")
+        return _answer(denied)
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, err: InvalidRequest) -> JSONResponse:
