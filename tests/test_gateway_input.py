@@ -140,3 +140,41 @@ def test_tool_calls_count_against_the_prompt_limit() -> None:
         build_request(messages=messages)
     messages[1] = {"role": "assistant", "content": None, "tool_calls": [call]}
     assert build_request(messages=messages).messages is not None
+
+
+def test_a_file_of_junk_lines_costs_redis_a_few_kilobytes_not_a_record_each(
+    gateway: GatewayProcess, redis_url: str
+) -> None:
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    good = json.dumps(
+        {
+            "custom_id": "ok",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "echo", "messages": M, "max_tokens": 2},
+        }
+    )
+    junk = "\n".join(f"junk line {i} " + "x" * 40 for i in range(20_000))
+    files = {"file": ("in.jsonl", f"{good}\n{junk}\n".encode())}
+    upload = httpx.post(f"{gateway.url}/files", files=files, data={"purpose": "batch"}, timeout=60)
+    assert upload.status_code == 200, upload.text
+    before = int(r.info("memory")["used_memory"])
+    create = {
+        "input_file_id": upload.json()["id"],
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    batch = httpx.post(f"{gateway.url}/batches", json=create, timeout=120).json()
+    grown = int(r.info("memory")["used_memory"]) - before
+    assert grown < 2_000_000, grown  # 20,000 records of ~220 bytes each would be 4.4 MB+
+
+    def done() -> dict[str, Any]:
+        return httpx.get(f"{gateway.url}/batches/{batch['id']}", timeout=60).json()
+
+    wait_until(lambda: done()["status"] == "completed", timeout_s=60)
+    assert done()["request_counts"] == {"total": 20_001, "completed": 1, "failed": 20_000}
+    errors = httpx.get(f"{gateway.url}/files/{batch['id']}-errors/content", timeout=60).text
+    lines = [json.loads(x) for x in errors.splitlines()]
+    assert len(lines) == 101 and "19900 more input lines were refused" in str(lines[-1])

@@ -36,6 +36,12 @@ from genq.producer.waiting import parse_stored
 COMPLETION_WINDOW = "24h"
 """The only completion window OpenAI offers; genq runs a batch as its queue allows."""
 WAIT_ROUND_S = 2.0
+REFUSED_KEPT = 100
+"""Refused input lines kept one by one (``Keys.batch_rejected``): the first ones, with their
+messages cut to ``REFUSED_MESSAGE_CHARS``; the rest are only counted (the record's
+``refused``). A file of junk lines costs Redis ~30 KB, not a record per line (a 1 MB file of
+junk used to become 110 MB)."""
+REFUSED_MESSAGE_CHARS = 300
 """How long one round of waiting for a batch lasts before progress is reported again."""
 
 
@@ -125,9 +131,7 @@ def _record(
     for start in range(0, len(items), SUBMIT_CHUNK):
         ids = [f"{i.request.id} {i.url}" for i in items[start : start + SUBMIT_CHUNK]]
         pipe.rpush(keys.batch_items(batch_id), *ids)
-    for start in range(0, len(rejected), SUBMIT_CHUNK):
-        docs = [json.dumps(rejected_output(batch_id, b)) for b in rejected[start : start + 500]]
-        pipe.rpush(keys.batch_rejected(batch_id), *docs)
+    _keep_refused(pipe, keys.batch_rejected(batch_id), batch_id, rejected, room=REFUSED_KEPT)
     # The requests not yet final: APPLY counts it down, and its last adds the batch's
     # webhook event. Set once: the same batch submitted again enqueues nothing twice.
     pipe.hsetnx(keys.batch(batch_id), "open", len(items))
@@ -144,6 +148,7 @@ def _record(
             "endpoint": endpoint,
             "metadata": json.dumps(dict(metadata or {})),
             "cancelled": 0,
+            "refused": len(rejected),
         },
     )
     for key in (keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_rejected(batch_id)):
@@ -153,6 +158,19 @@ def _record(
         event = {"type": "batch.failed", "id": batch_id, "tenant": tenant}
         pipe.xadd(keys.webhook_events, event)  # type: ignore[arg-type]
     pipe.execute()
+
+
+def _keep_refused(
+    pipe: Any, key: str, batch_id: str, refused: Sequence[RejectedLine], *, room: int
+) -> None:
+    """Queue the error-file lines of the first ``room`` refused lines, messages cut short."""
+    docs = []
+    for bad in refused[: max(0, room)]:
+        doc = rejected_output(batch_id, bad)
+        doc["error"]["message"] = doc["error"]["message"][:REFUSED_MESSAGE_CHARS]
+        docs.append(json.dumps(doc))
+    if docs:
+        pipe.rpush(key, *docs)
 
 
 def _refuse_rest(client: Client, batch_id: str, rest: Sequence[RejectedLine]) -> None:
@@ -165,9 +183,9 @@ def _refuse_rest(client: Client, batch_id: str, rest: Sequence[RejectedLine]) ->
     pipe.ltrim(keys.batch_items(batch_id), 0, kept - 1)
     pipe.hset(keys.batch(batch_id), "total", kept)
     pipe.hincrby(keys.batch(batch_id), "open", -len(rest))  # never enqueued: never final
-    for start in range(0, len(rest), SUBMIT_CHUNK):
-        docs = [json.dumps(rejected_output(batch_id, r)) for r in rest[start : start + 500]]
-        pipe.rpush(keys.batch_rejected(batch_id), *docs)
+    pipe.hincrby(keys.batch(batch_id), "refused", len(rest))
+    room = REFUSED_KEPT - int(client.redis.llen(keys.batch_rejected(batch_id)))
+    _keep_refused(pipe, keys.batch_rejected(batch_id), batch_id, rest, room=room)
     pipe.expire(keys.batch_rejected(batch_id), client.result_ttl_s)
     left = pipe.execute()[2]
     if left == 0 and not is_cluster(client.redis):  # what was enqueued had all ended: its event
@@ -187,6 +205,12 @@ class BatchView:
     items: list[tuple[str, str]]
     states: list[Result | None]
     rejected: list[dict[str, Any]]
+    """The error-file lines of the refused input lines kept (the first ``REFUSED_KEPT``)."""
+
+    @property
+    def refused(self) -> int:
+        """How many input lines were refused in all (kept or only counted)."""
+        return max(len(self.rejected), int(self.record.get("refused") or 0))
 
     @property
     def completed(self) -> int:
@@ -195,11 +219,11 @@ class BatchView:
     @property
     def failed(self) -> int:
         ended = sum(1 for s in self.states if s is not None and s.status in FINAL_STATUSES)
-        return ended - self.completed + len(self.rejected)
+        return ended - self.completed + self.refused
 
     @property
     def total(self) -> int:
-        return len(self.items) + len(self.rejected)
+        return len(self.items) + self.refused
 
     @property
     def finished(self) -> bool:
@@ -349,6 +373,15 @@ def output_files(view: BatchView) -> tuple[list[dict[str, Any]], list[dict[str, 
             waiting += 1
             continue
         (ok if state.status == "succeeded" else errors).append(output_line(rid, url, state))
+    unlisted = view.refused - len(view.rejected)
+    if unlisted > 0:
+        message = (
+            f"{unlisted} more input lines were refused at submission; only the first "
+            f"{len(view.rejected)} are listed, one by one"
+        )
+        more = {"code": "invalid_request", "message": message}
+        line = {"id": f"batch_req_{view.id}-more", "custom_id": None, "response": None}
+        return ok, [*errors, *view.rejected, {**line, "error": more}], waiting
     return ok, errors + view.rejected, waiting
 
 
