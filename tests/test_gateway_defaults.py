@@ -5,6 +5,7 @@ rules are a pure function, tested alone; then on a real gateway."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -202,3 +203,43 @@ def test_a_tenant_may_not_go_above_its_highest_priority(
         assert normal.status_code == 200, normal.text
     finally:
         gateway.stop()
+
+
+def test_files_batches_and_responses_belong_to_their_queue(
+    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Two gateways of two queues on one Redis, a tenant of the same name on each: what one
+    made is 404 on the other, given its id."""
+    keys = ["--api-key", "k=acme"]
+    here = GatewayProcess(redis_url, queue, tmp_path / "a.log", keys)
+    there = GatewayProcess(redis_url, queue + "-other", tmp_path / "b.log", keys)
+    try:
+        start_worker(queue, "--engine", "echo")
+        auth = {"Authorization": "Bearer k"}
+        wait_until(lambda: httpx.get(f"{here.url}/models", headers=auth).json()["data"])
+        chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        line = '{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": %s}'
+        upload = {"file": ("in.jsonl", (line % json.dumps(chat)).encode())}
+        fid = httpx.post(
+            f"{here.url}/files", files=upload, data={"purpose": "batch"}, headers=auth
+        ).json()["id"]
+        create = {
+            "input_file_id": fid,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        }
+        bid = httpx.post(f"{here.url}/batches", json=create, headers=auth).json()["id"]
+        rid = httpx.post(
+            f"{here.url}/responses", json={"model": "echo", "input": "x"}, headers=auth
+        ).json()["id"]
+        for path in (
+            f"/files/{fid}",
+            f"/files/{fid}/content",
+            f"/batches/{bid}",
+            f"/responses/{rid}",
+        ):
+            assert httpx.get(here.url + path, headers=auth).status_code == 200, path
+            assert httpx.get(there.url + path, headers=auth).status_code == 404, path
+    finally:
+        here.stop()
+        there.stop()

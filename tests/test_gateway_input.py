@@ -178,3 +178,21 @@ def test_a_file_of_junk_lines_costs_redis_a_few_kilobytes_not_a_record_each(
     errors = httpx.get(f"{gateway.url}/files/{batch['id']}-errors/content", timeout=60).text
     lines = [json.loads(x) for x in errors.splitlines()]
     assert len(lines) == 101 and "19900 more input lines were refused" in str(lines[-1])
+
+
+def test_an_upload_into_a_full_redis_is_a_503_saying_so(
+    gateway: GatewayProcess, redis_url: str
+) -> None:
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    used = int(r.info("memory")["used_memory"])
+    r.config_set("maxmemory", used + 1_000_000)
+    try:
+        files = {"file": ("in.jsonl", b"x" * 3_000_000)}
+        full = httpx.post(
+            f"{gateway.url}/files", files=files, data={"purpose": "batch"}, timeout=60
+        )
+        assert full.status_code == 503 and full.json()["error"]["code"] == "redis_full", full.text
+    finally:
+        r.config_set("maxmemory", 0)

@@ -232,11 +232,14 @@ class BatchView:
 
 def read_batch(client: Client, batch_id: str, *, tenant: str | None = None) -> BatchView:
     """The batch's record, requests and their states now; RequestNotFound if there is none,
-    or (with ``tenant``) if it belongs to another tenant: the same error, no hint it exists."""
+    if it is another queue's, or (with ``tenant``) if it belongs to another tenant: the same
+    error, no hint it exists."""
     found = read_batches(client, [batch_id])
     owner = found[0].record.get("tenant", DEFAULT_TENANT) if found else None
     if owner is None or (tenant is not None and owner != tenant):
         raise _no_batch(batch_id)
+    if found[0].record.get("queue", client.keys.queue) != client.keys.queue:
+        raise _no_batch(batch_id)  # another queue's batch: not this queue's to show
     return found[0]
 
 

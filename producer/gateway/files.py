@@ -69,7 +69,12 @@ async def upload(request: Request) -> dict[str, Any]:
     }
     key = Keys.file(file_id)
     pipe = gw.client.redis.pipeline(transaction=True)
-    stored: Any = {**info, "content": content, "tenant": caller(request).tenant}
+    stored: Any = {
+        **info,
+        "content": content,
+        "tenant": caller(request).tenant,
+        "queue": gw.settings.queue,
+    }
     pipe.hset(key, mapping=stored)
     pipe.expire(key, gw.settings.result_ttl_s)
     await pipe.execute()
@@ -120,14 +125,15 @@ async def stored_file(
     """An uploaded file's details (and its content if asked), or a rendered batch output; 404
     if there is none that ``who`` may see."""
     key = Keys.file(file_id)
-    fields = ["bytes", "created_at", "expires_at", "filename", "purpose", "tenant"]
+    fields = ["bytes", "created_at", "expires_at", "filename", "purpose", "tenant", "queue"]
     values: Any = await gw.client.redis.hmget(key, [*fields, "content"] if content else fields)
     if values[0] is None:
         return await run_in_threadpool(_render, gw, who, file_id)
     info: dict[str, Any] = {
         f: (None if v is None else as_text(v)) for f, v in zip(fields, values, strict=False)
     }
-    if not who.sees(info.pop("tenant")):
+    queue = info.pop("queue")  # a file of another queue's gateway is not this one's
+    if not who.sees(info.pop("tenant")) or queue not in (None, gw.settings.queue):
         raise _missing(file_id)
     info["expires_at"] = int(info["expires_at"]) if info.get("expires_at") else None
     return info, (bytes(values[-1]) if content else b"")

@@ -109,6 +109,12 @@ def install(app: FastAPI) -> None:
     async def missing(_: Request, err: RequestNotFound) -> JSONResponse:
         return _answer(not_found(str(err).strip("'\"")))
 
+    @app.exception_handler(redis.exceptions.OutOfMemoryError)
+    async def redis_full(_: Request, err: Exception) -> JSONResponse:
+        log.warning("Redis refused a write: %s", err)
+        message = "Redis is full (maxmemory): nothing was stored; retry later"
+        return _answer(unavailable(message, "redis_full"))
+
     @app.exception_handler(redis.ConnectionError)
     @app.exception_handler(redis.TimeoutError)
     async def redis_away(_: Request, err: Exception) -> JSONResponse:

@@ -63,6 +63,8 @@ class ResponseRecord(BaseModel):
     created_at: int
     model: str
     tenant: str
+    queue: str | None = None
+    """The queue it was created on (None: a record from before queues were checked)."""
     background: bool = False
     instructions: str | None = None
     input_items: list[dict[str, Any]] = Field(default_factory=list)

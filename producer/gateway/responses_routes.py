@@ -88,6 +88,7 @@ async def _create(request: Request, gw: Gateway, who: Caller) -> Response:
         created_at=int(time.time()),
         model=model,
         tenant=who.tenant,
+        queue=gw.settings.queue,
         background=args.background,
         instructions=args.instructions,
         input_items=args.input_items,
@@ -174,7 +175,7 @@ async def _load(gw: Gateway, who: Caller, response_id: str) -> tuple[ResponseRec
     if raw_record is None:
         raise not_found(f"no response {response_id!r} (or it expired)", "response_not_found")
     record = ResponseRecord.model_validate_json(raw_record)
-    if not who.sees(record.tenant):
+    if not who.sees(record.tenant) or record.queue not in (None, gw.settings.queue):
         raise not_found(f"no response {response_id!r} (or it expired)", "response_not_found")
     return record, None if raw_result is None else decode_result(raw_result)
 
