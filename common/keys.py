@@ -79,6 +79,10 @@ key                    type    written by                  read by             T
                                delivered)                                      with the event
 ``genq:{Q}:hooks:dead``        gateways (deliveries that   ``genq webhooks``   none; capped at
                        stream  gave up)                                        ~10,000 entries
+``genq:{Q}:stored:T:K`` zset  gateways (a file, batch    gateways (quotas)   result_ttl_s
+                               or stored response of T:                        after its last
+                               its id, a file's with its                       write
+                               size; scored by expiry)
 ``genq:{Q}:wake:R``    stream  a gateway (a request        that gateway's      1 h after its
                                joined reader R while it    result reader R     last write;
                                blocked: one entry)         (XREAD)             deleted at exit
@@ -309,6 +313,11 @@ class Keys:
     def webhook_dead(self) -> str:
         """Webhook deliveries that gave up (a stream: event, endpoint, why)."""
         return f"{self._base}:hooks:dead"
+
+    def stored(self, tenant: str, kind: str) -> str:
+        """What one tenant keeps of one kind (``files``, ``batches``, ``responses``) through the
+        gateways: a member each, scored by when it expires (the gateway's quotas)."""
+        return f"{self._base}:stored:{tenant}:{kind}"
 
     def reader_wake(self, reader: str) -> str:
         """A gateway's result reader ``reader``'s wake stream: the gateway adds an entry when a

@@ -40,6 +40,16 @@ class TenantSettings:
     """Where its webhook events go too ("": only the gateway's own endpoint)."""
     webhook_secret: str = ""
     """The ``whsec_...`` secret its events are signed with (never printed: ``public``)."""
+    max_files: int = 0
+    """Most uploaded files it keeps at a gateway at once (0: the gateway's
+    ``--tenant-max-files``)."""
+    max_stored_bytes: int = 0
+    """Most bytes of uploaded files it keeps at once (0: the gateway's
+    ``--tenant-max-stored-bytes``)."""
+    max_batches: int = 0
+    """Most batches it keeps at once (0: the gateway's ``--tenant-max-batches``)."""
+    max_responses: int = 0
+    """Most stored responses it keeps at once (0: the gateway's ``--tenant-max-responses``)."""
     max_priority: str = ""
     """The highest priority its requests may have (``high``, ``normal`` or ``low``; "": any).
     A request above it is refused at submission (the SUBMIT script: every producer, HTTP or
@@ -55,7 +65,14 @@ class TenantSettings:
             raise ConfigError(f"weight must be a number above 0, got {w!r}")
         if not 0 < w <= MAX_WEIGHT:
             raise ConfigError(f"weight must be above 0 and at most {MAX_WEIGHT:g}, got {w!r}")
-        for name in ("tokens_per_minute", "max_queued"):
+        for name in (
+            "tokens_per_minute",
+            "max_queued",
+            "max_files",
+            "max_stored_bytes",
+            "max_batches",
+            "max_responses",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(

@@ -246,7 +246,8 @@ GENQ_ACL = (
     "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
     "+xgroup|create +xinfo|groups +xinfo|consumers "
     "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset +ltrim "
-    "+sadd +srem +smembers +sismember +zadd +zscore +zincrby +zrevrange +zrevrank +zremrangebyscore"
+    "+sadd +srem +smembers +sismember "
+    "+zadd +zrem +zcard +zrange +zscore +zincrby +zrevrange +zrevrank +zremrangebyscore"
 )
 
 

@@ -196,3 +196,91 @@ def test_an_upload_into_a_full_redis_is_a_503_saying_so(
         assert full.status_code == 503 and full.json()["error"]["code"] == "redis_full", full.text
     finally:
         r.config_set("maxmemory", 0)
+
+
+def test_what_a_tenant_keeps_is_bounded_and_another_tenant_is_untouched(
+    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Quotas: files (count and bytes), batches, stored responses; past one, 429
+    ``tenant_quota`` naming the limit; a delete gives its place back; the other tenant's own
+    uploads and responses go on. A tenant's own limit overrides the gateway's default."""
+    import subprocess
+    import sys
+
+    args = [
+        "--api-key",
+        "ka=alice",
+        "--api-key",
+        "kb=bob",
+        "--tenant-max-files",
+        "2",
+        "--tenant-max-responses",
+        "2",
+        "--tenant-max-batches",
+        "1",
+    ]
+    g = GatewayProcess(redis_url, queue, tmp_path / "gateway.log", args)
+    try:
+        start_worker(queue, "--engine", "echo")
+        alice, bob = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
+        wait_until(lambda: httpx.get(f"{g.url}/models", headers=alice).json()["data"])
+        chat = {"model": "echo", "messages": M, "max_tokens": 2}
+        line = json.dumps(
+            {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": chat}
+        ).encode()
+
+        def upload(who: dict[str, str], content: bytes = line) -> httpx.Response:
+            files = {"file": ("in.jsonl", content)}
+            return httpx.post(f"{g.url}/files", files=files, data={"purpose": "batch"}, headers=who)
+
+        first, second = upload(alice), upload(alice)
+        assert first.status_code == second.status_code == 200
+        third = upload(alice)
+        assert third.status_code == 429 and third.json()["error"]["code"] == "tenant_quota"
+        assert "keeps 2 files" in third.json()["error"]["message"]
+        assert upload(bob).status_code == 200  # bob's own quota
+        fid = first.json()["id"]
+        assert httpx.delete(f"{g.url}/files/{fid}", headers=alice).status_code == 200
+        assert upload(alice).status_code == 200  # the delete gave its place back
+        create = {
+            "input_file_id": second.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        }
+        assert httpx.post(f"{g.url}/batches", json=create, headers=alice).status_code == 200
+        assert httpx.post(f"{g.url}/batches", json=create, headers=alice).status_code == 429
+        ask = {"model": "echo", "input": "x"}
+        made = [httpx.post(f"{g.url}/responses", json=ask, headers=alice) for _ in range(3)]
+        assert [m.status_code for m in made] == [200, 200, 429]
+        unstored = httpx.post(f"{g.url}/responses", json={**ask, "store": False}, headers=alice)
+        assert unstored.status_code == 200  # nothing kept: no quota
+        rid = made[0].json()["id"]
+        assert httpx.delete(f"{g.url}/responses/{rid}", headers=alice).status_code == 200
+        assert httpx.post(f"{g.url}/responses", json=ask, headers=alice).status_code == 200
+        # Her own limit: bytes. 2 files of the line's size would pass it.
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "genq.worker",
+                "tenants",
+                "set",
+                "bob",
+                "--redis-url",
+                redis_url,
+                "--queue",
+                queue,
+                "--max-files",
+                "10",
+                "--max-stored-bytes",
+                str(len(line) + 10),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        time.sleep(5.5)  # the gateway reads a tenant's own limits every 5 s
+        over = upload(bob)
+        assert over.status_code == 429 and "--max-stored-bytes" in over.text, over.text
+    finally:
+        g.stop()

@@ -139,6 +139,7 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
         "priority": "P",
         "bucket": "N",
         "reader": "R",
+        "kind": "K",
     }
     found = [*k.streams()]
     for name, member in inspect.getmembers(Keys):

@@ -140,6 +140,10 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
         "weight": 3.0,
         "tokens_per_minute": 900,
         "max_queued": 0,
+        "max_files": 0,
+        "max_stored_bytes": 0,
+        "max_batches": 0,
+        "max_responses": 0,
         "max_priority": "",
         "webhook_url": "",
         "webhook_secret": "",
@@ -151,7 +155,15 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
         genq("tenants", "set", *common, "b", "--weight", "0.5", "--share-prefixes").returncode == 0
     )
     listed = json.loads(genq("tenants", "list", *common, "--json").stdout)
-    no_hook = {"max_priority": "", "webhook_url": "", "webhook_secret": ""}
+    no_hook = {
+        "max_files": 0,
+        "max_stored_bytes": 0,
+        "max_batches": 0,
+        "max_responses": 0,
+        "max_priority": "",
+        "webhook_url": "",
+        "webhook_secret": "",
+    }
     assert listed == [
         {
             "name": "b",

@@ -25,6 +25,14 @@ def tenants() -> None:
     "--tokens-per-minute", type=int, default=None, help="most tokens served in any 60 s (0: none)"
 )
 @click.option("--max-queued", type=int, default=None, help="most requests waiting (0: no limit)")
+@click.option("--max-files", type=int, default=None, help="most uploaded files kept (0: default)")
+@click.option(
+    "--max-stored-bytes", type=int, default=None, help="most bytes of files kept (0: default)"
+)
+@click.option("--max-batches", type=int, default=None, help="most batches kept (0: default)")
+@click.option(
+    "--max-responses", type=int, default=None, help="most stored responses kept (0: default)"
+)
 @click.option(
     "--max-priority",
     type=click.Choice(["high", "normal", "low", "any"]),
@@ -45,6 +53,10 @@ def tenants_set(
     weight: float | None,
     tokens_per_minute: int | None,
     max_queued: int | None,
+    max_files: int | None,
+    max_stored_bytes: int | None,
+    max_batches: int | None,
+    max_responses: int | None,
     max_priority: str | None,
     webhook_url: str | None,
     webhook_secret: str | None,
@@ -65,6 +77,10 @@ def tenants_set(
                 weight=weight,
                 tokens_per_minute=tokens_per_minute,
                 max_queued=max_queued,
+                max_files=max_files,
+                max_stored_bytes=max_stored_bytes,
+                max_batches=max_batches,
+                max_responses=max_responses,
                 max_priority=None if max_priority is None else max_priority.replace("any", ""),
                 webhook_url=webhook_url,
                 webhook_secret=webhook_secret,

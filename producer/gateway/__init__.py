@@ -20,6 +20,8 @@ module             what it holds
 ``guards``         ``Guards``: cross-site writes, non-JSON bodies and (with no keys) foreign
                    host names refused before any route runs
 ``body_limit``     ``BodyLimit``: request bodies bounded as their bytes arrive (413)
+``quotas``         ``Quotas``: what each tenant keeps (files and their bytes, batches, stored
+                   responses), claimed atomically, given back on delete
 ``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
                    past which the gateway answers 429 (pure)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE

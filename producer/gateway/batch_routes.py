@@ -3,6 +3,7 @@ as ``genq batch`` (``gateway.batches``), run in threads with the plain client.""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -44,6 +45,7 @@ async def create(request: Request) -> dict[str, Any]:
         lines = content.decode("utf-8").splitlines()
     except UnicodeDecodeError:
         raise invalid(f"file {file_id!r} is not UTF-8 text", param="input_file_id") from None
+    await gw.quotas.claim(who.tenant, "batches", uuid.uuid4().hex)
 
     def submit() -> dict[str, Any]:
         done = batches.submit_batch(

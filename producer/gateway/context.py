@@ -14,6 +14,7 @@ from genq.producer.client import Client
 from genq.producer.gateway.fleet import Fleet
 from genq.producer.gateway.in_flight import InFlight
 from genq.producer.gateway.openai_errors import ApiError
+from genq.producer.gateway.quotas import Limits, Quotas
 from genq.producer.gateway.result_hub import ResultHub
 from genq.producer.gateway.settings import OPERATOR_TENANT, GatewaySettings, key_tenants
 from genq.producer.gateway.submitter import Submitter
@@ -61,12 +62,21 @@ class Gateway:
     """The readers that wait for results (None on a Redis Cluster: the client polls)."""
     in_flight: InFlight = field(init=False)
     submitter: Submitter = field(init=False)
+    quotas: Quotas = field(init=False)
+    """What each tenant may keep: files, batches, stored responses."""
     """Completions' and responses' submissions, gathered per turn of the event loop."""
 
     def __post_init__(self) -> None:
         s = self.settings
         self.in_flight = InFlight(s.max_in_flight, s.max_in_flight_per_tenant)
         self.submitter = Submitter(self.client)
+        defaults = Limits(
+            files=s.tenant_max_files,
+            stored_bytes=s.tenant_max_stored_bytes,
+            batches=s.tenant_max_batches,
+            responses=s.tenant_max_responses,
+        )
+        self.quotas = Quotas(self.client.redis, self.client.keys, defaults, s.result_ttl_s)
 
     def follow(self, request_id: str) -> AsyncIterator[str | Result]:
         """A request's text pieces as they come, then its Result (within the request timeout:

@@ -67,17 +67,17 @@ async def upload(request: Request) -> dict[str, Any]:
         "filename": upload.filename or "upload.jsonl",
         "purpose": "batch",
     }
-    key = Keys.file(file_id)
+    key, tenant = Keys.file(file_id), caller(request).tenant
+    await gw.quotas.claim(tenant, "files", file_id, len(content))
     pipe = gw.client.redis.pipeline(transaction=True)
-    stored: Any = {
-        **info,
-        "content": content,
-        "tenant": caller(request).tenant,
-        "queue": gw.settings.queue,
-    }
+    stored: Any = {**info, "content": content, "tenant": tenant, "queue": gw.settings.queue}
     pipe.hset(key, mapping=stored)
     pipe.expire(key, gw.settings.result_ttl_s)
-    await pipe.execute()
+    try:
+        await pipe.execute()
+    except Exception:
+        await gw.quotas.give_back(tenant, "files", file_id, len(content))
+        raise
     return _file_object(file_id, info)
 
 
@@ -155,7 +155,10 @@ async def file_content(file_id: str, request: Request) -> Response:
 async def delete(file_id: str, request: Request) -> dict[str, Any]:
     """Delete an uploaded file (a batch that used it keeps its requests)."""
     gw = gateway(request)
-    await stored_file(gw, caller(request), file_id, content=False)  # 404 if not the caller's
+    info, _ = await stored_file(gw, caller(request), file_id, content=False)  # 404 if not theirs
+    owner: Any = await gw.client.redis.hget(Keys.file(file_id), "tenant")
     if not await gw.client.redis.delete(Keys.file(file_id)):
         raise _missing(file_id)
+    if owner is not None:
+        await gw.quotas.give_back(as_text(owner), "files", file_id, int(info["bytes"]))
     return {"id": file_id, "object": "file", "deleted": True}

@@ -103,6 +103,7 @@ async def _create(request: Request, gw: Gateway, who: Caller) -> Response:
     )
     key = Keys.response(request_id)
     if args.store:  # first: whoever sees the request's id can read its record
+        await gw.quotas.claim(who.tenant, "responses", request_id)
         await gw.client.redis.set(key, record.model_dump_json(), ex=gw.settings.result_ttl_s)
     try:
         await gw.submitter.submit(req)
@@ -148,6 +149,7 @@ async def delete(response_id: str, request: Request) -> dict[str, Any]:
     if status_of(result) in ("queued", "in_progress"):
         await cancel_quietly(gw, record.request_id)
     await gw.client.redis.delete(Keys.response(record.request_id))
+    await gw.quotas.give_back(record.tenant, "responses", record.request_id)
     return {"id": record.id, "object": "response.deleted", "deleted": True}
 
 

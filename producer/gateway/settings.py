@@ -109,6 +109,27 @@ class GatewaySettings:
         help="largest JSON request body, counted as it arrives (413 past it; uploads have "
         "--max-file-bytes)",
     )
+    tenant_max_files: int = _flag(
+        1_000,
+        env="GENQ_SERVE_TENANT_MAX_FILES",
+        help="most uploaded files a tenant keeps (genq tenants set --max-files overrides)",
+    )
+    tenant_max_stored_bytes: int = _flag(
+        2_000_000_000,
+        env="GENQ_SERVE_TENANT_MAX_STORED_BYTES",
+        help="most bytes of uploaded files a tenant keeps in Redis (genq tenants set "
+        "--max-stored-bytes overrides)",
+    )
+    tenant_max_batches: int = _flag(
+        1_000,
+        env="GENQ_SERVE_TENANT_MAX_BATCHES",
+        help="most batches a tenant keeps (genq tenants set --max-batches overrides)",
+    )
+    tenant_max_responses: int = _flag(
+        100_000,
+        env="GENQ_SERVE_TENANT_MAX_RESPONSES",
+        help="most stored responses a tenant keeps (genq tenants set --max-responses overrides)",
+    )
     max_file_bytes: int = _flag(
         50_000_000,
         env="GENQ_SERVE_MAX_FILE_BYTES",
