@@ -135,11 +135,7 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
     common = ["--redis-url", redis_url, "--queue", queue]
     out = genq("tenants", "set", *common, "team-a", "--weight", "3", "--tokens-per-minute", "900")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {
-        "name": "team-a",
-        "weight": 3.0,
-        "tokens_per_minute": 900,
-        "max_queued": 0,
+    unset = {  # what a tenant has not set: the gateway's defaults, no webhook
         "max_files": 0,
         "max_stored_bytes": 0,
         "max_batches": 0,
@@ -147,6 +143,13 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
         "max_priority": "",
         "webhook_url": "",
         "webhook_secret": "",
+    }
+    assert json.loads(out.stdout) == {
+        "name": "team-a",
+        "weight": 3.0,
+        "tokens_per_minute": 900,
+        "max_queued": 0,
+        **unset,
         "share_prefixes": False,
     }
     # Only what is given changes.
@@ -155,22 +158,13 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
         genq("tenants", "set", *common, "b", "--weight", "0.5", "--share-prefixes").returncode == 0
     )
     listed = json.loads(genq("tenants", "list", *common, "--json").stdout)
-    no_hook = {
-        "max_files": 0,
-        "max_stored_bytes": 0,
-        "max_batches": 0,
-        "max_responses": 0,
-        "max_priority": "",
-        "webhook_url": "",
-        "webhook_secret": "",
-    }
     assert listed == [
         {
             "name": "b",
             "weight": 0.5,
             "tokens_per_minute": 0,
             "max_queued": 0,
-            **no_hook,
+            **unset,
             "share_prefixes": True,
         },
         {
@@ -178,7 +172,7 @@ def test_genq_tenants_sets_lists_and_deletes_settings(redis_url: str, queue: str
             "weight": 3.0,
             "tokens_per_minute": 900,
             "max_queued": 5,
-            **no_hook,
+            **unset,
             "share_prefixes": False,
         },
     ]
