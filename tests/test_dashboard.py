@@ -366,6 +366,18 @@ def test_only_an_admin_key_sees_the_dashboard(
         assert page.text_content("#queue") == f"queue {queue}"
         cookie = next(c for c in context.cookies() if c["name"] == "genq_dashboard")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        # A session, not the key: it expires, and a forged or stale one opens nothing.
+        assert admin not in cookie["value"] and cookie["expires"] > time.time() + 3600
+        session = {"Cookie": f"genq_dashboard={cookie['value']}"}
+        assert _get(f"{base}/api/snapshot", session)[0] == 200
+        expires, _, mac = cookie["value"].partition(".")
+        forged = {"Cookie": f"genq_dashboard={int(expires) + 86400}.{mac}"}
+        assert _get(f"{base}/api/snapshot", forged)[0] == 403
+        stale = {"Cookie": f"genq_dashboard={int(time.time()) - 1}.{mac}"}
+        assert _get(f"{base}/api/snapshot", stale)[0] == 403
+        page.click("form.logout button")
+        page.wait_for_selector("input[name=key]")
+        assert not [c for c in context.cookies() if c["name"] == "genq_dashboard"]
         context.close()
     finally:
         gateway.stop()

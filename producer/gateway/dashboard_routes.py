@@ -15,8 +15,10 @@ history charts); batches three round trips however many rows; dead letters one.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import hmac
 import ipaddress
+import time
 from importlib import resources
 from typing import Any
 
@@ -35,6 +37,10 @@ from starlette.concurrency import run_in_threadpool
 
 PREFIX = "/dashboard"
 COOKIE = "genq_dashboard"
+SESSION_S = 12 * 3600
+"""How long a dashboard sign-in lasts. The cookie holds a session, not the key: its expiry and
+an HMAC of it under a key derived from the admin keys (so every replica with those keys
+accepts it, and changing the admin keys ends every session)."""
 ACTION_HEADER = "x-genq-dashboard"
 SILENT_MS = 5_000
 """A worker whose heartbeat is older than this is flagged silent (it beats every second)."""
@@ -77,9 +83,30 @@ def allowed(request: Request) -> bool:
         return _is_local(request)
     header = request.headers.get("authorization", "")
     given = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    given = given or request.cookies.get(COOKIE, "")
+    if not given:
+        return _valid_session(gw.keys, request.cookies.get(COOKIE, ""))
     found = [c for k, c in gw.keys.items() if hmac.compare_digest(given.encode(), k.encode())]
     return bool(found) and found[0].admin
+
+
+def _signer(keys: dict[str, Any]) -> bytes:
+    """The sessions' HMAC key, derived from the admin keys."""
+    admin = sorted(k for k, c in keys.items() if c.admin)
+    return hashlib.sha256("\0".join(["genq-dashboard-session", *admin]).encode()).digest()
+
+
+def session_token(keys: dict[str, Any], now: float) -> str:
+    """A session that ends ``SESSION_S`` after ``now``: ``EXPIRES.HMAC``."""
+    expires = str(int(now) + SESSION_S)
+    return f"{expires}.{hmac.new(_signer(keys), expires.encode(), 'sha256').hexdigest()}"
+
+
+def _valid_session(keys: dict[str, Any], token: str) -> bool:
+    expires, _, mac = token.partition(".")
+    if not expires.isdigit() or int(expires) < time.time():
+        return False
+    want = hmac.new(_signer(keys), expires.encode(), "sha256").hexdigest()
+    return hmac.compare_digest(mac.encode(), want.encode())
 
 
 def admin_only(request: Request) -> None:
@@ -119,14 +146,32 @@ async def page(request: Request) -> Response:
 
 @router.post(f"{PREFIX}/login", include_in_schema=False)
 async def login(request: Request, key: str = Form("")) -> Response:
-    """The login form: an admin key becomes an HttpOnly cookie for ``/dashboard``."""
+    """The login form: an admin key becomes a session (``SESSION_S``, signed, not the key) in
+    an HttpOnly cookie for ``/dashboard``."""
     gw = gateway(request)
     ok = any(hmac.compare_digest(key.encode(), k.encode()) and c.admin for k, c in gw.keys.items())
     out = RedirectResponse(PREFIX, status_code=303)  # back to the form, or to the pages
     if not ok:
         return out
     secure = request.url.scheme == "https"
-    out.set_cookie(COOKIE, key, path=PREFIX, httponly=True, samesite="strict", secure=secure)
+    token = session_token(gw.keys, time.time())
+    out.set_cookie(
+        COOKIE,
+        token,
+        max_age=SESSION_S,
+        path=PREFIX,
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+    )
+    return out
+
+
+@router.post(f"{PREFIX}/logout", include_in_schema=False)
+async def logout() -> Response:
+    """Sign out: the session's cookie is dropped (back to the sign-in form)."""
+    out = RedirectResponse(PREFIX, status_code=303)
+    out.delete_cookie(COOKIE, path=PREFIX)
     return out
 
 
