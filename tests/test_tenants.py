@@ -204,3 +204,38 @@ def test_bad_tenant_settings_are_one_clear_line(
     assert out.returncode == 2 and said in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert not r.exists(Keys(queue).tenants)  # nothing written
+
+
+def test_a_tenants_webhook_secret_can_come_from_stdin_not_argv(redis_url: str, queue: str) -> None:
+    """``--webhook-secret -`` reads it from stdin, so it never shows in ``ps``."""
+    secret = "whsec_" + "B" * 32
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "tenants",
+            "set",
+            "hooked",
+            "--redis-url",
+            redis_url,
+            "--queue",
+            queue,
+            "--webhook-url",
+            "http://127.0.0.1:9/h",
+            "--webhook-secret",
+            "-",
+        ],
+        input=secret + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["webhook_secret"] == "(set)"
+    from genq.common.keys import Keys
+    from genq.common.tenants import read_all
+
+    stored = read_all(redis.Redis.from_url(redis_url), Keys(queue))["hooked"]
+    assert stored.webhook_secret == secret

@@ -4,6 +4,7 @@ Redis and seen by every worker and gateway of the queue without a restart."""
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 from genq.common.errors import ConfigError
@@ -40,7 +41,12 @@ def tenants() -> None:
     help="the highest priority NAME's requests may have (above it: refused); any: no limit",
 )
 @click.option("--webhook-url", default=None, help="where NAME's webhook events go too ('': none)")
-@click.option("--webhook-secret", default=None, help="whsec_... secret that signs them")
+@click.option(
+    "--webhook-secret",
+    default=None,
+    envvar="GENQ_TENANT_WEBHOOK_SECRET",
+    help="whsec_... secret that signs them; '-' reads it from stdin (a flag shows in ps)",
+)
 @click.option(
     "--share-prefixes/--no-share-prefixes",
     default=None,
@@ -68,6 +74,8 @@ def tenants_set(
     from genq.common.connection import connect
     from genq.common.keys import Keys
 
+    if webhook_secret == "-":
+        webhook_secret = sys.stdin.readline().strip()
     with connect(redis_url) as r:
         try:
             settings = registry.update(
