@@ -19,6 +19,7 @@ from genq.producer.gateway.guards import is_loopback, problem
 from genq.worker.devtools.gateway_process import GatewayProcess
 
 from tests.conftest import WorkerProcess, wait_until
+from tests.test_tenants import genq
 
 JSON = {b"content-type": b"application/json", b"content-length": b"10"}
 
@@ -163,25 +164,8 @@ def test_a_tenant_may_not_go_above_its_highest_priority(
     every producer (the client here, and the gateway: 403); at or below it, served."""
     from genq.common.errors import PriorityDenied
 
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "tenants",
-            "set",
-            "alice",
-            "--redis-url",
-            redis_url,
-            "--queue",
-            queue,
-            "--max-priority",
-            "normal",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    common = ["--redis-url", redis_url, "--queue", queue]
+    done = genq("tenants", "set", "alice", *common, "--max-priority", "normal")
     assert done.returncode == 0 and '"max_priority": "normal"' in done.stdout, done.stderr
     client = Client.from_url(redis_url, queue)
     with pytest.raises(PriorityDenied, match="its highest is 'normal'"):

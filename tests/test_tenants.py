@@ -23,9 +23,12 @@ from tests.conftest import ROOT, WorkerProcess, submit_keys
 BAD_NAMES = ["", "a b", "x" * 65, "tenant/1", "é", "a:b"]
 
 
-def genq(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def genq(
+    *args: str, timeout_s: float = 60, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "genq.worker", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -209,29 +212,8 @@ def test_bad_tenant_settings_are_one_clear_line(
 def test_a_tenants_webhook_secret_can_come_from_stdin_not_argv(redis_url: str, queue: str) -> None:
     """``--webhook-secret -`` reads it from stdin, so it never shows in ``ps``."""
     secret = "whsec_" + "B" * 32
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "tenants",
-            "set",
-            "hooked",
-            "--redis-url",
-            redis_url,
-            "--queue",
-            queue,
-            "--webhook-url",
-            "http://127.0.0.1:9/h",
-            "--webhook-secret",
-            "-",
-        ],
-        input=secret + "\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    common = ["--redis-url", redis_url, "--queue", queue, "--webhook-url", "http://127.0.0.1:9/h"]
+    done = genq("tenants", "set", "hooked", *common, "--webhook-secret", "-", stdin=secret + "\n")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["webhook_secret"] == "(set)"
     from genq.common.keys import Keys
