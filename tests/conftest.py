@@ -283,3 +283,17 @@ def sdk_serving(
         return openai_client
 
     return serving
+
+
+def genq(
+    *args: str, timeout_s: float = 60, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``genq ARGS`` as a user runs it (``stdin``: what it reads there)."""
+    return subprocess.run(
+        [sys.executable, "-m", "genq.worker", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+    )

@@ -18,8 +18,7 @@ from genq.producer import Client
 from genq.producer.gateway.guards import is_loopback, problem
 from genq.worker.devtools.gateway_process import GatewayProcess
 
-from tests.conftest import WorkerProcess, wait_until
-from tests.test_tenants import genq
+from tests.conftest import WorkerProcess, genq, wait_until
 
 JSON = {b"content-type": b"application/json", b"content-length": b"10"}
 

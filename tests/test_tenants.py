@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,22 +16,9 @@ from genq.common.keys import Keys
 from genq.producer import AsyncClient, Client
 from genq.producer.gateway.batches import read_batch, submit_batch
 
-from tests.conftest import ROOT, WorkerProcess, submit_keys
+from tests.conftest import WorkerProcess, genq, submit_keys
 
 BAD_NAMES = ["", "a b", "x" * 65, "tenant/1", "é", "a:b"]
-
-
-def genq(
-    *args: str, timeout_s: float = 60, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "genq.worker", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=ROOT,
-    )
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
