@@ -8,6 +8,7 @@ one node: the client learns the others and follows slot moves and failovers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -226,6 +227,12 @@ times a typical cluster-node-timeout plus election)."""
 
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *TRANSIENT_ERRORS)
 """Any error from Redis, cluster routing errors included (some are not RedisErrors)."""
+
+
+def refusal_text(err: BaseException) -> str:
+    """What Redis said, without the command's arguments that redis-py puts in a pipeline's
+    error (they may hold a secret: a webhook secret being set)."""
+    return re.sub(r"Command # \d+ \((.*)\) of pipeline caused error: ", "", str(err), flags=re.S)
 
 
 def permission_refused(err: BaseException) -> bool:

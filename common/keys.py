@@ -20,7 +20,9 @@ key                    type    written by                  read by             T
 ``genq:{Q}:tenants``   hash    ``genq tenants set``        workers, gateways,  none (one small
                                (tenant -> JSON: weight,    ``genq tenants      hash per queue)
                                tokens_per_minute,          list``, stats
-                               max_queued)
+                               max_queued, webhook_url)
+``genq-secret:{Q}:``   hash    ``genq tenants set``        gateways only       none
+``webhooks``                   (tenant -> webhook secret)
 ``genq:{Q}:idx:P:T``  list    submit script (new ids,     workers (PULL)      none
                                delivered to genq.queued,
                                each ``ID`` or ``ID KEY``:
@@ -112,6 +114,9 @@ from genq.common.errors import ConfigError
 from genq.common.models import PRIORITIES, Priority
 
 PREFIX = "genq"
+SECRETS_PREFIX = "genq-secret"
+"""The prefix of the keys that hold secrets: outside ``genq:*`` so that an ACL user with
+``~genq:*`` (producers, workers) cannot read them; gateways' users add ``~genq-secret:*``."""
 GROUP = "workers"
 """The consumer group every worker of a queue joins, on each priority stream."""
 QUEUED = "genq.queued"
@@ -302,6 +307,13 @@ class Keys:
         added where the state is decided (APPLY); read by gateways (consumer group
         ``WEBHOOK_GROUP``), deleted once every endpoint has it or gave up."""
         return f"{self._base}:hooks"
+
+    @property
+    def webhook_secrets(self) -> str:
+        """The tenants' webhook secrets (a hash: tenant -> ``whsec_...``), apart from their other
+        settings (``tenants``) so that only gateways' ACL users read them
+        (``SECRETS_PREFIX``)."""
+        return f"{SECRETS_PREFIX}:{{{self.queue}}}:webhooks"
 
     @property
     def webhook_done(self) -> str:

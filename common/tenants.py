@@ -2,6 +2,10 @@
 kept in Redis (``Keys.tenants``: a hash, one JSON object per tenant) so that every worker and
 gateway reads the same, and ``genq tenants set`` changes them at run time with no restart.
 
+A tenant's webhook secret is kept apart (``Keys.webhook_secrets``, outside ``genq:*``): only
+gateways sign deliveries, so only their ACL user reads it. Setting or clearing a webhook needs
+that user; any other change does not touch the secret.
+
 A tenant with no entry has the defaults (``TenantSettings()``): weight 1, no limits. The
 settings are read by ``genq tenants list``, ``genq stats`` and the queue's scheduling.
 """
@@ -85,26 +89,32 @@ class TenantSettings:
             )
         if not isinstance(self.share_prefixes, bool):
             raise ConfigError(f"share_prefixes must be true or false, got {self.share_prefixes!r}")
-        if bool(self.webhook_url) != bool(self.webhook_secret):
-            raise ConfigError("a webhook needs both --webhook-url and --webhook-secret")
         if self.webhook_url:
-            webhooks.endpoint("tenant", self.webhook_url, self.webhook_secret)
+            webhooks.check_url(self.webhook_url)
+        if self.webhook_secret:
+            webhooks.secret_key(self.webhook_secret)
 
-    def webhook(self, name: str) -> webhooks.Endpoint | None:
-        """The tenant's webhook endpoint (None: it has none)."""
-        if not self.webhook_url:
+    def webhook(self, name: str, secret: str) -> webhooks.Endpoint | None:
+        """The tenant's webhook endpoint, signed with ``secret`` (its entry in
+        ``Keys.webhook_secrets``; else one an older genq stored with the settings); None: it
+        has none, or no secret to sign with."""
+        secret = secret or self.webhook_secret
+        if not self.webhook_url or not secret:
             return None
-        return webhooks.Endpoint(f"tenant:{name}", self.webhook_url, self.webhook_secret)
+        return webhooks.Endpoint(f"tenant:{name}", self.webhook_url, secret)
 
     def public(self) -> dict[str, Any]:
-        """The settings as shown by ``genq tenants``: the webhook secret only as set or not."""
+        """The settings as shown by ``genq tenants``: the webhook secret only as set or not (a
+        webhook is never set without one)."""
         shown = asdict(self)
-        shown["webhook_secret"] = "(set)" if self.webhook_secret else ""
+        shown["webhook_secret"] = "(set)" if self.webhook_url or self.webhook_secret else ""
         return shown
 
     def to_json(self) -> str:
-        """The stored form."""
-        return orjson.dumps(asdict(self)).decode()
+        """The stored form: everything but the webhook secret (kept apart)."""
+        doc = asdict(self)
+        del doc["webhook_secret"]
+        return orjson.dumps(doc).decode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> TenantSettings:
@@ -141,15 +151,52 @@ def parse_all(stored: dict[Any, Any]) -> dict[str, TenantSettings]:
 
 def update(r: Any, keys: Keys, name: str, **changes: Any) -> TenantSettings:
     """Set some of a tenant's settings (the others keep their values, or the defaults) and
-    return them all. Raises ConfigError for a bad name or value, writing nothing."""
+    return them all. Raises ConfigError for a bad name or value, writing nothing. The webhook
+    secret goes to ``Keys.webhook_secrets`` (read or written only when the webhook changes, or
+    to move one stored with the settings by an older genq); clearing the URL clears it."""
     check_name(name)
     raw = r.hget(keys.tenants, name)
     current = asdict(TenantSettings.from_json(raw)) if raw else {}
-    settings = TenantSettings(**{**current, **{k: v for k, v in changes.items() if v is not None}})
-    r.hset(keys.tenants, name, settings.to_json())
+    given = {k: v for k, v in changes.items() if v is not None}
+    merged = {**current, **given}
+    secret = given.get("webhook_secret") or current.get("webhook_secret") or ""
+    hook_changed = "webhook_url" in given or "webhook_secret" in given or bool(secret)
+    if hook_changed:
+        if not merged.get("webhook_url"):
+            if given.get("webhook_secret"):
+                raise ConfigError("a webhook needs both --webhook-url and --webhook-secret")
+            secret = ""
+        elif not secret:
+            secret = as_text(r.hget(keys.webhook_secrets, name) or b"")
+            if not secret:
+                raise ConfigError("a webhook needs both --webhook-url and --webhook-secret")
+        merged["webhook_secret"] = secret
+    settings = TenantSettings(**merged)
+    if hook_changed and settings.webhook_url:
+        webhooks.endpoint("tenant", settings.webhook_url, settings.webhook_secret)
+    with r.pipeline(transaction=True) as pipe:
+        pipe.hset(keys.tenants, name, settings.to_json())
+        if hook_changed and secret:
+            pipe.hset(keys.webhook_secrets, name, secret)
+        elif hook_changed:
+            pipe.hdel(keys.webhook_secrets, name)
+        pipe.execute()
     return settings
 
 
 def delete(r: Any, keys: Keys, name: str) -> bool:
-    """Back to the defaults: whether the tenant had settings of its own."""
-    return bool(r.hdel(keys.tenants, check_name(name)))
+    """Back to the defaults: whether the tenant had settings of its own (its webhook secret
+    goes too)."""
+    raw = r.hget(keys.tenants, check_name(name))
+    if raw is None:
+        return False
+    try:
+        had_hook = bool(TenantSettings.from_json(raw).webhook_url)
+    except (ConfigError, orjson.JSONDecodeError, TypeError, AttributeError):
+        had_hook = True  # unreadable: clear whatever it had
+    with r.pipeline(transaction=True) as pipe:
+        pipe.hdel(keys.tenants, name)
+        if had_hook:
+            pipe.hdel(keys.webhook_secrets, name)
+        pipe.execute()
+    return True

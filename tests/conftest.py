@@ -237,18 +237,51 @@ REAL_MODEL_REQUESTS: list[dict[str, Any]] = [
 at different lengths."""
 
 
-# The ACL line the README documents (tests/test_readme.py checks they are the same).
-GENQ_ACL = (
-    "on >genq-secret ~genq:* resetchannels -@all +@connection "
-    "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
-    "+hkeys +hmget +hsetnx +eval +evalsha "
-    "+fcall +function|load +time +multi +exec "
-    "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
-    "+xgroup|create +xinfo|groups +xinfo|consumers "
-    "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset +ltrim "
-    "+sadd +srem +smembers +sismember "
-    "+zadd +zrem +zcard +zrange +zscore +zincrby +zrevrange +zrevrank +zremrangebyscore"
-)
+# The ACL users docs/security.md documents (tests/test_readme.py checks they are the same): one
+# per role with least privilege, and one for every part at once.
+_QUEUE_KEYS = "~genq:{* ~genq:res:* ~genq:ev:* ~genq:att:* ~genq:resp:* ~genq:batch:*"
+GENQ_ACL_USERS = {
+    "genq-producer": (
+        f"on >genq-secret {_QUEUE_KEYS} resetchannels -@all +@connection "
+        "+get +set +mget +del +exists +expire +hset +hget +hgetall +hincrby +hmget +hsetnx "
+        "+eval +evalsha +fcall +time +multi +exec "
+        "+xadd +xread +xreadgroup +xdel +xlen +xrange +xpending "
+        "+xgroup|create +xinfo|groups +xinfo|consumers "
+        "+rpush +llen +lindex +lrange +sadd +smembers +sismember +zadd +zscore"
+    ),
+    "genq-worker": (
+        f"on >genq-secret {_QUEUE_KEYS} resetchannels -@all +@connection "
+        "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
+        "+hkeys +hmget +eval +evalsha +fcall +function|load +time +multi +exec "
+        "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
+        "+xgroup|create +xinfo|groups +xinfo|consumers "
+        "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset "
+        "+sadd +srem +smembers +sismember +zadd +zscore +zincrby"
+    ),
+    "genq-gateway": (
+        "on >genq-secret ~genq:* ~genq-secret:* resetchannels -@all +@connection "
+        "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hmget +hsetnx "
+        "+eval +evalsha +fcall +time +multi +exec "
+        "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
+        "+xgroup|create +xinfo|groups +xinfo|consumers "
+        "+rpush +llen +lindex +lrange +ltrim +sadd +smembers +sismember "
+        "+zadd +zrem +zcard +zrange +zscore +zrevrange +zrevrank +zremrangebyscore"
+    ),
+    "genq": (
+        "on >genq-secret ~genq:* ~genq-secret:* resetchannels -@all +@connection "
+        "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
+        "+hkeys +hmget +hsetnx +eval +evalsha "
+        "+fcall +function|load +time +multi +exec "
+        "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
+        "+xgroup|create +xinfo|groups +xinfo|consumers "
+        "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset +ltrim "
+        "+sadd +srem +smembers +sismember "
+        "+zadd +zrem +zcard +zrange +zscore +zincrby +zrevrange +zrevrank +zremrangebyscore"
+    ),
+}
+GENQ_ACL = GENQ_ACL_USERS["genq"]
+"""One user for every part of genq (the simplest set-up; every part may then read the webhook
+secrets)."""
 
 
 @pytest.fixture()

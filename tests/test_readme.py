@@ -112,15 +112,21 @@ def test_compose_file_is_valid(tmp_path: Path) -> None:
     assert bare.returncode != 0 and "GENQ_REDIS_PASSWORD" in bare.stderr + bare.stdout
 
 
-def test_the_documented_acl_line_is_the_tested_one() -> None:
-    from tests.conftest import GENQ_ACL
+def test_the_documented_acl_users_are_the_tested_ones() -> None:
+    from tests.conftest import GENQ_ACL_USERS
 
-    block = re.search(r"<!-- acl-line.*?-->\s*```\n(.*?)\n\s*```", README, re.S)
+    block = re.search(r"<!-- acl-lines.*?-->\s*```\n(.*?)\n\s*```", README, re.S)
     assert block is not None
-    documented = block.group(1).strip().split()
-    assert documented[:3] == ["ACL", "SETUSER", "genq"]
-    tested = GENQ_ACL.replace(">genq-secret", ">PASSWORD").split()
-    assert documented[3:] == tested
+    documented = {}
+    for line in block.group(1).strip().splitlines():
+        words = line.split()
+        assert words[:2] == ["ACL", "SETUSER"], line
+        documented[words[2]] = words[3:]
+    tested = {
+        name: acl.replace(">genq-secret", ">PASSWORD").split()
+        for name, acl in GENQ_ACL_USERS.items()
+    }
+    assert documented == tested
 
 
 def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:

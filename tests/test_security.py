@@ -15,7 +15,7 @@ import redis
 from genq.producer import Client
 from genq.worker.devtools.redis_server import RedisServer
 
-from tests.conftest import GENQ_ACL, WorkerProcess
+from tests.conftest import GENQ_ACL, GENQ_ACL_USERS, WorkerProcess, genq
 
 SECRET_PROMPT = "the secret prompt 7f3a"
 
@@ -124,12 +124,6 @@ def test_tls_rediss_url(tmp_path: Path, tls_files: dict[str, Path]) -> None:
         server.stop()
 
 
-def genq_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "genq.worker", *args], capture_output=True, text=True, timeout=60
-    )
-
-
 def test_a_wrong_password_fails_at_once_in_one_line_for_commands_and_workers() -> None:
     import time
 
@@ -140,7 +134,7 @@ def test_a_wrong_password_fails_at_once_in_one_line_for_commands_and_workers() -
             ("worker", "--engine", "echo", "--redis-url", url),
         ):
             t0 = time.monotonic()
-            out = genq_cli(*args)
+            out = genq(*args)
             assert out.returncode == 1, out.stderr
             assert time.monotonic() - t0 < 5  # was ~9 s: authentication was retried as a drop
             assert "Traceback" not in out.stderr
@@ -153,72 +147,140 @@ def test_a_port_with_nothing_on_it_is_one_line_saying_what_to_check() -> None:
     from genq.worker.devtools.redis_server import free_port
 
     t0 = time.monotonic()
-    out = genq_cli("stats", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
+    out = genq("stats", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
     assert time.monotonic() - t0 < 5  # was ~9 s: a refused connection was retried
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "cannot reach Redis" in out.stderr and "redis-server runs there" in out.stderr
 
 
-def test_the_gateway_and_a_rate_limited_tenant_work_under_the_documented_acl(
-    tmp_path: Path,
-) -> None:
-    """Everything a deployment runs, as the documented ACL user: a worker serving a tenant with
-    a tokens-per-minute limit (its requests held back and put back: LPUSH), and ``genq serve``'s
-    chats, streams, responses, files, batches, webhook deliveries and dashboard. Every answer
-    is a success, and Redis logged no refusal (INFO and CONFIG, which genq reads only where it
-    may, aside)."""
+class _Hooks:
+    """A webhook endpoint on loopback that keeps what it was sent (headers, body)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        got: list[tuple[dict[str, str], str]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"])).decode()
+                got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.got = got
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_each_part_works_under_its_own_documented_least_privilege_user(tmp_path: Path) -> None:
+    """Everything a deployment runs, each part as its documented ACL user: the operator (as
+    ``genq-gateway``) sets a rate-limited tenant and a tenant's webhook secret; a worker
+    (``genq-worker``) serves them, holding the limited tenant's requests back and putting them
+    back (LPUSH); the client, ``genq batch`` and ``genq stats`` (``genq-producer``) submit,
+    stream, cancel and wait; ``genq serve`` (``genq-gateway``) serves chats, streams,
+    responses, files, batches and the dashboard, and delivers the tenant's webhook signed with
+    its secret. Every answer is a success and Redis logged no refusal (INFO and CONFIG, which
+    genq reads only where it may, aside); producers and workers cannot read the secrets or the
+    uploaded files, and producers cannot acknowledge or claim work."""
+    from genq.common import webhooks
+    from genq.common.keys import GROUP, Keys
     from genq.worker.devtools.gateway_process import GatewayProcess
 
+    hooks, secret, q = _Hooks(), "whsec_" + "A" * 32, "acl"
     with RedisServer() as server:
         admin = redis.Redis(port=server.port)
-        admin.execute_command("ACL", "SETUSER", "genq", *GENQ_ACL.split())
-        url = f"redis://genq:genq-secret@127.0.0.1:{server.port}/0"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "genq.worker",
-                "tenants",
-                "set",
-                "acme",
-                "--redis-url",
-                url,
-                "--queue",
-                "acl",
-                "--tokens-per-minute",
-                "60",
-                "--weight",
-                "2",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        for name, acl in GENQ_ACL_USERS.items():
+            admin.execute_command("ACL", "SETUSER", name, *acl.split())
+        admin.execute_command("ACL", "SETUSER", "default", "resetpass", ">admin-secret")
+        admin = redis.Redis(port=server.port, password="admin-secret")  # no part runs as it
+        url = {u: f"redis://{u}:genq-secret@127.0.0.1:{server.port}/0" for u in GENQ_ACL_USERS}
+        operator = ["--redis-url", url["genq-gateway"], "--queue", q]
+        limited = genq("tenants", "set", "acme", *operator, "--tokens-per-minute", "60")
+        assert limited.returncode == 0, limited.stderr
+        hook = ["--webhook-url", hooks.url, "--webhook-secret", "-"]
+        as_producer = ["--redis-url", url["genq-producer"], "--queue", q]
+        refused = genq("tenants", "set", "beta", *as_producer, *hook, stdin=secret + "\n")
+        assert refused.returncode == 77 and "Traceback" not in refused.stderr
+        assert "refused this user" in refused.stderr and secret not in refused.stderr
+        admin.acl_log_reset()  # that refusal was the point; none other may follow
+        hooked = genq("tenants", "set", "beta", *operator, *hook, stdin=secret + "\n")
+        assert hooked.returncode == 0, hooked.stderr
         worker = WorkerProcess(
-            ["--redis-url", url, "--queue", "acl", "--engine", "echo", "--consumer", "acl"],
+            ["--redis-url", url["genq-worker"], "--queue", q, "--engine", "echo"],
             tmp_path / "worker.log",
         )
-        hook = ["--webhook-url", "http://127.0.0.1:9/h", "--webhook-secret", "whsec_" + "A" * 32]
-        keys = ["--api-key", "k=beta", "--admin-key", "boss", *hook]
-        gateway = GatewayProcess(url, "acl", tmp_path / "gateway.log", keys)
+        keys = ["--api-key", "k=beta", "--admin-key", "boss"]
+        gateway = GatewayProcess(url["genq-gateway"], q, tmp_path / "gateway.log", keys)
         try:
-            # acme's limit holds most of these back: the read script puts them back (LPUSH).
-            with Client.from_url(url, "acl") as client:
+            with Client.from_url(url["genq-producer"], q) as client:
                 held = client.submit_many(["x" * 40] * 6, max_new_tokens=8, tenant="acme")
-                first = client.result(held[0], timeout=60)
-                assert first.status == "succeeded"
+                assert client.result(held[0], timeout=60).status == "succeeded"
+                rid = client.submit("hello there", max_new_tokens=4, stream=True)
+                assert list(client.stream(rid, timeout=30))[-1].status == "succeeded"
+                slow = client.submit("x", max_new_tokens=4000)
+                assert client.cancel(slow) in (True, False)
+                assert client.result(slow, timeout=30).is_final
+            _batch_and_stats_as(url["genq-producer"], q, tmp_path)
             statuses = _gateway_tour(gateway)
             assert set(statuses.values()) == {200}, statuses
+            for _ in range(100):  # beta's batches end: batch.* events, to beta's endpoint
+                if hooks.got:
+                    break
+                time.sleep(0.1)
+            headers, body = hooks.got[0]
+            ts = int(headers["webhook-timestamp"])
+            signed = webhooks.signed_headers(secret, headers["webhook-id"], ts, body)
+            assert headers["webhook-signature"] == signed["webhook-signature"]
             assert worker.proc.poll() is None, worker.log()[-2000:]
         finally:
             gateway.stop()
             assert worker.stop() == 0, worker.log()[-2000:]
-        refused = {
-            (e["object"], e["reason"])
+            hooks.server.shutdown()
+        refusals = {
+            (e["username"], e["object"], e["reason"])
             for e in admin.acl_log(1000)
             if e["object"] not in ("info", "config|get")
         }
-        assert refused == set(), refused
+        assert refusals == set(), refusals
+        stream = Keys(q).stream("normal")
+        for user in ("genq-producer", "genq-worker"):
+            r = redis.Redis.from_url(url[user])
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                r.hgetall(Keys(q).webhook_secrets)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                r.get(Keys.file("file-anything"))
+        producer = redis.Redis.from_url(url["genq-producer"])
+        for refused_call in (
+            lambda: producer.xack(stream, GROUP, "0-1"),
+            lambda: producer.xclaim(stream, GROUP, "me", 0, ["0-1"]),
+            lambda: producer.function_load(
+                "#!lua name=x\nredis.register_function('x', function() return 1 end)"
+            ),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                refused_call()
+
+
+def _batch_and_stats_as(url: str, queue: str, tmp_path: Path) -> None:
+    """``genq batch submit``, ``results`` and ``genq stats`` as the user of ``url``."""
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    line = {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": chat}
+    (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\nnot json\n")
+    where = ["--redis-url", url, "--queue", queue]
+    submitted = genq("batch", "submit", str(tmp_path / "in.jsonl"), *where)
+    assert submitted.returncode == 0, submitted.stderr
+    out = tmp_path / "out.jsonl"
+    done = genq("batch", "results", submitted.stdout.strip(), *where, "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text().splitlines()[0])["custom_id"] == "c1"
+    stats = genq("stats", *where)
+    assert stats.returncode == 0, stats.stderr
 
 
 def _gateway_tour(gateway: object) -> dict[str, int]:

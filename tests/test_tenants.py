@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from genq.common.errors import InvalidRequest
+from genq.common.errors import ConfigError, InvalidRequest
 from genq.common.functions import library_code
 from genq.common.keys import Keys
 from genq.producer import AsyncClient, Client
@@ -201,8 +201,37 @@ def test_a_tenants_webhook_secret_can_come_from_stdin_not_argv(redis_url: str, q
     done = genq("tenants", "set", "hooked", *common, "--webhook-secret", "-", stdin=secret + "\n")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["webhook_secret"] == "(set)"
-    from genq.common.keys import Keys
-    from genq.common.tenants import read_all
+    r = redis.Redis.from_url(redis_url)
+    assert r.hget(Keys(queue).webhook_secrets, "hooked") == secret.encode()
+    assert secret.encode() not in r.hget(Keys(queue).tenants, "hooked")
 
-    stored = read_all(redis.Redis.from_url(redis_url), Keys(queue))["hooked"]
-    assert stored.webhook_secret == secret
+
+def test_a_webhook_secret_is_kept_apart_from_the_settings_and_goes_with_the_webhook(
+    redis_url: str, queue: str
+) -> None:
+    """The secret lives outside ``genq:*`` (only gateways' ACL users read it); changing other
+    settings leaves it alone, clearing the URL clears it, ``delete`` takes it, and one an older
+    genq stored inside the settings moves out at the next change."""
+    from genq.common import tenants
+
+    r, keys = redis.Redis.from_url(redis_url), Keys(queue)
+    url, secret = "http://127.0.0.1:9/h", "whsec_" + "C" * 32
+    tenants.update(r, keys, "t", webhook_url=url, webhook_secret=secret)
+    assert not keys.webhook_secrets.startswith("genq:")
+    assert tenants.update(r, keys, "t", weight=2.0).webhook_url == url
+    assert r.hget(keys.webhook_secrets, "t") == secret.encode()
+    other = "http://127.0.0.1:9/other"  # a new URL keeps the stored secret
+    assert tenants.update(r, keys, "t", webhook_url=other).webhook_secret == secret
+    tenants.update(r, keys, "t", webhook_url="")
+    assert r.hget(keys.webhook_secrets, "t") is None
+    with pytest.raises(ConfigError, match="needs both"):
+        tenants.update(r, keys, "t", webhook_url=url)
+    tenants.update(r, keys, "t", webhook_url=url, webhook_secret=secret)
+    assert tenants.delete(r, keys, "t") and not r.exists(keys.webhook_secrets)
+    old = {"weight": 1.0, "webhook_url": url, "webhook_secret": secret}  # an older genq's
+    r.hset(keys.tenants, "old", json.dumps(old))
+    hook = tenants.read_all(r, keys)["old"].webhook("old", "")
+    assert hook is not None and hook.secret == secret  # still signs
+    tenants.update(r, keys, "old", weight=3.0)
+    assert r.hget(keys.webhook_secrets, "old") == secret.encode()
+    assert secret.encode() not in r.hget(keys.tenants, "old")

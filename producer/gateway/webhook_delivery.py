@@ -181,11 +181,14 @@ class Deliverer:
         found = {}
         async with self._redis_slots:
             stored = await self.redis.hgetall(self.keys.tenants) or {}
+            secrets = await self.redis.hgetall(self.keys.webhook_secrets) or {}
+        secret_of = {as_text(k): as_text(v) for k, v in secrets.items()}
         for name, raw in stored.items():
             with contextlib.suppress(Exception):  # an unreadable entry: no webhook
-                hook = TenantSettings.from_json(raw).webhook(as_text(name))
+                tenant = as_text(name)
+                hook = TenantSettings.from_json(raw).webhook(tenant, secret_of.get(tenant, ""))
                 if hook is not None:
-                    found[as_text(name)] = hook
+                    found[tenant] = hook
         self._tenants, self._tenants_read_s = found, time.monotonic()
 
     async def _deliver(self, entry_id: str, fields: dict[str, str], deliveries: int) -> None:

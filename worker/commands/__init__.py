@@ -20,6 +20,8 @@ import sys
 
 import click
 import redis
+from genq.common.connection import permission_refused, refusal_text
+from genq.common.errors import EXIT_NO_PERMISSION
 from genq.producer.commands.batch import batch
 from genq.producer.commands.dlq import dlq
 from genq.producer.commands.functions import functions
@@ -35,7 +37,7 @@ from genq.worker.commands.worker import worker
 
 class _Main(click.Group):
     """The ``genq`` group: Redis refusing or unreachable is one line saying what to check, not a
-    traceback."""
+    traceback (a refused permission: status 77, ``EXIT_NO_PERMISSION``)."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -50,6 +52,15 @@ class _Main(click.Group):
                 f"cannot reach Redis ({err}): check --redis-url / GENQ_REDIS_URL and that "
                 "redis-server runs there"
             ) from None
+        except redis.RedisError as err:
+            if not permission_refused(err):
+                raise
+            click.echo(
+                f"Error: Redis refused this user a command or key ({refusal_text(err)}): run "
+                "it as a user whose ACL has it (docs/security.md lists each role's)",
+                err=True,
+            )
+            sys.exit(EXIT_NO_PERMISSION)
 
 
 @click.group(cls=_Main)

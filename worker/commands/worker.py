@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 import click
-from genq.common.connection import REDIS_ERRORS, permission_refused
+from genq.common.connection import REDIS_ERRORS, permission_refused, refusal_text
 from genq.common.errors import EXIT_NO_PERMISSION, ConfigError
 from genq.common.settings import WorkerSettings
 from genq.producer.commands.options import settings_options
@@ -36,8 +36,8 @@ def worker(**flags: Any) -> None:
         if not permission_refused(err):
             raise
         click.echo(
-            f"genq worker: Redis refused this user a command it needs ({err}); grant the "
-            "worker's ACL user what docs/security.md lists, then start it again",
+            f"genq worker: Redis refused this user a command it needs ({refusal_text(err)}); "
+            "grant the worker's ACL user what docs/security.md lists, then start it again",
             err=True,
         )
         sys.exit(EXIT_NO_PERMISSION)
