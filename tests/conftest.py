@@ -261,7 +261,7 @@ GENQ_ACL_USERS = {
     "genq-gateway": (
         "on >genq-secret ~genq:* ~genq-secret:* resetchannels -@all +@connection "
         "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hmget +hsetnx "
-        "+eval +evalsha +fcall +time +multi +exec "
+        "+eval +evalsha +fcall +time +info +multi +exec "
         "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
         "+xgroup|create +xinfo|groups +xinfo|consumers "
         "+rpush +llen +lindex +lrange +ltrim +sadd +smembers +sismember "
@@ -271,7 +271,7 @@ GENQ_ACL_USERS = {
         "on >genq-secret ~genq:* ~genq-secret:* resetchannels -@all +@connection "
         "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
         "+hkeys +hmget +hsetnx +eval +evalsha "
-        "+fcall +function|load +time +multi +exec "
+        "+fcall +function|load +time +info +multi +exec "
         "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
         "+xgroup|create +xinfo|groups +xinfo|consumers "
         "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset +ltrim "

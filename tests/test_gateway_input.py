@@ -180,19 +180,31 @@ def test_a_file_of_junk_lines_costs_redis_a_few_kilobytes_not_a_record_each(
     assert len(lines) == 101 and "19900 more input lines were refused" in str(lines[-1])
 
 
-def test_an_upload_into_a_full_redis_is_a_503_saying_so(
-    gateway: GatewayProcess, redis_url: str
+def test_uploads_leave_redis_room_for_requests_and_a_full_redis_is_a_503_saying_so(
+    gateway: GatewayProcess, redis_url: str, queue: str, tmp_path: Path
 ) -> None:
+    """An upload that would take Redis past half its maxmemory (the default
+    ``--storage-max-redis-fraction``) is a 507 before anything is written, and chats go on;
+    with that off, the write into a full Redis is a 503 ``redis_full``, never a 500."""
     import redis
 
     r = redis.Redis.from_url(redis_url)
     used = int(r.info("memory")["used_memory"])
-    r.config_set("maxmemory", used + 1_000_000)
+    files = {"file": ("in.jsonl", b"x" * 3_000_000)}
+    r.config_set("maxmemory", used + 4_000_000)
     try:
-        files = {"file": ("in.jsonl", b"x" * 3_000_000)}
-        full = httpx.post(
-            f"{gateway.url}/files", files=files, data={"purpose": "batch"}, timeout=60
-        )
+        kept = httpx.post(f"{gateway.url}/files", files=files, data={"purpose": "batch"})
+        assert kept.status_code == 507, kept.text
+        assert kept.json()["error"]["code"] == "redis_storage_full"
+        chat = {"model": "echo", "messages": M, "max_tokens": 2}
+        assert httpx.post(f"{gateway.url}/chat/completions", json=chat, timeout=60).is_success
+        r.config_set("maxmemory", used + 1_000_000)
+        off = ["--storage-max-redis-fraction", "0"]
+        bare = GatewayProcess(redis_url, queue, tmp_path / "bare.log", off)
+        try:
+            full = httpx.post(f"{bare.url}/files", files=files, data={"purpose": "batch"})
+        finally:
+            bare.stop()
         assert full.status_code == 503 and full.json()["error"]["code"] == "redis_full", full.text
     finally:
         r.config_set("maxmemory", 0)

@@ -67,6 +67,7 @@ def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
         "tenant_max_batches",
         "tenant_max_responses",
         "max_file_bytes",
+        "storage_max_redis_fraction",
         "webhook_url",
         "webhook_secret",
         "webhook_timeout_s",

@@ -22,6 +22,8 @@ module             what it holds
 ``body_limit``     ``BodyLimit``: request bodies bounded as their bytes arrive (413)
 ``quotas``         ``Quotas``: what each tenant keeps (files and their bytes, batches, stored
                    responses), claimed atomically, given back on delete
+``redis_room``     ``RedisRoom``: uploads and batches refused (507) while Redis' memory would
+                   pass its share of maxmemory, keeping room for requests
 ``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
                    past which the gateway answers 429 (pure)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE

@@ -45,6 +45,7 @@ async def create(request: Request) -> dict[str, Any]:
         lines = content.decode("utf-8").splitlines()
     except UnicodeDecodeError:
         raise invalid(f"file {file_id!r} is not UTF-8 text", param="input_file_id") from None
+    await gw.room.check(len(content), "a batch's requests")
     await gw.quotas.claim(who.tenant, "batches", uuid.uuid4().hex)
 
     def submit() -> dict[str, Any]:

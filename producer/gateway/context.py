@@ -15,6 +15,7 @@ from genq.producer.gateway.fleet import Fleet
 from genq.producer.gateway.in_flight import InFlight
 from genq.producer.gateway.openai_errors import ApiError
 from genq.producer.gateway.quotas import Limits, Quotas
+from genq.producer.gateway.redis_room import RedisRoom
 from genq.producer.gateway.result_hub import ResultHub
 from genq.producer.gateway.settings import OPERATOR_TENANT, GatewaySettings, key_tenants
 from genq.producer.gateway.submitter import Submitter
@@ -62,9 +63,11 @@ class Gateway:
     """The readers that wait for results (None on a Redis Cluster: the client polls)."""
     in_flight: InFlight = field(init=False)
     submitter: Submitter = field(init=False)
+    """Completions' and responses' submissions, gathered per turn of the event loop."""
     quotas: Quotas = field(init=False)
     """What each tenant may keep: files, batches, stored responses."""
-    """Completions' and responses' submissions, gathered per turn of the event loop."""
+    room: RedisRoom = field(init=False)
+    """Whether Redis has room for an upload or a batch (below its share of maxmemory)."""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -77,6 +80,7 @@ class Gateway:
             responses=s.tenant_max_responses,
         )
         self.quotas = Quotas(self.client.redis, self.client.keys, defaults, s.result_ttl_s)
+        self.room = RedisRoom(self.client.redis, s.storage_max_redis_fraction)
 
     def follow(self, request_id: str) -> AsyncIterator[str | Result]:
         """A request's text pieces as they come, then its Result (within the request timeout:

@@ -68,6 +68,7 @@ async def upload(request: Request) -> dict[str, Any]:
         "purpose": "batch",
     }
     key, tenant = Keys.file(file_id), caller(request).tenant
+    await gw.room.check(len(content), "an upload")
     await gw.quotas.claim(tenant, "files", file_id, len(content))
     pipe = gw.client.redis.pipeline(transaction=True)
     stored: Any = {**info, "content": content, "tenant": tenant, "queue": gw.settings.queue}

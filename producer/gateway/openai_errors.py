@@ -1,7 +1,8 @@
 """Errors as OpenAI's error JSON, with the status codes the OpenAI SDKs map to their exceptions:
 400 BadRequestError, 401 AuthenticationError, 404 NotFoundError, 429 RateLimitError (the queue
 is full: the SDKs retry it with backoff), 503 (no live worker, or Redis unreachable: retried
-too), 504 (no result in time)."""
+too), 504 (no result in time), 507 (Redis' room for uploads and batches is taken:
+``redis_room.py``)."""
 
 from __future__ import annotations
 

@@ -135,6 +135,12 @@ class GatewaySettings:
         env="GENQ_SERVE_MAX_FILE_BYTES",
         help="largest batch input file POST /v1/files takes (it is kept in Redis)",
     )
+    storage_max_redis_fraction: float = _flag(
+        0.5,
+        env="GENQ_SERVE_STORAGE_MAX_REDIS_FRACTION",
+        help="uploads and batches stop (507) while Redis' memory with them would pass this "
+        "fraction of its maxmemory, so that requests keep the rest (0: only the quotas)",
+    )
     webhook_url: str = _flag(
         "",
         env="GENQ_WEBHOOK_URL",
