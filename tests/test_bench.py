@@ -355,3 +355,25 @@ def test_flood_scenario_serves_every_chat_and_reports_connections_and_memory() -
     assert res["bob_failed"] == 0 and res["bob_requests"] > 0
     assert 0 < res["redis_connections"] <= 64 + 2 + 4  # the shared pool, the readers, the rest
     assert res["kb_per_waiting"] > 0 and res["health_max_ms"] > 0
+
+
+def test_attacks_scenario_refuses_each_attack_clearly_and_serves_the_other_tenant() -> None:
+    """Each of #40's attacks by alice at a gateway's defaults: a 4xx (507: Redis' room kept
+    for requests) for what must be refused, bob's chats all served meanwhile, and Redis under
+    its maxmemory."""
+    res = bench_json("--scenario", "attacks", "--quick", timeout_s=300)
+    rows = res["attacks"]
+    refused = {
+        "huge body": {"413"},
+        "tool schemas": {"400"},
+        "tool arguments": {"400"},
+        "malformed": {"400"},
+        "priority": {"403"},
+    }
+    for name, codes in refused.items():
+        assert set(rows[name]["alice"]) == codes, (name, rows[name])
+    assert "507" in rows["uploads until refused"]["alice"]
+    assert set(rows["junk batches"]["alice"]) == {"200"}  # accepted, and cheap (Redis peak)
+    for name, row in rows.items():
+        assert row["bob_sent"] > 0 and row["bob_served"] == row["bob_sent"], (name, row)
+        assert row["redis_peak_mb"] < res["redis_limit_mb"], (name, row)

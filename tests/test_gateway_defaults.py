@@ -6,8 +6,6 @@ rules are a pure function, tested alone; then on a real gateway."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,28 +55,9 @@ def test_the_guards_rules() -> None:
 
 
 def test_an_open_gateway_refuses_a_public_bind_unless_told(redis_url: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "serve",
-            "--redis-url",
-            redis_url,
-            "--host",
-            "0.0.0.0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = genq("serve", "--redis-url", redis_url, "--host", "0.0.0.0")
     assert done.returncode != 0 and "--insecure-open" in done.stderr, done.stderr[-500:]
-    refused = subprocess.run(
-        [sys.executable, "-m", "genq.worker", "serve", "--api-key", "k=operators"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = genq("serve", "--api-key", "k=operators")
     assert refused.returncode != 0 and "reserved" in refused.stderr
 
 

@@ -17,7 +17,7 @@ from genq.common.errors import InvalidRequest
 from genq.producer import build_request
 from genq.worker.devtools.gateway_process import GatewayProcess
 
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, genq, wait_until
 
 M = [{"role": "user", "content": "hi"}]
 MALFORMED_CHATS: dict[str, bytes | str] = {
@@ -216,9 +216,6 @@ def test_what_a_tenant_keeps_is_bounded_and_another_tenant_is_untouched(
     """Quotas: files (count and bytes), batches, stored responses; past one, 429
     ``tenant_quota`` naming the limit; a delete gives its place back; the other tenant's own
     uploads and responses go on. A tenant's own limit overrides the gateway's default."""
-    import subprocess
-    import sys
-
     args = [
         "--api-key",
         "ka=alice",
@@ -270,27 +267,9 @@ def test_what_a_tenant_keeps_is_bounded_and_another_tenant_is_untouched(
         assert httpx.delete(f"{g.url}/responses/{rid}", headers=alice).status_code == 200
         assert httpx.post(f"{g.url}/responses", json=ask, headers=alice).status_code == 200
         # Her own limit: bytes. 2 files of the line's size would pass it.
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "genq.worker",
-                "tenants",
-                "set",
-                "bob",
-                "--redis-url",
-                redis_url,
-                "--queue",
-                queue,
-                "--max-files",
-                "10",
-                "--max-stored-bytes",
-                str(len(line) + 10),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        where = ["--redis-url", redis_url, "--queue", queue]
+        limit = ["--max-files", "10", "--max-stored-bytes", str(len(line) + 10)]
+        assert genq("tenants", "set", "bob", *where, *limit).returncode == 0
         time.sleep(5.5)  # the gateway reads a tenant's own limits every 5 s
         over = upload(bob)
         assert over.status_code == 429 and "--max-stored-bytes" in over.text, over.text

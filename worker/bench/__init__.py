@@ -11,6 +11,8 @@ module              what it measures
 ``gateway``         ``genq serve`` against the client library, per request and streamed
 ``flood``           one tenant's thousands of waiting chats at one ``genq serve`` against
                     another's single requests and ``/health``; connections and memory
+``attacks``         one tenant's attacks on a gateway's defaults (junk, uploads, huge bodies,
+                    tool schemas, malformed input) beside another's chats; Redis' peak
 ``vllm_compare``    vLLM alone against vLLM through the queue
 ``tenants``         fair share: a flood against a trickle, weights, tokens per minute
 ``tenant_fleet``    one tenants case's fleet, and the counts the cases share

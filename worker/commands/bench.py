@@ -28,6 +28,7 @@ SELF_RUN = (
     "prefix",
     "prefix-vllm",
     "flood",
+    "attacks",
     "gateway",
 )  # run_and_print
 SCENARIOS = ("modes", "priority", "fleet", "tenants", *SELF_RUN)
@@ -87,7 +88,9 @@ SCENARIOS = ("modes", "priority", "fleet", "tenants", *SELF_RUN)
     "webhooks: delivery latency after a final state, and deliveries/s of one gateway; "
     "dashboard: a refresh's cost in Redis and the overview's render time, on a busy queue; "
     "prefix: echo workers with simulated prefix caches, placement by prefix on and off; "
-    "prefix-vllm: the same on vLLM (smollm2-135m), with chats through genq serve",
+    "prefix-vllm: the same on vLLM (smollm2-135m), with chats through genq serve; "
+    "flood: one tenant's thousands of waiting chats beside another's; attacks: one tenant's "
+    "attacks on a gateway's defaults beside another's chats",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
