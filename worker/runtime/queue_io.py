@@ -157,7 +157,6 @@ class QueueIO:
     def read(
         self,
         room: dict[str, int],
-        block_ms: int | None,
         paced: bool = False,
         probe: tuple[int, list[str]] = (0, []),
         total: int = 0,
@@ -170,18 +169,14 @@ class QueueIO:
         probe finds some does a second call (the TAKE_BACK script) claim them, up to the room
         again: they are older than anything new, and leaving them for later would let them
         wait behind newer work. ``paced``: nothing, without asking, if a read found the queue
-        empty less than ``READ_PACE_S`` ago (see ``read_wait_s``). ``block_ms`` (idle): first
-        wait up to that long on the doorbell, which a submission rings. ``probe``: per priority,
-        up to so many more from tenants other than the ``PRIORITY|TENANT`` pairs named, even
-        past the room (``Lookahead.probe``). ``total``: at most so many in all, the highest
-        priorities first (0: no cap)."""
+        empty less than ``READ_PACE_S`` ago (see ``read_wait_s``). An idle worker blocks on
+        the doorbell before it reads (``wait_for_doorbell``, the loop's ``idle``). ``probe``:
+        per priority, up to so many more from tenants other than the ``PRIORITY|TENANT`` pairs
+        named, even past the room (``Lookahead.probe``). ``total``: at most so many in all, the
+        highest priorities first (0: no cap)."""
         asked = [s for s, n in room.items() if n > 0]
-        if not (asked or probe[0]) or (paced and block_ms is None and self.read_wait_s() > 0):
-            if block_ms is not None:
-                time.sleep(block_ms / 1000)
+        if not (asked or probe[0]) or (paced and self.read_wait_s() > 0):
             return []
-        if block_ms is not None:
-            self.wait_for_doorbell(block_ms)
         woken = bool(self._rung)
         delivered = self._read(asked, room, probe, total)
         self._found_empty_s = None if delivered else time.monotonic()

@@ -188,7 +188,7 @@ class Worker:
         self.reclaim()
         room, probe, total = self.room(), self.probe(), self.read_total()
         paced = not self.doorbell.take() and self.runner.busy
-        self.admit(self.queue.read(room, block_ms=None, paced=paced, probe=probe, total=total))
+        self.admit(self.queue.read(room, paced=paced, probe=probe, total=total))
 
     def launch(self, decision: Decision) -> None:
         """Start the batch the plan chose: the order and the arrival estimate learn of it, it
