@@ -104,7 +104,10 @@ def test_errors_are_openai_errors_with_the_codes_the_sdk_maps(
 def test_a_full_queue_is_429(
     gateway: GatewayProcess, queue: str, redis_url: str, start_worker: Callable[..., WorkerProcess]
 ) -> None:
-    start_worker(queue, "--engine", "echo", "--echo-step-ms", "500", "--max-queue-depth", "2")
+    quick_exit = ["--shutdown-grace-s", "0"]  # its 20 s requests need not finish
+    start_worker(
+        queue, "--engine", "echo", "--echo-step-ms", "500", "--max-queue-depth", "2", *quick_exit
+    )
     client = sdk(gateway)
     wait_until(lambda: bool(client.models.list().data), timeout_s=10)
     with Client.from_url(redis_url, queue) as producer:

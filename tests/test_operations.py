@@ -204,7 +204,9 @@ def test_stats_count_requests_waiting_in_a_workers_look_ahead_as_waiting(
         "2",
         "--hand-back-after-ms",
         "600000",
-    )  # (holds what it read)
+        "--shutdown-grace-s",
+        "0",
+    )  # (holds what it read; need not finish it)
     client.submit_many([f"w{i}" for i in range(10)], max_new_tokens=8)  # 4 s a batch
 
     def normal() -> dict[str, int]:
