@@ -30,18 +30,44 @@ ENV_PREFIX = "GENQ_"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_QUEUE = "default"
 DEFAULT_RESULT_TTL_S = 86_400
-#: Variables that are not worker settings but are still genq's own.
 OTHER_ENV_VARS = frozenset(
     {
         "GENQ_CACHE_DIR",
-        # genq serve's (genq.producer.gateway.settings.ENV), which may share an environment
+        # genq serve's (genq.producer.gateway.settings: every flag's twin), which may share an
+        # environment with workers (a ConfigMap for every genq pod, an EnvironmentFile)
         "GENQ_SERVE_HOST",
         "GENQ_SERVE_PORT",
+        "GENQ_SERVE_INSECURE_OPEN",
         "GENQ_API_KEYS",
+        "GENQ_ADMIN_KEYS",
         "GENQ_SERVE_REQUEST_TIMEOUT_S",
+        "GENQ_SERVE_MAX_IN_FLIGHT",
+        "GENQ_SERVE_MAX_IN_FLIGHT_PER_TENANT",
+        "GENQ_SERVE_REDIS_CONNECTIONS",
+        "GENQ_SERVE_MAX_BODY_BYTES",
+        "GENQ_SERVE_TENANT_MAX_FILES",
+        "GENQ_SERVE_TENANT_MAX_STORED_BYTES",
+        "GENQ_SERVE_TENANT_MAX_BATCHES",
+        "GENQ_SERVE_TENANT_MAX_RESPONSES",
         "GENQ_SERVE_MAX_FILE_BYTES",
+        "GENQ_SERVE_STORAGE_MAX_REDIS_FRACTION",
+        "GENQ_WEBHOOK_URL",
+        "GENQ_WEBHOOK_SECRET",
+        "GENQ_WEBHOOK_TIMEOUT_S",
+        "GENQ_WEBHOOK_FIRST_RETRY_S",
+        "GENQ_WEBHOOK_RETRY_FOR_S",
+        # the client commands' (genq submit, genq batch, genq tenants set)
+        "GENQ_TENANT",
+        "GENQ_TENANT_WEBHOOK_SECRET",
+        # the deployment docs': compose.yaml's password, KEDA's address of Redis (read from the
+        # worker's own container)
+        "GENQ_REDIS_PASSWORD",
+        "GENQ_REDIS_ADDRESS",
     }
 )
+"""Variables that are not worker settings but are still genq's own: a worker accepts them in
+its environment (any other ``GENQ_*`` is a typo: ConfigError). tests/test_settings.py keeps the
+list complete: every other command's variable, compose's and the docs'."""
 
 EngineName = Literal["auto", "static", "continuous", "vllm", "echo"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]

@@ -92,3 +92,43 @@ def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
     )
     assert settings.api_keys == ("k1=a", "k2") and settings.admin_keys == ("root",)
     assert (settings.host, settings.port, settings.max_file_bytes) == ("0.0.0.0", 9000, 10)
+
+
+def test_a_worker_accepts_every_variable_of_genqs_other_parts_in_its_environment() -> None:
+    """One environment for every genq pod (a ConfigMap, an EnvironmentFile, KEDA reading the
+    worker's own container) is normal: a worker refused GENQ_ADMIN_KEYS, GENQ_SERVE_MAX_IN_FLIGHT
+    and the deployment guide's GENQ_REDIS_ADDRESS as typos and did not start. Every variable
+    another command reads (click's envvar), the gateway's twins, and those compose.yaml, its
+    .env.example and the docs name is a worker setting or in OTHER_ENV_VARS."""
+    import re
+    from pathlib import Path
+
+    import click
+    from genq.common.settings import OTHER_ENV_VARS, check_env
+    from genq.producer.gateway.settings import serve_flags
+    from genq.worker.commands import main
+
+    def envvars(command: click.Command) -> set[str]:
+        found = {e for p in command.params for e in _names(p.envvar)}
+        for sub in getattr(command, "commands", {}).values():
+            found |= envvars(sub)
+        return found
+
+    named = envvars(main) | {f.env for f in serve_flags()}
+    root = Path(__file__).resolve().parent.parent
+    texts = [root / "compose.yaml", root / ".env.example", *sorted((root / "docs").glob("*.md"))]
+    for path in texts:
+        named |= set(re.findall(r"\bGENQ_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    codes = {"GENQ_INVALID", "GENQ_QUEUE_FULL", "GENQ_TENANT_FULL", "GENQ_PRIORITY_DENIED"}
+    worker = {WorkerSettings.env_var(n) for n in WorkerSettings.model_fields}
+    missing = sorted(v for v in named - codes - worker if v not in OTHER_ENV_VARS)
+    assert missing == []
+    check_env(dict.fromkeys(OTHER_ENV_VARS, "x"))  # none of them stops a worker
+    with pytest.raises(ConfigError, match="GENQ_MAX_BATCH_TOKEN"):
+        check_env({"GENQ_MAX_BATCH_TOKEN": "1"})  # a typo still does
+
+
+def _names(envvar: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    if envvar is None:
+        return []
+    return [envvar] if isinstance(envvar, str) else list(envvar)
