@@ -13,7 +13,7 @@ settings are read by ``genq tenants list``, ``genq stats`` and the queue's sched
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -42,8 +42,9 @@ class TenantSettings:
     QueueFull (HTTP 429)."""
     webhook_url: str = ""
     """Where its webhook events go too ("": only the gateway's own endpoint)."""
-    webhook_secret: str = ""
-    """The ``whsec_...`` secret its events are signed with (never printed: ``public``)."""
+    webhook_secret: str = field(default="", repr=False)
+    """The ``whsec_...`` secret its events are signed with (never printed: ``public``, and left
+    out of ``repr``, so a log line or a traceback showing the settings shows no secret)."""
     max_files: int = 0
     """Most uploaded files it keeps at a gateway at once (0: the gateway's
     ``--tenant-max-files``)."""

@@ -92,6 +92,7 @@ def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
     )
     assert settings.api_keys == ("k1=a", "k2") and settings.admin_keys == ("root",)
     assert (settings.host, settings.port, settings.max_file_bytes) == ("0.0.0.0", 9000, 10)
+    assert "k1=a" not in repr(settings) and "root" not in repr(settings)  # keys: no repr
 
 
 def test_a_worker_accepts_every_variable_of_genqs_other_parts_in_its_environment() -> None:

@@ -216,7 +216,8 @@ def test_a_webhook_secret_is_kept_apart_from_the_settings_and_goes_with_the_webh
 
     r, keys = redis.Redis.from_url(redis_url), Keys(queue)
     url, secret = "http://127.0.0.1:9/h", "whsec_" + "C" * 32
-    tenants.update(r, keys, "t", webhook_url=url, webhook_secret=secret)
+    shown = tenants.update(r, keys, "t", webhook_url=url, webhook_secret=secret)
+    assert secret not in repr(shown)  # a log line or a traceback shows no secret
     assert not keys.webhook_secrets.startswith("genq:")
     assert tenants.update(r, keys, "t", weight=2.0).webhook_url == url
     assert r.hget(keys.webhook_secrets, "t") == secret.encode()

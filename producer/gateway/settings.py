@@ -37,11 +37,16 @@ def key_tenants(specs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _flag(default: Any, *, env: str, help: str, flag: str | None = None) -> Any:
+def _flag(
+    default: Any, *, env: str, help: str, flag: str | None = None, secret: bool = False
+) -> Any:
     """A setting that is a ``genq serve`` flag (``flag``: its name, when not the field's)
     with an environment twin (``env``); a tuple setting's flag repeats, its twin is
-    comma-separated."""
-    return field(default=default, metadata={"env": env, "help": help, "flag": flag})
+    comma-separated. A ``secret`` one is left out of the settings' ``repr`` (a log line or a
+    traceback that shows them shows no key)."""
+    return field(
+        default=default, repr=not secret, metadata={"env": env, "help": help, "flag": flag}
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +68,7 @@ class GatewaySettings:
         (),
         env="GENQ_API_KEYS",
         flag="--api-key",
+        secret=True,
         help="accepted 'Authorization: Bearer' key, as KEY=TENANT (a bare KEY: tenant "
         "default): the key's requests belong to TENANT and it sees only TENANT's requests, "
         "files and batches; repeat for several; none (and no admin keys): no key needed",
@@ -75,6 +81,7 @@ class GatewaySettings:
         (),
         env="GENQ_ADMIN_KEYS",
         flag="--admin-key",
+        secret=True,
         help="a key that sees every tenant's files and batches (operators; what it submits is "
         "tenant 'operators'); repeat for several",
     )
@@ -149,6 +156,7 @@ class GatewaySettings:
     webhook_secret: str = _flag(
         "",
         env="GENQ_WEBHOOK_SECRET",
+        secret=True,
         help="the whsec_... secret that signs webhook deliveries (prefer the environment twin: "
         "a flag shows in ps)",
     )
