@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from genq.worker.engines.base import GenerationInput
@@ -57,6 +59,62 @@ def test_requests_finish_one_by_one(engine: ContinuousEngine) -> None:
     assert first[0] == "short"
     while engine.in_flight:
         engine.poll(5.0)
+
+
+def _until(engine: ContinuousEngine, key: str, done: dict[str, Any]) -> None:
+    while key not in done:
+        done.update(engine.poll(5.0))
+
+
+def test_a_paused_request_gives_its_place_and_ends_as_it_would_have_streaming_nothing_twice(
+    engine: ContinuousEngine,
+) -> None:
+    """Preemption's engine half (#41): a running greedy request paused mid-generation frees its
+    place for another, and resumed it ends with the text it would have had alone; its stream's
+    pieces add up to that text, none sent twice."""
+    a, b, c = engine.tokenize(varied_prompts(3, seed=21))
+    pieces: list[str] = []
+    long = GenerationInput(prompt_ids=a, max_new_tokens=80, on_text=pieces.append)
+    quiet = GenerationInput(prompt_ids=c, max_new_tokens=80)
+    other = GenerationInput(prompt_ids=b, max_new_tokens=12)
+    engine.submit("long", long)
+    engine.submit("quiet", quiet)
+    done: dict[str, Any] = {}
+    while not pieces:  # it has streamed some text
+        done.update(engine.poll(0.05))
+    assert engine.pause("long") and engine.pause("quiet") and not engine.pause("gone")
+    assert engine.paused == ["long", "quiet"] and engine.in_flight == 2
+    sent = "".join(pieces)
+    engine.submit("other", other)
+    _until(engine, "other", done)
+    assert "".join(pieces) == sent  # nothing while paused
+    engine.resume("long")
+    engine.resume("quiet")
+    _until(engine, "long", done)
+    _until(engine, "quiet", done)
+    for key, row in (("long", long), ("quiet", quiet), ("other", other)):
+        alone = engine._static.generate([replace(row, on_text=None)]).outputs[0]
+        got = done[key]
+        assert (got.text, got.completion_tokens, got.finish_reason) == (
+            alone.text,
+            alone.completion_tokens,
+            alone.finish_reason,
+        ), key
+    # Sent once each: the pieces are the final text's beginning (the engine streams up to the
+    # last token; the worker's final event carries the rest), as far as they went before.
+    streamed = "".join(pieces)
+    assert done["long"].text.startswith(streamed) and len(streamed) > len(sent)
+    assert engine.in_flight == 0
+
+
+def test_a_paused_request_can_be_cancelled(engine: ContinuousEngine) -> None:
+    (a,) = engine.tokenize(varied_prompts(1, seed=22))
+    engine.submit("p", GenerationInput(prompt_ids=a, max_new_tokens=60))
+    assert engine.pause("p")
+    engine.cancel("p")
+    assert engine.paused == [] and engine.in_flight == 0
+    engine.resume("p")  # nothing to resume: no error, nothing runs
+    assert engine.poll(0.2) == [] and engine.in_flight == 0
 
 
 def test_a_transformers_whose_continuous_batching_differs_fails_at_load_in_one_line(

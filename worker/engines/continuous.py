@@ -24,11 +24,17 @@ request's seed) on the same model; then the waiting greedy requests go to the ma
 once: two threads computing on two cores change the float rounding of each other's matmuls enough to
 flip near-tied greedy picks (seen in the tests), and the guarantee that a greedy request's output
 equals its output alone would be lost. A sampled request thus gets exactly the output ``--engine
-static`` gives for its seed; the cost is a drained pipeline each time one arrives."""
+static`` gives for its seed; the cost is a drained pipeline each time one arrives.
+
+A greedy request can be paused (``pause``: out of the running batch, its place free for
+another, as preemption needs) and resumed (``resume``): it runs again from its prompt under a
+new run id (outputs of the old run that arrive late are ignored), generates what it would
+have, and its stream sends nothing twice (#41: the worker's use of it is the next step)."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,6 +105,9 @@ class ContinuousEngine:
         self._sampled: dict[str, GenerationInput] = {}
         self._deferred: dict[str, GenerationInput] = {}  # greedy, waiting for the sampled ones
         self._streamers: dict[str, TextStreamer] = {}
+        self._paused: dict[str, GenerationInput] = {}  # out of the batch until ``resume``
+        self._runs: dict[str, str] = {}  # the manager's request id -> key (a run per resume)
+        self._run_of: dict[str, str] = {}  # key -> its current run's id
 
     @classmethod
     def load(
@@ -202,27 +211,63 @@ class ContinuousEngine:
 
     def _add(self, key: str, row: GenerationInput) -> None:
         self._rows[key] = row
-        if row.on_text is not None:
+        if row.on_text is not None and key not in self._streamers:  # a resumed one keeps its own
             self._streamers[key] = TextStreamer(self._static._decode, self.eos_token_ids, row)
+        run = key if key not in self._run_of else f"{key}#{time.monotonic_ns()}"
+        self._runs[run], self._run_of[key] = key, run
         self._ensure_started().add_request(
             row.prompt_ids,
-            request_id=key,
+            request_id=run,
             max_new_tokens=row.max_new_tokens,
             streaming=row.on_text is not None,
         )
 
+    def _stop_run(self, key: str) -> None:
+        run = self._run_of.pop(key, None)
+        if run is not None:
+            self._runs.pop(run, None)
+            if self._manager is not None:
+                self._manager.cancel_request(run)
+
     def cancel(self, key: str) -> None:
-        """Stop generating ``key`` and free its place in the running batch."""
+        """Stop generating ``key`` (running or paused) and free its place in the batch."""
         self._sampled.pop(key, None)
         self._deferred.pop(key, None)
+        self._paused.pop(key, None)
         self._streamers.pop(key, None)
-        if self._rows.pop(key, None) is not None and self._manager is not None:
-            self._manager.cancel_request(key)
+        if self._rows.pop(key, None) is not None:
+            self._stop_run(key)
+        self._run_of.pop(key, None)
+
+    def pause(self, key: str) -> bool:
+        """Take ``key`` out of the running batch and keep it, its place free for another
+        (preemption); ``resume`` runs it again. What it generated is dropped and computed
+        again on resume: greedy, it then generates exactly what it would have, and its stream
+        sends nothing twice (its streamer knows what it sent). False where ``key`` is no
+        greedy request the batch is running (a sampled one runs apart, as a static batch)."""
+        row = self._rows.pop(key, None)
+        if row is None:
+            return False
+        self._stop_run(key)
+        self._run_of[key] = ""  # its next run takes a new id: the old one's outputs are stale
+        self._paused[key] = row
+        return True
+
+    def resume(self, key: str) -> None:
+        """Put a paused request back into the running batch."""
+        row = self._paused.pop(key, None)
+        if row is not None:
+            self._add(key, row)
+
+    @property
+    def paused(self) -> list[str]:
+        """The paused requests, in the order they were paused."""
+        return list(self._paused)
 
     @property
     def in_flight(self) -> int:
-        """Requests submitted and not yet returned by ``poll``."""
-        return len(self._rows) + len(self._sampled) + len(self._deferred)
+        """Requests submitted and not yet returned by ``poll`` (paused ones included)."""
+        return len(self._rows) + len(self._sampled) + len(self._deferred) + len(self._paused)
 
     def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str | GenqError]]:
         """Finished requests: (key, output) or (key, error message). Waits up to ``timeout_s``
@@ -242,12 +287,16 @@ class ContinuousEngine:
             if out is None:
                 return done
             wait = 0.0
-            key = out.request_id
+            key = self._runs.get(out.request_id)
+            if key is None:  # a cancelled or paused run's last words
+                continue
             if not out.is_finished():  # a streaming request's progress
                 if key in self._streamers:
                     self._streamers[key].update(list(out.generated_tokens))
                 continue
             self._streamers.pop(key, None)
+            self._runs.pop(out.request_id, None)
+            self._run_of.pop(key, None)
             row = self._rows.pop(key, None)
             if row is None:
                 continue
