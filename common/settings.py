@@ -135,6 +135,13 @@ class WorkerSettings(BaseModel):
         description="within a priority, serve the tenant with the least weighted tokens served "
         "(fair) or the oldest request whoever sent it (fifo); quotas hold either way",
     )
+    preempt: bool = Field(
+        True,
+        description="on the continuous engine, a waiting request of a higher priority takes "
+        "the place of the lowest-priority running one, which is paused and run again (greedy: "
+        "the same text) once there is room (--no-preempt: what runs is never interrupted)",
+        json_schema_extra={"flag_pair": True},
+    )
     prefix_aware: bool = Field(
         True,
         description="place requests where their prefix is cached: the read prefers entries "

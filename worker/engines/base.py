@@ -288,6 +288,20 @@ class IterationEngine(Engine, Protocol):
         ...
 
 
+@runtime_checkable
+class PausingEngine(IterationEngine, Protocol):
+    """An iteration-level engine that can take a running request out of its batch and run it
+    again later (preemption: ``policy/preemption.py``)."""
+
+    def pause(self, key: str) -> bool:
+        """Take ``key`` out of the running batch, keeping it; False if it cannot be."""
+        ...
+
+    def resume(self, key: str) -> None:
+        """Run a paused request again (greedy: it ends as it would have)."""
+        ...
+
+
 def run_to_completion(engine: IterationEngine, batch: Sequence[GenerationInput]) -> BatchReport:
     """Submit ``batch`` to an iteration-level engine and wait for every row (its ``generate``,
     for in-process use, benchmarks and tests). Raises RuntimeError if a row fails."""

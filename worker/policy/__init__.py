@@ -15,5 +15,7 @@ clock (time is an argument). Each is unit-tested on plain data.
   order (same prefix in one batch, warm before cold);
 - ``budget``: the token budget, halved for a while after an out-of-memory error;
 - ``sizing``: the batch limits ``auto`` picks (fixed on a CPU, from free memory on a GPU);
-- ``suspects``: when a request delivered before (maybe the one that kills workers) may start.
+- ``suspects``: when a request delivered before (maybe the one that kills workers) may start;
+- ``preemption``: which running requests yield their places to higher-priority waiting ones,
+  and which paused ones run again.
 """

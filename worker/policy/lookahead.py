@@ -153,6 +153,10 @@ class Lookahead:
         them (``common/fair_share.py: PULL``)."""
         return sorted({f"{h.request.priority}|{h.request.tenant}" for h in self.waiting.values()})
 
+    def priorities(self) -> list[str]:
+        """The priorities of the requests waiting here (what preemption weighs)."""
+        return [h.request.priority for h in self.waiting.values()]
+
     def candidates(self) -> list[Candidate]:
         """The waiting requests as the batching policy sees them."""
         return [h.candidate for h in self.waiting.values()]

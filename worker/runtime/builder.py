@@ -82,7 +82,7 @@ def build_worker(
     context = RunnerContext(
         outcomes=outcomes, counters=counters, metrics=metrics, send_delta=queue.send_delta
     )
-    runner = make_runner(context, engine, budget)
+    runner = make_runner(context, engine, budget, preempt=settings.preempt)
     stats = _heartbeat(settings, engine, queue, counters, lambda: _holdings(lookahead, runner))
     writer: ResultWriter[Outcome] = ResultWriter(
         _write_now(queue, stats, metrics),

@@ -64,6 +64,8 @@ class Counters:
     handed_back: int = 0
     """Entries given back to the group unstarted (this worker was about to be busy)."""
     oom_splits: int = 0
+    preempted: int = 0
+    """Running requests that gave their place to a higher-priority one (paused, run again)."""
     prompt_tokens: int = 0
     padded_prompt_tokens: int = 0
     cached_tokens: int = 0

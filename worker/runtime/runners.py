@@ -21,8 +21,10 @@ from genq.worker.engines.base import (
     GenerationInput,
     GenerationOutput,
     IterationEngine,
+    PausingEngine,
     logit_adjust,
 )
+from genq.worker.policy import preemption
 from genq.worker.policy.admission import deadline_passed
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
@@ -81,6 +83,32 @@ class Runner:
     def busy(self) -> bool:
         """Whether anything is running."""
         return bool(self.running)
+
+    def active(self) -> list[Held]:
+        """What takes a place in the engine now (the running requests less the paused)."""
+        return list(self.running.values())
+
+    def preemptible_below(self, priority: str) -> int:
+        """How many running requests a waiting one of ``priority`` could take the place of
+        (0: this runner does not preempt)."""
+        return 0
+
+    def widen(
+        self, room: dict[str, int], priority_of: Callable[[str], str], waiting: Sequence[str]
+    ) -> dict[str, int]:
+        """``room`` (per stream) widened by what may start by preempting: per priority, the
+        running requests below it less the ``waiting`` ones at or above it (they preempt
+        first)."""
+        for stream in room:
+            rank = preemption.RANK[priority_of(stream)]
+            ahead = sum(1 for w in waiting if preemption.RANK[w] >= rank)
+            room[stream] = max(room[stream], self.preemptible_below(priority_of(stream)) - ahead)
+        return room
+
+    def rebalance(self, waiting: Sequence[str], max_batch_size: int) -> None:
+        """Give the places of running requests to the higher-priority ones that wait
+        (``waiting``: their priorities), and run paused ones again where room allows (an
+        iteration-level runner that preempts only)."""
 
     def read_limit(self, max_batch_size: int) -> int | None:
         """How many requests this runner should hold waiting, at most (None: a full candidate
@@ -263,15 +291,49 @@ class ContinuousRunner(Runner):
     """An iteration-level engine: requests join and leave the running batch at every decode
     step, and each result is written the moment it finishes."""
 
-    def __init__(self, context: RunnerContext, *, engine: IterationEngine) -> None:
+    def __init__(
+        self, context: RunnerContext, *, engine: IterationEngine, preempt: bool = False
+    ) -> None:
         super().__init__(context)
         self.engine = engine
         self._last_expiry_check_s = 0.0
+        self.preempts = preempt and isinstance(engine, PausingEngine)
+        """Whether higher-priority requests take running ones' places (``--preempt``, and an
+        engine that can pause: ``policy/preemption.py``)."""
+        self.paused: dict[str, Held] = {}
+        """Running requests that gave their place to higher-priority ones (still held)."""
 
     def read_limit(self, max_batch_size: int) -> int | None:
         """Only what can start now: the free slots. Requests join at every step, so a candidate
         pool buys nothing here, and entries held waiting would be work another worker could do."""
-        return max(0, max_batch_size - len(self.running))
+        return max(0, max_batch_size - len(self.running) + len(self.paused))
+
+    def active(self) -> list[Held]:
+        return [h for k, h in self.running.items() if k not in self.paused]
+
+    def _rows(self, held: Sequence[Held]) -> list[preemption.Running]:
+        return [preemption.Running(h.key, h.request.priority, h.started_ms or 0) for h in held]
+
+    def preemptible_below(self, priority: str) -> int:
+        if not self.preempts:
+            return 0
+        rank = preemption.RANK[priority]
+        return sum(1 for h in self.active() if preemption.RANK[h.request.priority] < rank)
+
+    def rebalance(self, waiting: Sequence[str], max_batch_size: int) -> None:
+        if not self.preempts:
+            return
+        assert isinstance(self.engine, PausingEngine)
+        free = max_batch_size - len(self.active())
+        for key in preemption.to_resume(self._rows(list(self.paused.values())), waiting, free):
+            self.engine.resume(key)
+            del self.paused[key]
+            free -= 1
+        for key in preemption.victims(self._rows(self.active()), waiting, free):
+            if self.engine.pause(key):  # a sampled request runs apart: it is not paused
+                self.paused[key] = self.running[key]
+                self.counters.preempted += 1
+                log.debug("request %s yields its place to a higher priority", key)
 
     def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
         """Submit each request to the engine; one it refuses fails alone."""
@@ -340,8 +402,9 @@ class ContinuousRunner(Runner):
                 return done
 
     def cancel(self, held: Held) -> None:
-        """Free the request's place in the running batch."""
+        """Free the request's place in the running batch (or drop it, paused)."""
         self.engine.cancel(held.key)
+        self.paused.pop(held.key, None)
 
     def drop_expired(self) -> list[Outcome]:
         """Stop running requests whose deadline passed, freeing their place: they end
@@ -369,8 +432,11 @@ def is_out_of_memory(err: BaseException) -> bool:
     return type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err).lower()
 
 
-def make_runner(context: RunnerContext, engine: Engine, budget: AdaptiveBudget) -> Runner:
-    """The runner for ``engine``: continuous for an iteration-level engine, else static."""
+def make_runner(
+    context: RunnerContext, engine: Engine, budget: AdaptiveBudget, *, preempt: bool = False
+) -> Runner:
+    """The runner for ``engine``: continuous for an iteration-level engine (preempting where
+    ``preempt`` and the engine can pause), else static."""
     if isinstance(engine, IterationEngine):
-        return ContinuousRunner(context, engine=engine)
+        return ContinuousRunner(context, engine=engine, preempt=preempt)
     return StaticRunner(context, engine=engine, budget=budget)

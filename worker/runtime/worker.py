@@ -176,6 +176,7 @@ class Worker:
         self.heartbeat()
         if reading:
             self.read()
+        self.runner.rebalance(self.lookahead.priorities(), self.settings.max_batch_size)
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         self.launch(decision)
         self.advance(listening=reading and self.listens())
@@ -239,8 +240,10 @@ class Worker:
 
     def room(self) -> dict[str, int]:
         """How many entries to read per stream: the look-ahead's room, within what the runner
-        should hold (a continuous runner: only what it can start now)."""
-        return self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
+        should hold (a continuous runner: only what it can start now, or by preempting a
+        lower-priority running request: ``Runner.preemptible_below``)."""
+        room = self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
+        return self.runner.widen(room, self.queue.keys.priority_of, self.lookahead.priorities())
 
     def read_total(self) -> int:
         """How many entries a read may bring in all (0: no cap): a continuous runner's free
@@ -248,7 +251,7 @@ class Worker:
         read bring one of each priority, and the low one would then take the next free slot
         before the high ones still waiting in Redis.)"""
         left = self.lookahead.left(self.runner.read_limit(self.settings.max_batch_size))
-        return 0 if left is None else left
+        return 0 if left is None or self.runner.preemptible_below("high") else left
 
     def probe(self) -> tuple[int, list[str]]:
         """A static worker with an order that ranks tenants reads, with each priority, up to a
@@ -298,7 +301,7 @@ class Worker:
         """What to start now: the suspect alone when the gate lets it, else the batching
         policy within the room the runner has left (``policy/planning.py``)."""
         suspect = self.lookahead.next_suspect()
-        running = self.runner.running.values()
+        running = self.runner.active()
         gate = self.gate.check(
             suspect_waiting=suspect is not None,
             running=len(running),

@@ -1,0 +1,95 @@
+"""Preemption (#41) on the continuous engine: a high-priority request takes the place of a
+running low one, which is paused and run again; greedy, it ends with the text it would have had,
+its stream sends nothing twice, and cancel still works on it. The policy is tested alone; the
+rest with a real redis-server and ``genq worker --engine continuous`` on the tiny model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from genq.producer import Client
+from genq.worker.policy.preemption import Running, to_resume, victims
+
+from tests.conftest import WorkerProcess, wait_until
+
+LOW_PROMPTS = ["once upon a time", "the quick brown fox"]
+
+
+def test_a_waiting_request_takes_the_place_of_the_lowest_most_recent_running_one() -> None:
+    run = [Running("a", "low", 1), Running("b", "low", 5), Running("c", "normal", 9)]
+    assert victims(run, ["high"], free=0) == ["b"]  # low before normal; the latest low first
+    assert victims(run, ["high", "high"], free=0) == ["b", "a"]
+    assert victims(run, ["high", "high", "high"], free=0) == ["b", "a", "c"]
+    assert victims(run, ["normal", "normal", "normal"], free=0) == ["b", "a"]  # not c: equal
+    assert victims(run, ["high"], free=1) == []  # a free place: nobody yields
+    assert victims(run, ["low"], free=0) == []  # never for an equal or lower priority
+    assert victims([], ["high"], free=0) == []
+
+
+def test_a_paused_request_runs_again_once_nothing_waiting_outranks_it() -> None:
+    paused = [Running("a", "low", 1), Running("b", "normal", 2), Running("c", "low", 3)]
+    assert to_resume(paused, [], free=2) == ["b", "a"]  # highest first, then paused first
+    assert to_resume(paused, ["normal"], free=1) == ["b"]  # equal: the paused one goes first
+    assert to_resume(paused, ["high"], free=1) == []  # the high one takes the place
+    assert to_resume(paused, ["high"], free=3) == ["b", "a"]  # room for it and two more
+    assert to_resume(paused, [], free=0) == []
+
+
+def _worker(start: Callable[..., WorkerProcess], queue: str, *args: str) -> WorkerProcess:
+    return start(queue, "--engine", "continuous", "--model", "tiny", "--max-batch-size", "2", *args)
+
+
+def _lows_then_a_high(client: Client, *, stream: bool = False) -> tuple[list[str], str]:
+    """Two low requests of 400 tokens fill both places; once they run, a high one of 8."""
+    client.generate("warm up", max_new_tokens=2, timeout=120)
+    lows = [
+        client.submit(p, max_new_tokens=400, priority="low", stream=stream) for p in LOW_PROMPTS
+    ]
+    wait_until(lambda: all(client.status(i).status == "running" for i in lows), timeout_s=60)
+    return lows, client.submit("a high one", max_new_tokens=8, priority="high")
+
+
+def test_a_high_request_does_not_wait_for_running_low_ones_and_they_end_as_they_would_have(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """With both places taken by long low requests, a high one starts at once (a pause, not a
+    low request's whole generation); the low ones, paused and run again, end with the texts
+    and usage they have with preemption off, and a streamed one's pieces add up to its text
+    with nothing sent twice."""
+    texts: dict[str, list[str]] = {}
+    for mode in ("--no-preempt", "--preempt"):
+        worker = _worker(start_worker, f"{queue}{mode}", mode)
+        with Client.from_url(redis_url, f"{queue}{mode}") as client:
+            lows, high = _lows_then_a_high(client, stream=True)
+            pieces = [p for p in client.stream(lows[1], timeout=120) if isinstance(p, str)]
+            done = client.results([high, *lows], timeout=120)
+        assert [d.status for d in done] == ["succeeded"] * 3, worker.log()[-2000:]
+        high_wait = done[0].timings.queue_wait_ms
+        low_ends = [d.timings.finished_unix_ms for d in done[1:]]
+        texts[mode] = [d.text for d in done[1:]] + [str(d.usage) for d in done[1:]]
+        assert "".join(pieces) == done[2].text  # in order, nothing twice
+        if mode == "--preempt":
+            assert high_wait is not None and high_wait < 300, done[0].timings
+            assert done[0].timings.finished_unix_ms < min(low_ends)  # ahead of both
+        else:
+            assert done[0].timings.finished_unix_ms > min(low_ends)  # behind one of them
+        worker.stop()
+    assert texts["--preempt"] == texts["--no-preempt"]
+
+
+def test_a_paused_request_can_be_cancelled_and_the_one_that_took_its_place_finishes(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    _worker(start_worker, queue, "--max-batch-size", "1")
+    with Client.from_url(redis_url, queue) as client:
+        client.generate("warm up", max_new_tokens=2, timeout=120)
+        low = client.submit("a low one", max_new_tokens=400, priority="low")
+        wait_until(lambda: client.status(low).status == "running", timeout_s=60)
+        high = client.submit("a long high one", max_new_tokens=300, priority="high")
+        wait_until(lambda: client.status(high).status == "running", timeout_s=60)
+        assert client.cancel(low)  # paused: it ends cancelled, and stays so
+        assert client.result(high, timeout=120).status == "succeeded"
+        time.sleep(0.5)
+        assert client.status(low).status == "cancelled"
+        assert client.generate("after", max_new_tokens=4, timeout=60).status == "succeeded"
