@@ -93,6 +93,12 @@ class Runner:
         (0: this runner does not preempt)."""
         return 0
 
+    def preempting(self, waiting: Sequence[str]) -> int:
+        """How many more a read may bring, beyond the free places, to take running requests'
+        places: those below high less the high ones already ``waiting``."""
+        highs = sum(1 for p in waiting if p == "high")
+        return max(0, self.preemptible_below("high") - highs)
+
     def widen(
         self, room: dict[str, int], priority_of: Callable[[str], str], waiting: Sequence[str]
     ) -> dict[str, int]:
@@ -306,7 +312,7 @@ class ContinuousRunner(Runner):
     def read_limit(self, max_batch_size: int) -> int | None:
         """Only what can start now: the free slots. Requests join at every step, so a candidate
         pool buys nothing here, and entries held waiting would be work another worker could do."""
-        return max(0, max_batch_size - len(self.running) + len(self.paused))
+        return max(0, max_batch_size - len(self.running))  # a paused one's place is kept for it
 
     def active(self) -> list[Held]:
         return [h for k, h in self.running.items() if k not in self.paused]

@@ -251,7 +251,7 @@ class Worker:
         read bring one of each priority, and the low one would then take the next free slot
         before the high ones still waiting in Redis.)"""
         left = self.lookahead.left(self.runner.read_limit(self.settings.max_batch_size))
-        return 0 if left is None or self.runner.preemptible_below("high") else left
+        return 0 if left is None else left + self.runner.preempting(self.lookahead.priorities())
 
     def probe(self) -> tuple[int, list[str]]:
         """A static worker with an order that ranks tenants reads, with each priority, up to a
