@@ -118,7 +118,7 @@ def main() -> None:
 
     from genq.worker.devtools.redis_server import RedisServer
     from genq.worker.engines.static import resolve_model
-    from genq.worker.engines.vllm_engine import worker_engine_args
+    from genq.worker.engines.vllm_args import worker_engine_args
 
     tokenizer = resolve_model(args.model)
     engine = worker_engine_args(

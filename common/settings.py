@@ -142,6 +142,12 @@ class WorkerSettings(BaseModel):
         "the same text) once there is room (--no-preempt: what runs is never interrupted)",
         json_schema_extra={"flag_pair": True},
     )
+    time_slice_ms: Annotated[int, Field(ge=0)] = Field(
+        2000,
+        description="with --preempt, a running request yields its place to a waiting one of "
+        "its priority (or higher) that asks for fewer new tokens once it has run this long; "
+        "each time it yields, its next slice doubles (0: no time slice)",
+    )
     prefix_aware: bool = Field(
         True,
         description="place requests where their prefix is cached: the read prefers entries "

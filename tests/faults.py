@@ -71,10 +71,10 @@ def vllm_breaking_on_marker(settings: object) -> object:
     inner = engine._engine
     add, step, marked = inner.add_request, inner.step, []
 
-    def add_request(request_id: str, prompt: Any, params: Any) -> Any:
+    def add_request(request_id: str, prompt: Any, params: Any, **options: Any) -> Any:
         if "BREAK" in engine.tokenizer.decode(prompt["prompt_token_ids"]):
             marked.append(request_id)
-        return add(request_id, prompt, params)
+        return add(request_id, prompt, params, **options)
 
     def breaking_step() -> Any:
         if marked:

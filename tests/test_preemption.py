@@ -9,30 +9,57 @@ import time
 from collections.abc import Callable
 
 from genq.producer import Client
-from genq.worker.policy.preemption import Running, to_resume, victims
+from genq.worker.policy.preemption import Running, Waiting, slice_ms, to_resume, victims
 
 from tests.conftest import WorkerProcess, wait_until
 
 LOW_PROMPTS = ["once upon a time", "the quick brown fox"]
+COUNTING = "Count from 1 to 2000, separated by commas: 1, 2, 3,"
+"""smollm2-135m answers with a long run of numbers and no eos."""
+
+
+def w(*priorities: str, tokens: int = 8, since: int = 0) -> list[Waiting]:
+    return [Waiting(p, tokens, since) for p in priorities]
 
 
 def test_a_waiting_request_takes_the_place_of_the_lowest_most_recent_running_one() -> None:
     run = [Running("a", "low", 1), Running("b", "low", 5), Running("c", "normal", 9)]
-    assert victims(run, ["high"], free=0) == ["b"]  # low before normal; the latest low first
-    assert victims(run, ["high", "high"], free=0) == ["b", "a"]
-    assert victims(run, ["high", "high", "high"], free=0) == ["b", "a", "c"]
-    assert victims(run, ["normal", "normal", "normal"], free=0) == ["b", "a"]  # not c: equal
-    assert victims(run, ["high"], free=1) == []  # a free place: nobody yields
-    assert victims(run, ["low"], free=0) == []  # never for an equal or lower priority
-    assert victims([], ["high"], free=0) == []
+    assert victims(run, w("high"), free=0) == ["b"]  # low before normal; the latest low first
+    assert victims(run, w("high", "high"), free=0) == ["b", "a"]
+    assert victims(run, w("high", "high", "high"), free=0) == ["b", "a", "c"]
+    assert victims(run, w("normal", "normal", "normal"), free=0) == ["b", "a"]  # not c: equal
+    assert victims(run, w("high"), free=1) == []  # a free place: nobody yields
+    assert victims(run, w("low"), free=0) == []  # never for an equal or lower priority
+    assert victims([], w("high"), free=0) == []
 
 
-def test_a_paused_request_runs_again_once_nothing_waiting_outranks_it() -> None:
-    paused = [Running("a", "low", 1), Running("b", "normal", 2), Running("c", "low", 3)]
+def test_past_its_slice_a_long_request_yields_to_a_shorter_one_of_its_priority() -> None:
+    long = Running("long", "low", started_ms=0, max_new_tokens=4000)
+    short = Running("short", "low", started_ms=0, max_new_tokens=16)
+    sliced = {"now_ms": 1000, "base_slice_ms": 1000}
+    assert victims([long, short], w("low", tokens=16), free=0, **sliced) == ["long"]
+    assert victims([long], w("low", tokens=16), free=0, now_ms=999, base_slice_ms=1000) == []
+    assert victims([long], w("low", tokens=16), free=0, now_ms=5000) == []  # no slice: never
+    assert victims([short], w("low", tokens=16), free=0, **sliced) == []  # never to its like
+    assert victims([long], w("low", tokens=4000), free=0, **sliced) == []
+    assert victims([long], w("high", tokens=16), free=0, **sliced) == ["long"]
+    assert victims([long], w("low", tokens=16), free=1, **sliced) == []  # a free place
+    normal = Running("n", "normal", started_ms=0, max_new_tokens=4000)
+    assert victims([normal], w("low", tokens=16), free=0, **sliced) == []  # not to a lower one
+    # Each pause doubles the next slice: after 3, 8 base slices.
+    thrice = Running("long", "low", started_ms=0, pauses=3, max_new_tokens=4000)
+    assert slice_ms(thrice, 1000) == 8000 and slice_ms(thrice, 0) == 0
+    assert victims([thrice], w("low", tokens=16), free=0, now_ms=7999, base_slice_ms=1000) == []
+    assert victims([thrice], w("low", tokens=16), free=0, now_ms=8000, base_slice_ms=1000)
+
+
+def test_a_paused_request_runs_again_before_what_arrived_after_its_pause() -> None:
+    paused = [Running("a", "low", 10), Running("b", "normal", 20), Running("c", "low", 30)]
     assert to_resume(paused, [], free=2) == ["b", "a"]  # highest first, then paused first
-    assert to_resume(paused, ["normal"], free=1) == ["b"]  # equal: the paused one goes first
-    assert to_resume(paused, ["high"], free=1) == []  # the high one takes the place
-    assert to_resume(paused, ["high"], free=3) == ["b", "a"]  # room for it and two more
+    assert to_resume(paused, w("normal", since=25), free=1) == ["b"]  # it came after b paused
+    assert to_resume(paused, w("normal", since=15), free=1) == []  # it waited since before
+    assert to_resume(paused, w("high", since=99), free=1) == []  # the high one takes the place
+    assert to_resume(paused, w("high"), free=3) == ["b", "a"]  # room for it and two more
     assert to_resume(paused, [], free=0) == []
 
 
@@ -93,3 +120,38 @@ def test_a_paused_request_can_be_cancelled_and_the_one_that_took_its_place_finis
         time.sleep(0.5)
         assert client.status(low).status == "cancelled"
         assert client.generate("after", max_new_tokens=4, timeout=60).status == "succeeded"
+
+
+def test_a_long_request_past_its_time_slice_lets_short_ones_of_its_priority_through(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """One place (smollm2-135m: a step takes tens of ms here), a long request running: with a
+    time slice of 500 ms, four short ones of the same priority wait about a slice, not the
+    long one's whole generation, and the long one, paused and run again, ends with the text
+    and usage it has without a slice."""
+    ends: dict[str, list[object]] = {}
+    for base in ("0", "500"):
+        q = f"{queue}-{base}"
+        worker = start_worker(
+            q,
+            *("--engine", "continuous", "--model", "smollm2-135m", "--max-batch-size", "1"),
+            *("--time-slice-ms", base),
+        )
+        with Client.from_url(redis_url, q) as client:
+            client.generate("warm up", max_new_tokens=2, timeout=120)
+            long = client.submit(COUNTING, max_new_tokens=100)
+            wait_until(lambda c=client, i=long: c.status(i).status == "running", timeout_s=60)
+            shorts = client.submit_many(["The capital of France is"] * 4, max_new_tokens=4)
+            done = client.results([long, *shorts], timeout=180)
+        assert [d.status for d in done] == ["succeeded"] * 5, worker.log()[-2000:]
+        waits = [d.timings.queue_wait_ms or 0 for d in done[1:]]
+        last_short = max(d.timings.finished_unix_ms or 0 for d in done[1:])
+        long_ms = done[0].timings.generation_ms or 0
+        if base == "0":
+            assert min(waits) > 2000, waits  # behind the long one's whole generation
+        else:
+            assert max(waits) < 2000 < long_ms, (waits, long_ms)
+            assert last_short < (done[0].timings.finished_unix_ms or 0)
+        ends[base] = [done[0].text, done[0].usage]
+        worker.stop()
+    assert ends["500"] == ends["0"]

@@ -29,7 +29,7 @@ from genq.common.keys import Keys
 from genq.common.settings import WorkerSettings
 from genq.producer import Client, Result
 from genq.worker.devtools.redis_server import RedisServer
-from genq.worker.engines.vllm_engine import engine_args, kv_bytes_per_token
+from genq.worker.engines.vllm_args import engine_args, kv_bytes_per_token
 
 from tests.conftest import REAL_MODEL_REQUESTS as REQUESTS
 from tests.conftest import ROOT, WorkerProcess, wait_until
@@ -333,6 +333,35 @@ def test_a_500_line_batch_file_with_one_schema_all_validate(client: Client) -> N
 
 
 @needs_vllm
+def test_a_high_request_takes_a_running_low_ones_place_and_the_low_one_ends_as_alone(
+    client: Client, redis_server: RedisServer
+) -> None:
+    """#41 on vLLM: eight low counting requests take every place; a high one starts at once
+    (one is paused: its run aborted in vLLM) and finishes first; each low one ends with the text
+    and usage it has alone (greedy: the batch of the same eight, with nothing to preempt them),
+    a streamed one's pieces adding up to its text."""
+    stats = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    paused_before = int(stats.hget(Keys(QUEUE).worker("v0"), "preempted") or 0)
+    lows = [f"Count from {i} to 2000, separated by commas: {i}," for i in range(1, 9)]
+    ids = [client.submit(p, max_new_tokens=200, priority="low", stream=True) for p in lows]
+    wait_until(lambda: all(client.status(i).status == "running" for i in ids), timeout_s=60)
+    high = client.submit("The capital of France is", max_new_tokens=8, priority="high")
+    pieces = {i: [p for p in client.stream(i, timeout=120) if isinstance(p, str)] for i in ids}
+    done = client.results([high, *ids], timeout=120)
+    assert [d.status for d in done] == ["succeeded"] * 9
+    wait = done[0].timings.queue_wait_ms
+    assert wait is not None and wait < 1000, done[0].timings  # no low one ends first
+    assert done[0].timings.finished_unix_ms < min(d.timings.finished_unix_ms for d in done[1:])
+    assert int(stats.hget(Keys(QUEUE).worker("v0"), "preempted") or 0) > paused_before
+    alone = client.results(
+        client.submit_many([{"prompt": p, "max_new_tokens": 200} for p in lows]), timeout=120
+    )
+    assert [summary(d) for d in done[1:]] == [summary(a) for a in alone]
+    assert ["".join(pieces[i]) for i in ids] == [d.text for d in done[1:]]  # nothing twice
+    stats.close()
+
+
+@needs_vllm
 def test_cancel_and_expiry_stop_the_request_in_the_engine_and_free_its_place(
     client: Client,
 ) -> None:
@@ -490,7 +519,7 @@ def test_the_kv_cache_is_sized_from_the_token_budget_in_vllms_blocks_with_prefix
 def test_the_block_size_is_the_one_vllm_chooses(vllm_env: None) -> None:
     # In a child process: vLLM's config work binds threads in the process it runs in.
     code = (
-        "from genq.worker.engines.vllm_engine import worker_engine_args, engine_block_tokens\n"
+        "from genq.worker.engines.vllm_args import worker_engine_args, engine_block_tokens\n"
         "a = worker_engine_args('smollm2-135m', device='cpu', dtype='auto', "
         "max_batch_tokens=1024, max_batch_size=4, prefix_room_tokens=512, vllm_args={})\n"
         "kv = 2 * 30 * 3 * 64 * 4\n"

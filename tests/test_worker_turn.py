@@ -72,7 +72,8 @@ def test_a_cluster_routing_error_at_a_start_keeps_the_batch_for_both_engines(
 
 def test_both_engines_run_behind_the_same_turn(redis_url: str, queue: str) -> None:
     """The worker picks a runner by the engine's kind; the loop itself is the same."""
-    from genq.worker.runtime.runners import ContinuousRunner, StaticRunner
+    from genq.worker.runtime.continuous_runner import ContinuousRunner
+    from genq.worker.runtime.runners import StaticRunner
 
     client = Client.from_url(redis_url, queue)
     for name, runner in (("echo", StaticRunner), ("continuous", ContinuousRunner)):

@@ -70,7 +70,7 @@ def workload_for(model: str, n: int, seed: int) -> tuple[list[BenchRequest], int
 def in_process_child(spec: dict[str, Any]) -> None:
     """(In a child process.) Load vLLM's ``LLM`` and warm it up, say ``READY``; then one timed
     ``LLM.generate`` over the workload per ``run`` line on stdin, each result on stdout."""
-    from genq.worker.engines.vllm_engine import worker_engine_args
+    from genq.worker.engines.vllm_args import worker_engine_args
     from genq.worker.policy.sizing import prefix_room
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -1,7 +1,8 @@
 """Engines: the part of the worker that turns a batch of prompts into text.
 
 ``static`` (transformers ``generate`` per batch), ``continuous`` (transformers' continuous
-batching), ``vllm_engine`` (vLLM's engine) and ``echo`` (no model, for load tests) share the
+batching), ``vllm_engine`` (vLLM's engine, started with ``vllm_args``: its
+environment and ``EngineArgs``) and ``echo`` (no model, for load tests) share the
 small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-250m and
 random-1b models, built offline), ``packaged_models`` (smollm2-135m from its PyPI
 package), ``chat`` (chat templates), ``grammar`` (response formats compiled by xgrammar, and

@@ -48,6 +48,8 @@ class GenerationInput:
     constraint: Any = None
     """What the engine's ``constrain`` made of the request's ``response_format`` (None: free
     text): the row may generate only what it allows."""
+    priority: str = "normal"
+    """The request's priority (``high``, ``normal``, ``low``): vLLM's scheduler orders by it."""
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     """If set, called with each new piece of text as it is generated (streaming)."""
 

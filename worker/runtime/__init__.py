@@ -10,7 +10,8 @@
   shares (corrections, starts, refunds);
 - ``intake``: the admit step (decode, verdicts, tokenize); ``starting``: the start step (mark
   running, expired and poison sorted out, hand-back);
-- ``runners``: static and continuous engines behind one interface;
+- ``runners``: engines behind one interface, and the static runner; ``continuous_runner``:
+  iteration-level engines, with preemption and time slices;
 - ``outcomes``: final results as the worker writes them;
 - ``writer``: the thread that writes results; ``recovery``: claims and takeover;
 - ``doorbell``: the thread that wakes a generating loop when a request arrives;

@@ -18,7 +18,7 @@ from genq.common.keys import Keys
 from genq.common.scripts import Applied
 from genq.common.settings import WorkerSettings
 from genq.common.tools import CALL_FORMAT_MARK
-from genq.worker.engines.base import Engine
+from genq.worker.engines.base import Engine, IterationEngine
 from genq.worker.policy.admission import Limits
 from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.budget import AdaptiveBudget
@@ -28,6 +28,7 @@ from genq.worker.policy.sizing import batch_limits
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
 from genq.worker.runtime.availability import Availability
+from genq.worker.runtime.continuous_runner import ContinuousRunner
 from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
@@ -36,7 +37,7 @@ from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import QueueIO, raw_read_reply
-from genq.worker.runtime.runners import Runner, RunnerContext, make_runner
+from genq.worker.runtime.runners import Runner, RunnerContext, StaticRunner
 from genq.worker.runtime.starting import Starter
 from genq.worker.runtime.worker import Worker
 from genq.worker.runtime.writer import ResultWriter
@@ -82,7 +83,7 @@ def build_worker(
     context = RunnerContext(
         outcomes=outcomes, counters=counters, metrics=metrics, send_delta=queue.send_delta
     )
-    runner = make_runner(context, engine, budget, preempt=settings.preempt)
+    runner = make_runner(context, engine, budget, settings)
     stats = _heartbeat(settings, engine, queue, counters, lambda: _holdings(lookahead, runner))
     writer: ResultWriter[Outcome] = ResultWriter(
         _write_now(queue, stats, metrics),
@@ -240,3 +241,18 @@ def _write_now(
         return answers
 
     return write
+
+
+def make_runner(
+    context: RunnerContext, engine: Engine, budget: AdaptiveBudget, settings: WorkerSettings
+) -> Runner:
+    """The runner for ``engine``: continuous for an iteration-level engine (preempting with
+    ``--preempt`` where the engine can pause, with ``--time-slice-ms``), else static."""
+    if isinstance(engine, IterationEngine):
+        return ContinuousRunner(
+            context,
+            engine=engine,
+            preempt=settings.preempt,
+            time_slice_ms=settings.time_slice_ms,
+        )
+    return StaticRunner(context, engine=engine, budget=budget)

@@ -1,4 +1,5 @@
-"""Runners: an engine behind the one interface the worker's turn uses.
+"""Runners: an engine behind the one interface the worker's turn uses (``Runner``), and the
+static runner (the continuous one is ``continuous_runner.py``; ``builder.make_runner`` picks).
 
 The turn hands a runner the requests it started (``start``), then asks for what finished
 (``collect``). A **static** runner runs the whole batch inside ``collect`` (one ``generate``
@@ -15,17 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from genq.common.errors import GenerationError, GenqError
+from genq.common.errors import GenerationError
 from genq.worker.engines.base import (
     Engine,
     GenerationInput,
-    GenerationOutput,
-    IterationEngine,
-    PausingEngine,
     logit_adjust,
 )
 from genq.worker.policy import preemption
-from genq.worker.policy.admission import deadline_passed
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime.clock import now_ms
@@ -88,7 +85,7 @@ class Runner:
         """What takes a place in the engine now (the running requests less the paused)."""
         return list(self.running.values())
 
-    def preemptible_below(self, priority: str) -> int:
+    def preemptible_by(self, priority: str) -> int:
         """How many running requests a waiting one of ``priority`` could take the place of
         (0: this runner does not preempt)."""
         return 0
@@ -97,7 +94,7 @@ class Runner:
         """How many more a read may bring, beyond the free places, to take running requests'
         places: those below high less the high ones already ``waiting``."""
         highs = sum(1 for p in waiting if p == "high")
-        return max(0, self.preemptible_below("high") - highs)
+        return max(0, self.preemptible_by("high") - highs)
 
     def widen(
         self, room: dict[str, int], priority_of: Callable[[str], str], waiting: Sequence[str]
@@ -108,12 +105,17 @@ class Runner:
         for stream in room:
             rank = preemption.RANK[priority_of(stream)]
             ahead = sum(1 for w in waiting if preemption.RANK[w] >= rank)
-            room[stream] = max(room[stream], self.preemptible_below(priority_of(stream)) - ahead)
+            room[stream] = max(room[stream], self.preemptible_by(priority_of(stream)) - ahead)
         return room
 
-    def rebalance(self, waiting: Sequence[str], max_batch_size: int) -> None:
-        """Give the places of running requests to the higher-priority ones that wait
-        (``waiting``: their priorities), and run paused ones again where room allows (an
+    def paces_reads(self, max_batch_size: int) -> bool:
+        """Whether a read that found the queue empty waits ``READ_PACE_S`` before asking again:
+        while the engine is busy (what arrives meanwhile waits at most that long)."""
+        return self.busy
+
+    def rebalance(self, waiting: Sequence[preemption.Waiting], max_batch_size: int) -> None:
+        """Give the places of running requests to the higher-priority (or, past a time slice,
+        shorter) ones that wait, and run paused ones again where room allows (an
         iteration-level runner that preempts only)."""
 
     def read_limit(self, max_batch_size: int) -> int | None:
@@ -192,6 +194,7 @@ class Runner:
             logprobs=r.top_logprobs if r.logprobs else None,
             n=r.n,
             constraint=held.constraint,
+            priority=r.priority,
             on_text=on_text,
         )
 
@@ -293,156 +296,6 @@ class StaticRunner(Runner):
         return self._generate(batch[:half]) + self._generate(batch[half:])
 
 
-class ContinuousRunner(Runner):
-    """An iteration-level engine: requests join and leave the running batch at every decode
-    step, and each result is written the moment it finishes."""
-
-    def __init__(
-        self, context: RunnerContext, *, engine: IterationEngine, preempt: bool = False
-    ) -> None:
-        super().__init__(context)
-        self.engine = engine
-        self._last_expiry_check_s = 0.0
-        self.preempts = preempt and isinstance(engine, PausingEngine)
-        """Whether higher-priority requests take running ones' places (``--preempt``, and an
-        engine that can pause: ``policy/preemption.py``)."""
-        self.paused: dict[str, Held] = {}
-        """Running requests that gave their place to higher-priority ones (still held)."""
-
-    def read_limit(self, max_batch_size: int) -> int | None:
-        """Only what can start now: the free slots. Requests join at every step, so a candidate
-        pool buys nothing here, and entries held waiting would be work another worker could do."""
-        return max(0, max_batch_size - len(self.running))  # a paused one's place is kept for it
-
-    def active(self) -> list[Held]:
-        return [h for k, h in self.running.items() if k not in self.paused]
-
-    def _rows(self, held: Sequence[Held]) -> list[preemption.Running]:
-        return [preemption.Running(h.key, h.request.priority, h.started_ms or 0) for h in held]
-
-    def preemptible_below(self, priority: str) -> int:
-        if not self.preempts:
-            return 0
-        rank = preemption.RANK[priority]
-        return sum(1 for h in self.active() if preemption.RANK[h.request.priority] < rank)
-
-    def rebalance(self, waiting: Sequence[str], max_batch_size: int) -> None:
-        if not self.preempts:
-            return
-        assert isinstance(self.engine, PausingEngine)
-        free = max_batch_size - len(self.active())
-        for key in preemption.to_resume(self._rows(list(self.paused.values())), waiting, free):
-            self.engine.resume(key)
-            del self.paused[key]
-            free -= 1
-        for key in preemption.victims(self._rows(self.active()), waiting, free):
-            if self.engine.pause(key):  # a sampled request runs apart: it is not paused
-                self.paused[key] = self.running[key]
-                self.counters.preempted += 1
-                log.debug("request %s yields its place to a higher priority", key)
-
-    def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
-        """Submit each request to the engine; one it refuses fails alone."""
-        failed = []
-        for h in batch:
-            try:
-                self.engine.submit(h.key, self.generation_input(h))
-            except GenqError as err:
-                failed.append(self.outcomes.failed_held(h, err, started_ms))
-                continue
-            h.started_ms = started_ms
-            self.running[h.key] = h
-        self.counters.batch(len(self.running))
-        return failed
-
-    def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
-        """Results of the requests that finished (waiting up to ``timeout_s`` for one, in
-        ``POLL_SLICE_S`` slices while ``until`` is given and says to go on)."""
-        if not self.running:
-            return []
-        t0 = time.perf_counter()
-        done = self._poll(timeout_s, until)
-        self.counters.generation_ms += int((time.perf_counter() - t0) * 1000)
-        finished_ms = now_ms()
-        out = []
-        for key, result in done:
-            h = self.running.pop(key, None)
-            if h is None:
-                continue
-            started_ms = h.started_ms or finished_ms
-            if isinstance(result, GenqError):  # refused by the engine: the request's fault
-                out.append(self.outcomes.failed_held(h, result, started_ms))
-                continue
-            if isinstance(result, str):
-                err = GenerationError(f"the engine failed on this request: {result}")
-                out.append(self.outcomes.failed_held(h, err, started_ms))
-                continue
-            self.counters.generated_one(
-                prompt_tokens=len(h.prompt_ids),
-                completion_tokens=result.completion_tokens,
-                cached_tokens=result.cached_tokens,
-            )
-            self.metrics.batch(1, 0, (finished_ms - started_ms) / 1000)
-            out.append(
-                self.outcomes.succeeded(
-                    h,
-                    result,
-                    started_ms=started_ms,
-                    finished_ms=finished_ms,
-                    generation_ms=finished_ms - started_ms,
-                    batch_size=len(self.running) + 1,
-                )
-            )
-        return out
-
-    def _poll(
-        self, timeout_s: float, until: Callable[[], bool] | None
-    ) -> list[tuple[str, GenerationOutput | str | GenqError]]:
-        if until is None:
-            return self.engine.poll(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            done = self.engine.poll(max(0.0, min(POLL_SLICE_S, left)))
-            if done or left <= POLL_SLICE_S or until():
-                return done
-
-    def cancel(self, held: Held) -> None:
-        """Free the request's place in the running batch (or drop it, paused)."""
-        self.engine.cancel(held.key)
-        self.paused.pop(held.key, None)
-
-    def drop_expired(self) -> list[Outcome]:
-        """Stop running requests whose deadline passed, freeing their place: they end
-        ``expired`` (checked every ``CANCEL_CHECK_S``, with the cancel check)."""
-        if not self.running or time.monotonic() - self._last_expiry_check_s < CANCEL_CHECK_S:
-            return []
-        self._last_expiry_check_s = time.monotonic()
-        now = now_ms()
-        out = []
-        for h in list(self.running.values()):
-            if deadline_passed(h.request, now, h.enqueued_ms):
-                self.cancel(h)
-                del self.running[h.key]
-                log.info("request %s: deadline passed while generating; stopped", h.request.id)
-                out.append(self.outcomes.expired_running(h, h.started_ms or now))
-        return out
-
-    def close(self) -> None:
-        """Stop the engine's thread."""
-        self.engine.close()
-
-
 def is_out_of_memory(err: BaseException) -> bool:
     """torch.OutOfMemoryError (CUDA, MPS) or the allocator's message, without importing torch."""
     return type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err).lower()
-
-
-def make_runner(
-    context: RunnerContext, engine: Engine, budget: AdaptiveBudget, *, preempt: bool = False
-) -> Runner:
-    """The runner for ``engine``: continuous for an iteration-level engine (preempting where
-    ``preempt`` and the engine can pause), else static."""
-    if isinstance(engine, IterationEngine):
-        return ContinuousRunner(context, engine=engine, preempt=preempt)
-    return StaticRunner(context, engine=engine, budget=budget)

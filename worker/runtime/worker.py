@@ -176,7 +176,7 @@ class Worker:
         self.heartbeat()
         if reading:
             self.read()
-        self.runner.rebalance(self.lookahead.priorities(), self.settings.max_batch_size)
+        self.runner.rebalance(self.lookahead.asks(), self.settings.max_batch_size)
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         self.launch(decision)
         self.advance(listening=reading and self.listens())
@@ -184,11 +184,11 @@ class Worker:
             self.idle(decision.wait_ms if self.lookahead.waiting else None)
 
     def read(self) -> None:
-        """Take over dead workers' entries, then read new ones (paced while the runner is busy,
-        unless the doorbell rang) and admit them."""
+        """Take over dead workers' entries, then read new ones (paced while the runner says
+        so, unless the doorbell rang: ``Runner.paces_reads``) and admit them."""
         self.reclaim()
         room, probe, total = self.room(), self.probe(), self.read_total()
-        paced = not self.doorbell.take() and self.runner.busy
+        paced = not self.doorbell.take() and self.runner.paces_reads(self.settings.max_batch_size)
         self.admit(self.queue.read(room, paced=paced, probe=probe, total=total))
 
     def launch(self, decision: Decision) -> None:
@@ -241,7 +241,7 @@ class Worker:
     def room(self) -> dict[str, int]:
         """How many entries to read per stream: the look-ahead's room, within what the runner
         should hold (a continuous runner: only what it can start now, or by preempting a
-        lower-priority running request: ``Runner.preemptible_below``)."""
+        lower-priority running request: ``Runner.preemptible_by``)."""
         room = self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
         return self.runner.widen(room, self.queue.keys.priority_of, self.lookahead.priorities())
 
