@@ -94,10 +94,10 @@ def test_bench_sweep_covers_both_modes_at_each_size() -> None:
     assert all(p["tokens_per_s"] > 0 for p in points)
 
 
-def test_priority_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_url: str) -> None:
-    from genq.worker.bench.priority import priority_markdown, run_priority_scenario
+def test_aging_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_url: str) -> None:
+    from genq.worker.bench.aging import aging_markdown, run_aging_scenario
 
-    res = run_priority_scenario(
+    res = run_aging_scenario(
         redis_url,
         engine="static",
         backlog=120,
@@ -113,7 +113,7 @@ def test_priority_scenario_high_waits_about_one_batch_under_a_low_backlog(redis_
     # 120 low requests are 15 batches (1.5 s) deep; high ones wait about one batch.
     assert p["high"]["wait_p99_ms"] < 400
     assert p["low"]["wait_p50_ms"] > 3 * p["high"]["wait_p50_ms"]
-    assert "| high | 6 | 6 |" in priority_markdown(res)
+    assert "| high | 6 | 6 |" in aging_markdown(res)
 
 
 def test_the_queue_speed_script_runs_genq_alone_and_scaled() -> None:

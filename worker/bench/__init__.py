@@ -6,7 +6,10 @@ module              what it measures
 ==================  =========================================================================
 ``modes``           an engine in-process against the same engine through the queue (static,
                     continuous); the shared helpers (percentiles, the machine's description)
-``priority``        what a high request waits behind low ones
+``aging``           what each priority waits under a low-priority backlog
+``preemption``      preemption and time slices on and off: a high request behind running
+                    low ones, a low backlog's speed, short requests beside long ones
+                    (``--scenario priority``)
 ``fleet``           a fleet of workers against an ideal central queue
 ``gateway``         ``genq serve`` against the client library, per request and streamed
 ``flood``           one tenant's thousands of waiting chats at one ``genq serve`` against

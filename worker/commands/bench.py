@@ -20,8 +20,10 @@ from rich.table import Table
 T = TypeVar("T")
 QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "auto")]
 """The engines measured through the queue (echo has no model to measure)."""
-MODULES = {"prefix-vllm": "prefix_engine"}  # scenario -> module of genq.worker.bench
+# scenario -> module of genq.worker.bench
+MODULES = {"prefix-vllm": "prefix_engine", "priority": "preemption"}
 SELF_RUN = (
+    "priority",
     "structured",
     "webhooks",
     "dashboard",
@@ -31,7 +33,7 @@ SELF_RUN = (
     "attacks",
     "gateway",
 )  # run_and_print
-SCENARIOS = ("modes", "priority", "fleet", "tenants", *SELF_RUN)
+SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
 
 
 @click.command()
@@ -80,8 +82,11 @@ SCENARIOS = ("modes", "priority", "fleet", "tenants", *SELF_RUN)
     type=click.Choice(SCENARIOS),
     default="modes",
     show_default=True,
-    help="priority: waits per priority under a low-priority backlog; fleet: simulated GPU "
-    "workers (echo, mixed speeds) under bursts and Poisson arrivals, against the ideal; "
+    help="priority: preemption and time slices on and off (#41's cases: high behind "
+    "running low work, a low backlog's speed, short requests beside long ones; --engine vllm "
+    "adds the vLLM engine); aging: waits per priority under a low-priority backlog; fleet: "
+    "simulated GPU workers (echo, mixed speeds) under bursts and Poisson arrivals, against "
+    "the ideal; "
     "gateway: genq serve's added latency and requests/s against the Python client; tenants: "
     "a flood beside a trickle, service gaps, weights and a quota, fair against first-come; "
     "structured: tokens/s with a JSON schema against free, per engine, and compile costs; "
@@ -131,12 +136,12 @@ def bench(
         # No model of its own on the device (or a CPU-only scenario): auto is a CPU's numbers.
         cpu = batch_limits(tokens=max_batch_tokens, size=max_batch_size, device=None)
         max_batch_tokens, max_batch_size = cpu.tokens, cpu.size
-    if bench_engine == "vllm":
+    if bench_engine == "vllm" and scenario == "modes":
         params = click.get_current_context().params
         _vllm_comparison({**params, "max_batch_tokens": cpu.tokens, "max_batch_size": cpu.size})
         return
-    if scenario == "priority":
-        _priority_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
+    if scenario == "aging":
+        _aging_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
         return
     if scenario != "modes":
         return _other_scenario(scenario, click.get_current_context().params)
@@ -382,15 +387,15 @@ def _print_table(
     console.print(" ".join(f"{k}={v}" for k, v in info.items()))
 
 
-def _priority_scenario(
+def _aging_scenario(
     redis_url: str | None, model: str, engine: str, max_batch_size: int, as_json: bool
 ) -> None:
-    from genq.worker.bench.priority import priority_markdown, run_priority_scenario
+    from genq.worker.bench.aging import aging_markdown, run_aging_scenario
     from genq.worker.devtools.redis_server import RedisServer
 
     server = None if redis_url else RedisServer().start()
     try:
-        res = run_priority_scenario(
+        res = run_aging_scenario(
             server.url if server else str(redis_url),
             model=model,
             engine="continuous" if engine == "none" else engine,
@@ -403,7 +408,7 @@ def _priority_scenario(
         click.echo(json.dumps(res, indent=2))
     else:
         click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
-        click.echo(priority_markdown(res))
+        click.echo(aging_markdown(res))
 
 
 def _on_redis(redis_url: str | None, run: Callable[[str], T]) -> T:

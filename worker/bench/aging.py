@@ -1,4 +1,4 @@
-"""``genq bench --scenario priority``: queue waits per priority under a saturating backlog.
+"""``genq bench --scenario aging``: queue waits per priority under a saturating backlog.
 
 A backlog of low-priority requests far larger than a batch is enqueued first; then, while it is
 being served, high- and normal-priority requests arrive a few at a time. Each request's queue
@@ -21,7 +21,7 @@ from genq.worker.devtools.worker_process import start_worker, wait_until_serving
 PROMPT = "a request of moderate length for the priority scenario"
 
 
-def run_priority_scenario(
+def run_aging_scenario(
     redis_url: str,
     *,
     model: str = "tiny",
@@ -93,7 +93,7 @@ def run_priority_scenario(
     return out
 
 
-def priority_markdown(res: dict[str, Any]) -> str:
+def aging_markdown(res: dict[str, Any]) -> str:
     """The scenario as a BENCHMARKS.md table."""
     lines = [
         f"Engine {res['engine']}, model {res['model']}, max batch size {res['max_batch_size']}: "
