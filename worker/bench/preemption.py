@@ -34,9 +34,11 @@ MODES = ("--preempt", "--no-preempt")
 def _serve(
     url: str, queue: str, engine: str, model: str, slots: int, mode: str
 ) -> tuple[Any, Client]:
-    """A fresh worker on ``queue`` in ``mode``, warmed up, and a client of it."""
+    """A fresh worker on ``queue`` in ``mode``, warmed up, and a client of it (a budget and a
+    limit that let 4 requests of 4,000 new tokens run at once)."""
     consumer = f"{queue}-w"
-    extra = (mode,) + (("--vllm-args", '{"enforce_eager": true}') if engine == "vllm" else ())
+    extra: tuple[str, ...] = (mode, "--max-new-tokens-limit", "4096", "--max-batch-tokens", "20000")
+    extra += ("--vllm-args", '{"enforce_eager": true}') if engine == "vllm" else ()
     proc = start_worker(
         redis_url=url,
         queue=queue,
@@ -65,7 +67,13 @@ def _stop(proc: Any, client: Client) -> None:
 
 def _running(client: Client, ids: list[str]) -> None:
     deadline = time.monotonic() + 300
-    while not all(client.status(i).status == "running" for i in ids):
+    while True:
+        states = [client.status(i) for i in ids]
+        if all(s.status == "running" for s in states):
+            return
+        ended = [s for s in states if s.status not in ("queued", "running")]
+        if ended:
+            raise RuntimeError(f"a request ended before the case began: {ended[0]}")
         if time.monotonic() > deadline:
             raise RuntimeError("the requests did not all start within 300 s")
         time.sleep(0.02)
