@@ -9,7 +9,7 @@ one node: the client learns the others and follows slot moves and failovers.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import hiredis
@@ -127,6 +127,33 @@ def cluster_url(url: str) -> str | None:
     scheme, sep, rest = url.partition("://")
     plain = CLUSTER_SCHEMES.get(scheme.lower())
     return f"{plain}://{rest}" if sep and plain else None
+
+
+BLOCK_MARGIN_S = 5.0
+"""A long blocking read (``blocking_call``) waits for Redis' reply this much past its block."""
+
+
+def blocking_call(r: Any, args: Sequence[Any], block_ms: int) -> Any:
+    """A blocking command (its ``BLOCK`` of ``block_ms`` among ``args``) on ``r``. One that
+    blocks longer than ``MAX_BLOCK_MS`` is sent on a connection of ``r``'s pool and its reply
+    read with a timeout of the block plus ``BLOCK_MARGIN_S``, not the socket's (a connection
+    found closed, say by a Redis restart while it sat in the pool, is opened again once). Not
+    on a cluster client: its callers block at most ``MAX_BLOCK_MS``."""
+    if block_ms <= MAX_BLOCK_MS or is_cluster(r):
+        return r.execute_command(*args)
+    pool = r.connection_pool
+    conn = pool.get_connection()
+    try:
+        for attempt in (1, 2):
+            try:
+                conn.send_command(*args)
+                return conn.read_response(timeout=block_ms / 1000 + BLOCK_MARGIN_S)
+            except redis.ConnectionError:
+                conn.disconnect()
+                if attempt == 2:
+                    raise
+    finally:
+        pool.release(conn)
 
 
 def is_cluster(r: Any) -> bool:

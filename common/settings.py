@@ -190,10 +190,10 @@ class WorkerSettings(BaseModel):
         DEFAULT_RESULT_TTL_S, description="how long results and events are kept"
     )
     read_block_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
-        1000,
+        10_000,
         description="longest an idle worker blocks on the doorbell when nothing is left "
-        "waiting (with requests waiting it could not take: 100 ms); bounds shutdown time and "
-        "how soon a plain XADD is seen",
+        "waiting (with requests waiting it could not take: 100 ms); bounds how soon an entry "
+        "added by a plain XADD, not genq_submit, is seen (a stop signal ends the wait at once)",
     )
     heartbeat_ttl_s: Annotated[int, Field(ge=1)] = Field(
         30, description="a worker's stats key expires this long after its last heartbeat"

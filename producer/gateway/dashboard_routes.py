@@ -42,8 +42,9 @@ SESSION_S = 12 * 3600
 an HMAC of it under a key derived from the admin keys (so every replica with those keys
 accepts it, and changing the admin keys ends every session)."""
 ACTION_HEADER = "x-genq-dashboard"
-SILENT_MS = 5_000
-"""A worker whose heartbeat is older than this is flagged silent (it beats every second)."""
+SILENT_MS = 25_000
+"""A worker whose heartbeat is older than this is flagged silent (it beats every second while
+anything changes, every 10 s while idle)."""
 BATCHES_SHOWN = 50
 DEAD_SHOWN = 100
 ASSETS = {

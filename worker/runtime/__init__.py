@@ -1,7 +1,8 @@
 """The worker at run time: the loop and everything that talks to Redis or an engine.
 
 - ``builder``: every part of a worker built from its settings and engine, and wired;
-- ``worker``: lifecycle, signals and the turn (read, plan, launch, advance);
+- ``worker``: lifecycle and the turn (read, plan, launch, advance); ``signals``: SIGTERM
+  and SIGINT stop it, and end an idle wait on the doorbell at once;
 - ``queue_io``: the consumer group's reads and writes (join, resume, reclaim, read, mark
   running, dead-letter);
 - ``availability``: the loop's retry while Redis is away, and a full Redis;

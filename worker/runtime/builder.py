@@ -31,7 +31,7 @@ from genq.worker.runtime.availability import Availability
 from genq.worker.runtime.continuous_runner import ContinuousRunner
 from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
-from genq.worker.runtime.heartbeat import Counters, Heartbeat, Identity
+from genq.worker.runtime.heartbeat import IDLE_HEARTBEAT_S, Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
@@ -168,18 +168,37 @@ def _heartbeat(
         model=settings.served_model,
         device="-" if engine.name == "echo" else settings.device,
     )
-    return Heartbeat(queue=queue, identity=identity, counters=counters, holdings=holdings)
+    return Heartbeat(
+        queue=queue,
+        identity=identity,
+        counters=counters,
+        holdings=holdings,
+        idle_every_s=min(IDLE_HEARTBEAT_S, settings.heartbeat_ttl_s / 3),
+    )
 
 
 def _sized(settings: WorkerSettings, engine: Engine) -> WorkerSettings:
     """The settings with ``auto`` batch limits replaced by the engine's (``make_engine`` sized
-    them to its device), or a CPU's for an engine built directly; logged once."""
+    them to its device), or a CPU's for an engine built directly (logged once), and the idle
+    wait within a third of the heartbeat's TTL and the reclaim's cadence."""
     limits = engine.limits or batch_limits(
         tokens=settings.max_batch_tokens, size=settings.max_batch_size, device=None
     )
     log.info("batch limits: %s", limits.why)
+    # An idle worker beats, and looks for dead workers' entries, when its wait on the doorbell
+    # ends: the wait stays well inside the stats hash's life (--heartbeat-ttl-s), or it would
+    # look dead while it waits, and within the reclaim's cadence (claim_idle_ms / 4).
+    block_ms = min(
+        settings.read_block_ms,
+        max(1, settings.heartbeat_ttl_s * 1000 // 3),
+        max(1, settings.claim_idle_ms // 4),
+    )
     return settings.model_copy(
-        update={"max_batch_tokens": limits.tokens, "max_batch_size": limits.size}
+        update={
+            "max_batch_tokens": limits.tokens,
+            "max_batch_size": limits.size,
+            "read_block_ms": block_ms,
+        }
     )
 
 

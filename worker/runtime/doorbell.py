@@ -1,7 +1,9 @@
-"""The doorbell listener: a busy worker hears a submission the moment it lands.
+"""The doorbell: an idle worker waits on it, and a busy worker's listener hears a submission
+the moment it lands.
 
-An idle worker blocks on the doorbell itself (``QueueIO.wait_for_doorbell``: a consumer group,
-so each ring wakes one idle worker). A worker generating on an iteration-level engine cannot:
+An idle worker blocks on the doorbell itself (``wait_for_ring``: a consumer group, so each
+ring wakes one idle worker; up to ``--read-block-ms``, a stop signal ending it at once). A
+worker generating on an iteration-level engine cannot:
 its loop waits on the engine's outputs, and used to look at the queue only every
 ``READ_PACE_S`` (50 ms), so a request arriving mid-generation waited up to two decode steps
 before it joined the running batch (the time to first token that ``vllm bench serve``
@@ -22,7 +24,10 @@ import time
 from typing import Any
 
 import redis
-from genq.common.connection import REDIS_ERRORS
+from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS, blocking_call, is_cluster
+from genq.common.fair_share import DOORBELL_MAX
+from genq.common.keys import GROUP
+from genq.worker.runtime.signals import interruptible, longest_block_ms
 
 log = logging.getLogger("genq.worker")
 
@@ -30,6 +35,22 @@ LISTEN_BLOCK_MS = 1000
 """How long one blocked XREAD lasts before the listener looks whether it should go on."""
 AWAY_PAUSE_S = 1.0
 """How long the listener waits after a Redis error (the loop's own retry reports Redis away)."""
+
+
+def wait_for_ring(r: Any, doorbell: str, consumer: str, block_ms: int) -> list[Any]:
+    """Block on the doorbell (as ``consumer`` of the group) until it rings (a submission, or
+    entries handed back), ``block_ms`` passes or a stop signal comes
+    (``signals.interruptible``); the ids of the rings heard. Longer than ``MAX_BLOCK_MS``
+    only in the main thread and not on a cluster (``connection.blocking_call``)."""
+    if is_cluster(r):
+        block_ms = min(block_ms, MAX_BLOCK_MS)
+    block_ms = longest_block_ms(block_ms)
+    args: tuple[Any, ...] = ("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", DOORBELL_MAX)
+    args += ("BLOCK", block_ms, "STREAMS", doorbell, ">")
+    reply = interruptible(lambda: blocking_call(r, args, block_ms))
+    if isinstance(reply, dict):  # RESP3
+        reply = list(reply.items())
+    return [e[0] for x in reply or [] for e in x[1]]
 
 
 class DoorbellListener:

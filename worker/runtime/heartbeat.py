@@ -28,6 +28,10 @@ log = logging.getLogger("genq.worker")
 
 HEARTBEAT_S = 1.0
 """The loop refreshes the stats hash at most this often (the writer adds it to its writes)."""
+IDLE_HEARTBEAT_S = 10.0
+"""...and, while nothing it would publish changed (an idle worker), this often: its stats
+hash lives ``--heartbeat-ttl-s`` (30 s; a third of that if shorter), and an idle fleet costs
+Redis next to nothing (#39)."""
 RECENT = 1000
 """How many batch sizes and queue waits the counters keep for the published percentiles."""
 
@@ -180,8 +184,10 @@ class Heartbeat:
         identity: Identity,
         counters: Counters,
         holdings: Callable[[], tuple[list[Held], list[Held]]],
+        idle_every_s: float = IDLE_HEARTBEAT_S,
     ) -> None:
         self.queue = queue
+        self.idle_every_s = idle_every_s
         self.identity = identity
         self.counters = counters
         self.holdings = holdings
@@ -189,6 +195,7 @@ class Heartbeat:
         self.latest: dict[str, Any] = {}
         """The fields as of the last results handed to the writer."""
         self._last_s = 0.0
+        self._published: dict[str, Any] = {}  # the last fields published, less the time
         self._lock = threading.Lock()
         self._recent: dict[str, int] = {}
         """History increments gathered and not yet published."""
@@ -219,12 +226,18 @@ class Heartbeat:
         return taken
 
     def beat(self, *, force: bool = False) -> bool:
-        """Publish now if ``HEARTBEAT_S`` passed since the last time (or ``force``); True if
-        it did."""
-        if not force and time.monotonic() - self._last_s < HEARTBEAT_S:
+        """Publish now if ``HEARTBEAT_S`` passed since the last time (``idle_every_s`` while
+        nothing changed), or ``force``; True if it did."""
+        since = time.monotonic() - self._last_s
+        if not force and since < HEARTBEAT_S:
             return False
-        self._last_s = time.monotonic()
         fields = self.fields()
+        same = {k: v for k, v in fields.items() if k != "last_seen_unix_ms"}
+        with self._lock:
+            quiet = same == self._published and not self._recent
+        if not force and quiet and since < self.idle_every_s:
+            return False
+        self._last_s, self._published = time.monotonic(), same
         self.queue.publish_stats(fields, self.recent())
         return True
 

@@ -5,16 +5,18 @@ so the read already knows), and the keys computed for it (``common/prefixes.py``
 A worker holds the key of every request it starts (the engine computes that prefix into its
 cache) and, for a chat it finished, the key of the conversation with its reply (what the next
 turn will send). Keys are scoped to their tenant here exactly as the scripts scope them.
+``LoadNote``: when the worker writes its load (the affinity's load bound) with its heartbeat.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from genq.common import script_calls
 from genq.common.keys import Keys
-from genq.common.prefixes import HOLD, scoped
+from genq.common.prefixes import HOLD, HOLDINGS_TTL_S, scoped
 from genq.worker.policy.lookahead import Held
 from genq.worker.policy.prefixes import Holdings
 from genq.worker.runtime.outcomes import Outcome
@@ -80,3 +82,20 @@ class PrefixAffinity:
         """The changes queued by ``add_to`` reached Redis."""
         if n:
             self._ops.clear()
+
+
+class LoadNote:
+    """When a worker writes its load (what it holds, for the affinity's load bound) with its
+    heartbeat: when it changed, or an hour after it last did (the load hash lives a day), so
+    an idle worker does not write the same 0 at every beat."""
+
+    def __init__(self) -> None:
+        self._load, self._fresh_until = -1, 0.0
+
+    def due(self, held: int) -> bool:
+        """Whether to write ``held`` now (if so, it counts as written)."""
+        now_s = time.monotonic()
+        if held == self._load and now_s < self._fresh_until:
+            return False
+        self._load, self._fresh_until = held, now_s + HOLDINGS_TTL_S / 24
+        return True

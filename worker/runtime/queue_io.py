@@ -24,9 +24,10 @@ from genq.common.wire import as_text, encode_delta_event
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
 from genq.worker.runtime.dead_letter import add_to_pipeline
+from genq.worker.runtime.doorbell import wait_for_ring
 from genq.worker.runtime.fair_share import TenantAccounts, add_refunds, add_starts, give_back_args
 from genq.worker.runtime.outcomes import Outcome
-from genq.worker.runtime.prefixes import PrefixAffinity
+from genq.worker.runtime.prefixes import LoadNote, PrefixAffinity
 
 log = logging.getLogger("genq.worker")
 
@@ -78,6 +79,8 @@ class QueueIO:
         """When a read last found nothing (None: the last read found entries)."""
         self.left_waiting = 1  # the backlog after the last read: 0, only a ring brings work
         self._rung: list[Any] = []  # doorbell rings heard, acknowledged with the next read
+        self._unrung, self._pace_s = False, 0.0  # no ring ended the last wait; ``read``'s pace
+        self._load = LoadNote()
 
     def ensure_groups(self) -> None:
         """Create the consumer group on every priority stream (and the streams) if missing,
@@ -157,7 +160,7 @@ class QueueIO:
     def read(
         self,
         room: dict[str, int],
-        paced: bool = False,
+        pace_s: float = 0.0,
         probe: tuple[int, list[str]] = (0, []),
         total: int = 0,
     ) -> Delivered:
@@ -168,14 +171,15 @@ class QueueIO:
         row) per priority of the entries other workers handed back (``RETURNED``). Only when a
         probe finds some does a second call (the TAKE_BACK script) claim them, up to the room
         again: they are older than anything new, and leaving them for later would let them
-        wait behind newer work. ``paced``: nothing, without asking, if a read found the queue
-        empty less than ``READ_PACE_S`` ago (see ``read_wait_s``). An idle worker blocks on
+        wait behind newer work. ``pace_s``: nothing, without asking, if a read found the queue
+        empty less than that long ago (see ``read_wait_s``; 0: ask). An idle worker blocks on
         the doorbell before it reads (``wait_for_doorbell``, the loop's ``idle``). ``probe``:
         per priority, up to so many more from tenants other than the ``PRIORITY|TENANT`` pairs
         named, even past the room (``Lookahead.probe``). ``total``: at most so many in all, the
         highest priorities first (0: no cap)."""
         asked = [s for s, n in room.items() if n > 0]
-        if not (asked or probe[0]) or (paced and self.read_wait_s() > 0):
+        self._pace_s = pace_s
+        if not (asked or probe[0]) or self.read_wait_s() > 0:
             return []
         woken = bool(self._rung)
         delivered = self._read(asked, room, probe, total)
@@ -188,17 +192,15 @@ class QueueIO:
         """How long until a paced read asks Redis again (0: it would ask now)."""
         if self._found_empty_s is None:
             return 0.0
-        return max(0.0, self._found_empty_s + READ_PACE_S - time.monotonic())
+        return max(0.0, self._found_empty_s + self._pace_s - time.monotonic())
 
     def wait_for_doorbell(self, block_ms: int) -> None:
-        """Block until the doorbell rings (a submission, or entries handed back) or
-        ``block_ms`` passes; the rings heard are acknowledged and deleted with the next read
-        (in its round trip). Each ring wakes one idle worker of the group."""
-        doorbell = self.keys.doorbell
-        resp: Any = self.redis.xreadgroup(
-            GROUP, self.consumer, {doorbell: ">"}, count=DOORBELL_MAX, block=block_ms
-        )
-        self._rung += [e[0] for x in resp or [] for e in x[1]]
+        """Block until the doorbell rings, ``block_ms`` passes or a stop signal comes
+        (``doorbell.wait_for_ring``); the rings heard are acknowledged and deleted with the
+        next read (in its round trip)."""
+        rung = wait_for_ring(self.redis, self.keys.doorbell, self.consumer, block_ms)
+        self._rung += rung
+        self._unrung = not rung
 
     def _read(
         self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]], total: int
@@ -213,7 +215,11 @@ class QueueIO:
         sending = self.tenants.add_deferred(pipe)
         holds = 0 if self.affinity is None else self.affinity.add_to(pipe)
         skip = len(pipe)
-        for s in asked:
+        # Entries handed back ring the doorbell: after a wait no ring ended, none came since
+        # the last read's probe (one whose ring got lost is taken over after claim_idle_ms).
+        probed = [] if self._unrung else asked
+        self._unrung = False
+        for s in probed:
             pipe.xpending_range(s, GROUP, "-", "+", 1, RETURNED)
         rooms = [room[s] if s in asked else 0 for s in streams]
         now, burst = clock.now_ms(), self.settings.max_batch_tokens
@@ -228,7 +234,7 @@ class QueueIO:
         if self.affinity is not None:
             self.affinity.sent(holds)
         fresh: Delivered = replies[-1] or []
-        back = [s for s, probe in zip(asked, replies[:-1], strict=True) if probe]
+        back = [s for s, probe in zip(probed, replies[:-1], strict=True) if probe]
         return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
 
     def take_back(self, room: dict[str, int]) -> Delivered:
@@ -315,7 +321,8 @@ class QueueIO:
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.settings.heartbeat_ttl_s)
         pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
-        history.add(pipe, self.keys, recent, clock.now_ms())
+        if recent or self.left_waiting:  # (idle, on an empty queue: nothing to add)
+            history.add(pipe, self.keys, recent, clock.now_ms())
 
     def publish_stats(self, fields: dict[str, Any], recent: dict[str, int]) -> None:
         """Refresh this worker's stats hash now (the heartbeat), with its load for the
@@ -323,8 +330,8 @@ class QueueIO:
         result the writer publishes."""
         pipe = self.redis.pipeline(transaction=False)
         self.add_stats(pipe, fields, recent)
-        if self.settings.prefix_aware:
-            held = int(fields.get("held", 0)) + int(fields.get("in_flight", 0))
+        held = int(fields.get("held", 0)) + int(fields.get("in_flight", 0))
+        if self.settings.prefix_aware and self._load.due(held):
             pipe.hset(self.keys.load, self.consumer, held)
             pipe.expire(self.keys.load, HOLDINGS_TTL_S)
         script_calls.execute(pipe)

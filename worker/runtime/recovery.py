@@ -128,7 +128,8 @@ class ClaimKeeper(threading.Thread):
                 chunk = ids[start : start + PENDING_PAGE]
                 self.redis.xclaim(stream, GROUP, self.consumer, 0, list[Any](chunk), justid=True)
                 renewed += len(chunk)
-        self.redis.expire(self.keys.worker(self.consumer), self.heartbeat_ttl_s)
+        if claimed:  # (holding nothing, the loop is free to beat: its heartbeat renews it)
+            self.redis.expire(self.keys.worker(self.consumer), self.heartbeat_ttl_s)
         return renewed
 
     def stop(self) -> None:

@@ -29,6 +29,7 @@ from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
+from genq.worker.runtime.queue_io import READ_PACE_S
 
 log = logging.getLogger("genq.worker")
 
@@ -108,10 +109,11 @@ class Runner:
             room[stream] = max(room[stream], self.preemptible_by(priority_of(stream)) - ahead)
         return room
 
-    def paces_reads(self, max_batch_size: int) -> bool:
-        """Whether a read that found the queue empty waits ``READ_PACE_S`` before asking again:
-        while the engine is busy (what arrives meanwhile waits at most that long)."""
-        return self.busy
+    def read_pace_s(self, max_batch_size: int) -> float:
+        """How long after a read that found the queue empty the next one waits (0: none):
+        ``READ_PACE_S`` while the engine is busy (a submission rings the doorbell, which ends
+        the pace: the paced read is for what rings nothing)."""
+        return READ_PACE_S if self.busy else 0.0
 
     def rebalance(self, waiting: Sequence[preemption.Waiting], max_batch_size: int) -> None:
         """Give the places of running requests to the higher-priority (or, past a time slice,

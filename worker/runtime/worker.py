@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS
@@ -59,6 +56,7 @@ from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import Delivered, QueueIO
 from genq.worker.runtime.recovery import ClaimKeeper
 from genq.worker.runtime.runners import POLL_S, Runner
+from genq.worker.runtime.signals import install_signal_handlers
 from genq.worker.runtime.starting import Starter
 from genq.worker.runtime.writer import ResultWriter
 
@@ -185,11 +183,11 @@ class Worker:
 
     def read(self) -> None:
         """Take over dead workers' entries, then read new ones (paced while the runner says
-        so, unless the doorbell rang: ``Runner.paces_reads``) and admit them."""
+        so, unless the doorbell rang: ``Runner.read_pace_s``) and admit them."""
         self.reclaim()
         room, probe, total = self.room(), self.probe(), self.read_total()
-        paced = not self.doorbell.take() and self.runner.paces_reads(self.settings.max_batch_size)
-        self.admit(self.queue.read(room, paced=paced, probe=probe, total=total))
+        s = 0.0 if self.doorbell.take() else self.runner.read_pace_s(self.settings.max_batch_size)
+        self.admit(self.queue.read(room, pace_s=s, probe=probe, total=total))
 
     def launch(self, decision: Decision) -> None:
         """Start the batch the plan chose: the order and the arrival estimate learn of it, it
@@ -384,23 +382,3 @@ def batch_policy(settings: WorkerSettings, budget: AdaptiveBudget) -> BatchPolic
         max_wait_ms=settings.max_wait_ms,
         priority_aging_ms=settings.priority_aging_ms,
     )
-
-
-def install_signal_handlers(stop: Callable[[], None]) -> None:
-    """SIGTERM and SIGINT call ``stop`` (drain, then exit); a second signal exits at once,
-    leaving held entries pending for other workers. Only in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    signals = 0
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            log.warning("second signal: exiting now; held entries stay pending")
-            os._exit(1)
-        log.info("signal %d: finishing held work, then exiting", signum)
-        stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
