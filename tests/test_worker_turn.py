@@ -167,12 +167,12 @@ def test_a_paced_read_waits_out_the_pace_after_finding_the_queue_empty(
     io = queue_io_of(r, keys, settings, "c")
     io.ensure_groups()
     room = dict.fromkeys(keys.streams(), 4)
-    assert io.read(room) == [] and io.read_wait_s() > 0
+    assert io.read(room, pace_s=READ_PACE_S) == [] and io.read_wait_s() > 0
     Client(r, queue).submit("new", max_new_tokens=2)
-    assert io.read(room, paced=True) == []  # found empty just now: not asked
+    assert io.read(room, pace_s=READ_PACE_S) == []  # found empty just now: not asked
     assert io.read_wait_s() <= READ_PACE_S
     time.sleep(io.read_wait_s())
-    assert len(io.read(room, paced=True)) == 1  # the pace is over: asked
+    assert len(io.read(room, pace_s=READ_PACE_S)) == 1  # the pace is over: asked
     assert io.read_wait_s() == 0  # it found something: the next read asks at once
 
 

@@ -25,11 +25,11 @@ from genq.worker.engines.base import (
 from genq.worker.policy import preemption
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
+from genq.worker.runtime import queue_io
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
-from genq.worker.runtime.queue_io import READ_PACE_S
 
 log = logging.getLogger("genq.worker")
 
@@ -113,7 +113,7 @@ class Runner:
         """How long after a read that found the queue empty the next one waits (0: none):
         ``READ_PACE_S`` while the engine is busy (a submission rings the doorbell, which ends
         the pace: the paced read is for what rings nothing)."""
-        return READ_PACE_S if self.busy else 0.0
+        return queue_io.READ_PACE_S if self.busy else 0.0
 
     def rebalance(self, waiting: Sequence[preemption.Waiting], max_batch_size: int) -> None:
         """Give the places of running requests to the higher-priority (or, past a time slice,
