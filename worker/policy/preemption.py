@@ -61,6 +61,11 @@ def slice_ms(running: Running, base_ms: int) -> int:
     return base_ms << min(running.pauses, MAX_DOUBLINGS) if base_ms > 0 else 0
 
 
+def past_slice(running: Running, now_ms: int, base_ms: int) -> bool:
+    """Whether ``running`` has run past its slice (never without a time slice)."""
+    return base_ms > 0 and now_ms - running.started_ms >= slice_ms(running, base_ms)
+
+
 def victims(
     running: Sequence[Running],
     waiting: Sequence[Waiting],
@@ -86,10 +91,9 @@ def victims(
         over = [
             r
             for r in pool
-            if base_slice_ms > 0
-            and RANK[r.priority] <= rank
+            if RANK[r.priority] <= rank
             and r.max_new_tokens > ask.max_new_tokens
-            and now_ms - r.started_ms >= slice_ms(r, base_slice_ms)
+            and past_slice(r, now_ms, base_slice_ms)
         ]
         if not over:
             continue

@@ -87,9 +87,8 @@ class ContinuousRunner(Runner):
         now = now_ms()
         past = any(
             preemption.RANK[r.priority] <= rank
-            and now - r.started_ms >= preemption.slice_ms(r, self.time_slice_ms)
+            and preemption.past_slice(r, now, self.time_slice_ms)
             for r in rows
-            if self.time_slice_ms > 0
         )
         return below + past
 
