@@ -51,6 +51,14 @@ class RequestTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class ModelNotServed(InvalidRequest):
+    """A request names a model the worker that read it does not serve (it reached a lane it
+    does not belong in: a plain XADD with another model's name). Never answered by the wrong
+    model."""
+
+    code = "model_not_served"
+
+
 class MalformedEntry(InvalidRequest):
     """A stream entry is not in the documented wire format."""
 

@@ -53,6 +53,27 @@ TENANTS_LUA = (
 -- the per-tenant keys are built from it exactly as keys.py builds them (a test compares).
 local PRI = {PRIORITY_LUA}
 local BASE = string.sub(KEYS[1], 1, #KEYS[1] - #':config')
+-- Lanes (keys.py: Keys.lane): QBASE is the queue's base, for what its lanes share (tenants and
+-- their accounts); BASE and LANE are the lane being worked on (use_lane), for its work keys.
+local QBASE, LANE = BASE, ''
+local function lane_base(model)
+  return model == '' and QBASE or QBASE .. ':m<' .. model .. '>'
+end
+local function use_lane(stream)  -- the lane of a work stream ('BASE:PRIORITY') becomes current
+  BASE = string.match(stream, '^(.*):%a+$')
+  LANE = string.match(BASE, ':m<(.+)>$') or ''
+end
+local function model_ok(m)  -- models.py: MODEL_NAME_CHARS
+  return type(m) == 'string' and #m >= 1 and #m <= 128
+    and string.match(m, '^[A-Za-z0-9._/:@+%-]+$') ~= nil
+end
+local function lanes()  -- every lane's base: the unnamed one, then the named ones
+  local out = {{QBASE}}
+  for _, m in ipairs(redis.call('SMEMBERS', QBASE .. ':models')) do
+    table.insert(out, lane_base(m))
+  end
+  return out
+end
 local function tenant_ok(t)
   return type(t) == 'string' and #t >= 1 and #t <= 64
     and string.match(t, '^[A-Za-z0-9._%-]+$') ~= nil
@@ -63,7 +84,7 @@ local function settings(t)
   local c = settings_cache[t]
   if c == nil then
     c = {{1, 0, 0, false, ''}}
-    local raw = redis.call('HGET', BASE .. ':tenants', t)
+    local raw = redis.call('HGET', QBASE .. ':tenants', t)
     if raw then
       local ok, d = pcall(cjson.decode, raw)
       if ok and type(d) == 'table' then
@@ -83,8 +104,9 @@ end
 -- for another worker holding KEY, at MS).
 local function item_id(item) return (string.match(item, '^%S+')) end
 local function item_key(item) return string.match(item, '^%S+ (%x+)') end
-local function raw_key(body, doc)  -- a body's prefix key: its first field, else from doc
+local function raw_key(body, doc)  -- a body's prefix key: its first field (after its model)
   local raw = string.match(body, '^{{"prefix_key":"(%x+)"')
+    or string.match(body, '^{{"model":"[^"]*","prefix_key":"(%x+)"')
   if raw or type(doc) ~= 'table' then return raw end
   local given, cache = doc['prefix_key'], doc['prompt_cache_key']
   if type(given) == 'string' and string.match(given, '^%x+$') then return given end
@@ -93,11 +115,13 @@ local function raw_key(body, doc)  -- a body's prefix key: its first field, else
 end
 local function item_of(id, t, raw)
   if not raw then return id end
-  return id .. ' ' .. scoped(t, raw, settings(t)[4])
+  return id .. ' ' .. scoped(t, raw, settings(t)[4], LANE)
 end
-local function waiting_of(t)  -- a tenant's requests waiting for a worker
+local function waiting_of(t)  -- a tenant's requests waiting for a worker, in every lane
   local n = 0
-  for _, p in ipairs(PRI) do n = n + redis.call('LLEN', BASE .. ':idx:' .. p .. ':' .. t) end
+  for _, base in ipairs(lanes()) do
+    for _, p in ipairs(PRI) do n = n + redis.call('LLEN', base .. ':idx:' .. p .. ':' .. t) end
+  end
   return n
 end
 local function lift(t)
@@ -108,15 +132,15 @@ local function lift(t)
     for _, other in ipairs(redis.call('SMEMBERS', BASE .. ':active:' .. p)) do
       if other ~= t and not seen[other] then
         seen[other] = true
-        local v = tonumber(redis.call('ZSCORE', BASE .. ':vtc', other) or '0') / settings(other)[1]
+        local v = tonumber(redis.call('ZSCORE', QBASE .. ':vtc', other) or '0') / settings(other)[1]
         if lowest == nil or v < lowest then lowest = v end
       end
     end
   end
   if lowest ~= nil then
     local floor = lowest * settings(t)[1]
-    if tonumber(redis.call('ZSCORE', BASE .. ':vtc', t) or '0') < floor then
-      redis.call('ZADD', BASE .. ':vtc', floor, t)
+    if tonumber(redis.call('ZSCORE', QBASE .. ':vtc', t) or '0') < floor then
+      redis.call('ZADD', QBASE .. ':vtc', floor, t)
     end
   end
 end
@@ -129,7 +153,7 @@ local function index(p, t, ids, front)
   end
   -- Back from idle: nothing of its waiting here, nor read and not started (reserved); not a
   -- hand-back (its requests only changed hands).
-  local held = tonumber(redis.call('ZSCORE', BASE .. ':reserved', t) or '0')
+  local held = tonumber(redis.call('ZSCORE', QBASE .. ':reserved', t) or '0')
   if not (active or front) and held <= 0 then lift(t) end
   if front then
     local reversed = {{}}
@@ -158,14 +182,14 @@ local function body_info(fields)
   end
   return '{DEFAULT_TENANT}', nil
 end
-local function sweep(s, p, known)
+local function sweep(stream, p, known)
   -- Deliver the stream's undelivered entries to {QUEUED} and index them by tenant: the ones
   -- this call added (``known``: entry id -> {{tenant, raw prefix key}}, for this stream only)
   -- and any a plain XADD added.
   local by_tenant = {{}}
   for _ = 1, 10 do  -- at most 5,000 a call: a long backlog of plain XADDs takes a few calls
     local got = redis.call('XREADGROUP', 'GROUP', '{GROUP}', '{QUEUED}', 'COUNT', 500,
-      'STREAMS', KEYS[s], '>')
+      'STREAMS', stream, '>')
     local entries = got and got[1] and got[1][2] or {{}}
     for _, e in ipairs(entries) do
       local t, raw
@@ -183,7 +207,7 @@ end
 PULL = (
     TENANTS_LUA
     + f"""
--- KEYS: config, stream high, stream normal, stream low
+-- KEYS: the queue's config, then each lane's streams (high, normal, low), lane by lane
 -- ARGV: this consumer, the read rule ('fair' or 'fifo': READ_RULES), the Unix time now in ms
 --       (the worker's view of Redis' clock: it needs no TIME), the reader's batch budget in
 --       tokens (a limited tenant's burst), then per stream: how many entries at most; then
@@ -218,7 +242,10 @@ end
 local now_ms, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now_s = math.floor(now_ms / 1000)
 {AFFINITY_LUA}
-AFF_WAIT_MS, AFF_FACTOR = tonumber(ARGV[10] or '0') or 0, (tonumber(ARGV[11] or '150') or 150) / 100
+local NS = #KEYS - 1  -- the work streams: 3 per lane
+local A = 5 + NS  -- ARGV[A]: the cap in all; the rooms per stream (ARGV[5 .. 4 + NS]) before it
+AFF_WAIT_MS = tonumber(ARGV[A + 2] or '0') or 0
+AFF_FACTOR = (tonumber(ARGV[A + 3] or '150') or 150) / 100
 local function head(p, t)  -- fifo: the tenant's oldest waiting entry's id, as {{ms, seq}}
   local item = redis.call('LINDEX', BASE .. ':idx:' .. p .. ':' .. t, 0)
   if not item then return {{0, 0}} end
@@ -231,7 +258,7 @@ local function charge(body)
   return #body, m
 end
 local function trim_window(t)  -- drop the seconds of t's last minute that are past
-  local key = BASE .. ':window:' .. t
+  local key = QBASE .. ':window:' .. t
   local flat = redis.call('HKEYS', key)
   for j = 1, #flat do
     if tonumber(flat[j]) <= now_s - 60 then redis.call('HDEL', key, flat[j]) end
@@ -241,7 +268,7 @@ local buckets = {{}}
 local function bucket(t, per_minute)  -- the tokens t may still take now
   if buckets[t] == nil then
     local cap = math.min(per_minute, burst)
-    local v = redis.call('HMGET', BASE .. ':bucket:' .. t, 'level', 'at_ms')
+    local v = redis.call('HMGET', QBASE .. ':bucket:' .. t, 'level', 'at_ms')
     local level, at = tonumber(v[1]) or cap, tonumber(v[2]) or now_ms
     buckets[t] = math.min(cap, level + math.max(0, now_ms - at) * per_minute / 60000)
   end
@@ -272,13 +299,14 @@ local function better(p, t, per, best, best_v)  -- per: {{service per weight, 0}
   -- A tie (a tenant just lifted to the lowest) goes to the one with fewer waiting.
   return backlog(p, t) < backlog(p, best)
 end
-local out, charged, popped, held_back = {{}}, {{}}, 0, {{}}
-local total = tonumber(ARGV[8] or '0')
-local probe = tonumber(ARGV[9] or '0')
+local out, charged, popped, held_back = {{}}, {{}}, {{}}, {{}}
+local total = tonumber(ARGV[A] or '0')
+local probe_each = tonumber(ARGV[A + 1] or '0')
 local held = {{}}
-for j = 12, #ARGV do held[ARGV[j]] = true end
+for j = A + 4, #ARGV do held[ARGV[j]] = true end
 local taken = 0
-local stalled = false  -- a higher priority's turn waits for its holders: read nothing lower
+local stalled = {{}}  -- per lane: a higher priority's turn waits for its holders: read nothing
+-- lower in that lane
 local function take(s, p, score, got, room, given)
   -- Up to room entries in got, tenant by tenant from score (each one's service so far).
   local active = BASE .. ':active:' .. p
@@ -303,7 +331,7 @@ local function take(s, p, score, got, room, given)
       -- Its turn, and its next entries wait for the workers holding their prefixes: this
       -- reader takes nothing more at this priority or below rather than serve another tenant
       -- (or a lower priority) out of turn; the bound hands them over if their holders lag.
-      stalled = true
+      stalled[BASE] = true
       break
     elseif not id then
       redis.call('SREM', active, best)
@@ -313,7 +341,7 @@ local function take(s, p, score, got, room, given)
       score[best] = nil
       held_back[best] = true
     else
-      popped = popped + 1
+      popped[BASE] = (popped[BASE] or 0) + 1
       -- XCLAIM answers only an entry still pending (a cancelled one is, until a worker
       -- acknowledges it; one acknowledged and deleted is not), with its fields.
       local found = redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, id)
@@ -329,17 +357,21 @@ local function take(s, p, score, got, room, given)
     end
   end
 end
-for s = 2, 4 do
-  local room, p = tonumber(ARGV[s + 3]), PRI[s - 1]
+-- Priority by priority, each lane's stream of it (KEYS[1 + 3 x lane + rank]).
+for s_order = 0, NS - 1 do
+  local s = 2 + (s_order % (NS / 3)) * 3 + math.floor(s_order / (NS / 3))
+  local room, p = tonumber(ARGV[3 + s]), PRI[(s - 2) % 3 + 1]
+  local probe = probe_each
+  use_lane(KEYS[s])
   if total > 0 then room = math.min(room, total - taken) end  -- higher priorities first
-  if stalled then room, probe = 0, 0 end
+  if stalled[BASE] then room, probe = 0, 0 end
   if room > 0 or probe > 0 then
-    sweep(s, p, {{}})
+    sweep(KEYS[s], p, {{}})
     local active = BASE .. ':active:' .. p
     local score = {{}}
     for _, t in ipairs(redis.call('SMEMBERS', active)) do
-      score[t] = tonumber(redis.call('ZSCORE', BASE .. ':vtc', t) or '0')
-        + tonumber(redis.call('ZSCORE', BASE .. ':reserved', t) or '0')
+      score[t] = tonumber(redis.call('ZSCORE', QBASE .. ':vtc', t) or '0')
+        + tonumber(redis.call('ZSCORE', QBASE .. ':reserved', t) or '0')
     end
     local got, given = {{}}, {{}}
     local only = next(score)
@@ -350,7 +382,7 @@ for s = 2, 4 do
       local ids = {{}}
       for j, item in ipairs(items) do ids[j] = item_id(item) end
       if #ids > 0 then
-        popped = popped + #ids
+        popped[BASE] = (popped[BASE] or 0) + #ids
         local w, tok = 0, 0
         for _, e in ipairs(redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, unpack(ids))) do
           if e then
@@ -363,7 +395,7 @@ for s = 2, 4 do
         charged[only] = {{c[1] + w, c[2] + tok}}
       end
       if #ids < room and not left then redis.call('SREM', active, only) end
-      if left and #ids < room then stalled = true end
+      if left and #ids < room then stalled[BASE] = true end
       score = {{}}
     elseif room > 0 then
       take(s, p, score, got, room, given)
@@ -382,17 +414,17 @@ for s = 2, 4 do
   end
 end
 for t, c in pairs(charged) do  -- once per tenant: the service and the last minute
-  redis.call('ZINCRBY', BASE .. ':reserved', c[1], t)
+  redis.call('ZINCRBY', QBASE .. ':reserved', c[1], t)
   trim_window(t)
-  redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, c[2])
-  redis.call('EXPIRE', BASE .. ':window:' .. t, 120)
+  redis.call('HINCRBY', QBASE .. ':window:' .. t, now_s, c[2])
+  redis.call('EXPIRE', QBASE .. ':window:' .. t, 120)
 end
 for t, level in pairs(buckets) do
-  redis.call('HSET', BASE .. ':bucket:' .. t, 'level', tostring(level), 'at_ms', now_ms)
-  if held_back[t] then redis.call('HSET', BASE .. ':bucket:' .. t, 'held_back_ms', now_ms) end
-  redis.call('EXPIRE', BASE .. ':bucket:' .. t, 120)
+  redis.call('HSET', QBASE .. ':bucket:' .. t, 'level', tostring(level), 'at_ms', now_ms)
+  if held_back[t] then redis.call('HSET', QBASE .. ':bucket:' .. t, 'held_back_ms', now_ms) end
+  redis.call('EXPIRE', QBASE .. ':bucket:' .. t, 120)
 end
-if popped > 0 then redis.call('LPOP', BASE .. ':waiting', popped) end
+for base, n in pairs(popped) do redis.call('LPOP', base .. ':waiting', n) end
 return out
 """
 )
@@ -402,19 +434,21 @@ return out
 GIVE_BACK = (
     TENANTS_LUA
     + f"""
--- KEYS: config, stream high, stream normal, stream low
--- ARGV: rings, the Unix second now, then per entry: its stream (1 high, 2 normal, 3 low), entry
---       id, tenant, and the weighted and plain tokens it was charged when read
+-- KEYS: the queue's config, then each lane's streams (high, normal, low), lane by lane
+-- ARGV: rings, the Unix second now, then per entry: its stream (KEYS[1 + s]), entry id,
+--       tenant, and the weighted and plain tokens it was charged when read
 -- Gives entries this worker read and did not start back to the waiting: pending for {QUEUED}
 -- again (JUSTID: delivery counts unchanged), at the front of their tenant's index so they keep
 -- their place, their charge taken off reserved (the next read charges them again); then rings
--- the doorbell ``rings`` times, which wakes as many idle workers.
+-- the doorbell of each lane it gave entries back to ``rings`` times, which wakes as many idle
+-- workers.
 local rings, now_s = tonumber(ARGV[1]), tonumber(ARGV[2])
 local groups, order = {{}}, {{}}
 for a = 3, #ARGV, 5 do
   local s, id, t = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
   local weighted, tokens = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   redis.call('XCLAIM', KEYS[1 + s], '{GROUP}', '{QUEUED}', 0, id, 'JUSTID')
+  use_lane(KEYS[1 + s])
   local key = s .. ' ' .. t
   if groups[key] == nil then
     groups[key] = {{s, t, {{}}}}
@@ -423,20 +457,26 @@ for a = 3, #ARGV, 5 do
   local found, raw = redis.call('XRANGE', KEYS[1 + s], id, id), nil
   if #found > 0 then raw = select(2, body_info(found[1][2])) end
   table.insert(groups[key][3], item_of(id, t, raw))  -- with its prefix key, as SUBMIT made it
-  if weighted ~= 0 then redis.call('ZINCRBY', BASE .. ':reserved', -weighted, t) end
+  if weighted ~= 0 then redis.call('ZINCRBY', QBASE .. ':reserved', -weighted, t) end
   if tokens ~= 0 then
-    redis.call('HINCRBY', BASE .. ':window:' .. t, now_s, -tokens)
-    redis.call('EXPIRE', BASE .. ':window:' .. t, 120)
-    redis.call('HINCRBYFLOAT', BASE .. ':bucket:' .. t, 'level', tokens)
-    redis.call('EXPIRE', BASE .. ':bucket:' .. t, 120)
+    redis.call('HINCRBY', QBASE .. ':window:' .. t, now_s, -tokens)
+    redis.call('EXPIRE', QBASE .. ':window:' .. t, 120)
+    redis.call('HINCRBYFLOAT', QBASE .. ':bucket:' .. t, 'level', tokens)
+    redis.call('EXPIRE', QBASE .. ':bucket:' .. t, 120)
   end
 end
+local bells = {{}}
 for _, key in ipairs(order) do
   local g = groups[key]
-  index(PRI[g[1]], g[2], g[3], true)
+  use_lane(KEYS[1 + g[1]])
+  index(PRI[(g[1] - 1) % 3 + 1], g[2], g[3], true)
+  bells[BASE] = true
 end
-for _ = 1, rings do
-  redis.call('XADD', BASE .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', (#ARGV - 2) / 5)
+for base in pairs(bells) do
+  for _ = 1, rings do
+    redis.call('XADD', base .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n',
+      (#ARGV - 2) / 5)
+  end
 end
 return (#ARGV - 2) / 5
 """

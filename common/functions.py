@@ -33,10 +33,11 @@ from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 log = logging.getLogger("genq")
 
 LIBRARY = "genq"
-VERSION = 4
+VERSION = 5
 """Raised whenever a function's arguments or answers change (2: genq_submit indexes each request
 under its tenant and may answer GENQ_TENANT_FULL; 3: genq_cancel takes a response's record and
-the webhook outbox as optional KEYS 4 and 5; 4: genq_submit may answer GENQ_PRIORITY_DENIED)."""
+the webhook outbox as optional KEYS 4 and 5; 4: genq_submit may answer GENQ_PRIORITY_DENIED; 5:
+genq_submit puts a request whose body names a ``model`` in that model's lane)."""
 
 CANCEL = (
     IS_FINAL_LUA

@@ -43,7 +43,8 @@ BINS_PER_OCTAVE = 4
 WAIT_PREFIX = "w:"
 
 HISTORY = """
--- KEYS: the queue's waiting list (its length is the depth sampled)
+-- KEYS: the queue's waiting list, and its registry of named lanes (the depth sampled is the
+--       length of the waiting lists of every lane: keys.py, ``Keys.lane``)
 -- ARGV: the history key prefix, seconds per bucket, bucket TTL, the caller's Unix seconds (if
 --       this user may not run TIME), then FIELD INCREMENT pairs
 -- Adds the increments to the bucket of Redis' clock now and raises its depth_max.
@@ -52,6 +53,10 @@ if not ok then t = {ARGV[4]} end
 local key = ARGV[1] .. math.floor(tonumber(t[1]) / tonumber(ARGV[2]))
 for i = 5, #ARGV, 2 do redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1]) end
 local depth = redis.call('LLEN', KEYS[1])
+local base = string.sub(KEYS[1], 1, #KEYS[1] - #':waiting')
+for _, m in ipairs(redis.call('SMEMBERS', KEYS[2] or '')) do
+  depth = depth + redis.call('LLEN', base .. ':m<' .. m .. '>:waiting')
+end
 local top = tonumber(redis.call('HGET', key, 'depth_max') or '-1')
 if depth > top then redis.call('HSET', key, 'depth_max', depth) end
 redis.call('EXPIRE', key, ARGV[3])
@@ -91,7 +96,7 @@ def add(pipe: Any, keys: Keys, fields: Mapping[str, int], now_ms: int) -> None:
     args: list[Any] = [keys.history(""), BUCKET_S, BUCKET_TTL_S, now_ms // 1000]
     for k, v in fields.items():
         args += [k, v]
-    script_calls.add(pipe, HISTORY, 1, keys.waiting, *args)
+    script_calls.add(pipe, HISTORY, 2, Keys(keys.queue).waiting, keys.models, *args)
 
 
 def percentile(bins: Mapping[int, int], q: float) -> int | None:

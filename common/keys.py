@@ -39,6 +39,14 @@ key                    type    written by                  read by             T
 ``genq:{Q}:served``    hash    workers (tokens, requests)  ``genq stats``      none
 ``genq:{Q}:waiting``   list    SUBMIT (+1 per request),    KEDA (LLEN), stats  none
                                PULL (-1 per request)
+``genq:{Q}:models``    set     SUBMIT (a lane's first      ``genq stats``,     none
+                               request), workers at start  the dashboard
+                               (the names they serve)
+``genq:{Q}:m<M>:...``  -       the work keys of model M's  see the rows above  as above
+                               lane: ``high``, ``normal``,
+                               ``low``, ``doorbell``,
+                               ``config``, ``idx:P:T``,
+                               ``active:P``, ``waiting``
 ``genq:{Q}:worker:C``  hash    worker (heartbeat,          ``genq stats``,     heartbeat_ttl_s
                                counters)                   ``genq demo``
 ``genq:{Q}:holders``   hash    workers (HOLD: prefix key   PULL (affinity)     1 day after its
@@ -93,6 +101,14 @@ key                    type    written by                  read by             T
                                and context, JSON)          /v1/responses/ID
 =====================  ======  ==========================  ==================  ===============
 
+Lanes: a request that names a model (``model`` in its body) waits in that model's lane,
+``genq:{Q}:m<M>:``, whose work keys mirror the unnamed lane's (``genq:{Q}:high``, ...), where
+requests that name none wait. A worker reads only its lanes (``Lanes``): its served names',
+and the unnamed lane when its model is the queue's default (``default_model`` in
+``genq:{Q}:config``). Tenants' settings and accounts (``vtc``, ``reserved``, ``window``,
+``bucket``, ``served``), the queue's limits, workers, prefix holders and results are the
+queue's, shared by its lanes.
+
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``). Entries a
 worker hands back unstarted are pending for the consumer ``genq.returned`` (``RETURNED``) until
 a worker takes them.
@@ -109,9 +125,10 @@ SET NX (never over a worker's newer state).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from genq.common.errors import ConfigError
-from genq.common.models import PRIORITIES, Priority
+from genq.common.models import PRIORITIES, Priority, model_problem
 
 PREFIX = "genq"
 SECRETS_PREFIX = "genq-secret"
@@ -126,6 +143,10 @@ next ids of the tenant with the least service (see ``scripts.PULL``). Not a proc
 RETURNED = "genq.returned"
 """The consumer that holds entries a worker handed back unstarted (it was about to be busy for
 a while): every worker takes these first when it reads. Not a process: no heartbeat."""
+
+DEFAULT_MODEL_FIELD = "default_model"
+"""The field of the queue's config hash naming its default model: the one whose workers read
+the unnamed lane (requests that name no model; ``genq.worker.runtime.lanes``)."""
 
 WEBHOOK_GROUP = "deliverers"
 """The consumer group of the webhook outbox: every gateway that delivers webhooks joins it."""
@@ -148,24 +169,78 @@ def check_queue_name(queue: str) -> str:
 class Keys:
     """The keys of one queue, and of the requests in it."""
 
-    def __init__(self, queue: str = "default") -> None:
+    def __init__(self, queue: str = "default", model: str | None = None) -> None:
         self.queue = check_queue_name(queue)
         self._base = f"{PREFIX}:{{{queue}}}"
+        self.model = model
+        """The lane these keys' work keys are of: a model's (``lane``), or None, the unnamed
+        lane of requests that name no model."""
+        if model is not None:
+            problem = model_problem(model)
+            if problem is not None:
+                raise ConfigError(problem)
+        self._lane = self._base if model is None else f"{self._base}:m<{model}>"
+
+    def lane(self, model: str | None) -> Keys:
+        """The keys of one model's lane of this queue (None: the unnamed lane). A lane has
+        its own work streams, doorbell, per-tenant indexes, active sets, backlog list and
+        groups marker (``lane_config``); everything else (tenants and their accounts, the
+        queue's config, workers, results) is the queue's. ``<`` and ``>`` are in no model
+        name, so no lane's keys can be another's."""
+        return self if model == self.model else Keys(self.queue, model)
+
+    @property
+    def models(self) -> str:
+        """The named lanes the queue has (a set of model names): added by the submit script
+        when it makes a lane's groups, and by a worker's start for the lanes it serves."""
+        return f"{self._base}:models"
+
+    @property
+    def lane_config(self) -> str:
+        """A lane's own small hash (``groups``: the submit script made its consumer groups);
+        the unnamed lane's is the queue's ``config``."""
+        return f"{self._lane}:config"
 
     def stream(self, priority: Priority) -> str:
-        """The work stream of one priority."""
-        return f"{self._base}:{priority}"
+        """The work stream of one priority (in this lane)."""
+        return f"{self._lane}:{priority}"
+
+    def lanes(self) -> list[Keys]:
+        """The lanes these keys read: this one (a worker's ``Lanes``: each of its lanes)."""
+        return [self]
 
     def streams(self) -> list[str]:
-        """All work streams of the queue, highest priority first."""
-        return [self.stream(p) for p in PRIORITIES]
+        """All work streams of the lanes, lane by lane, each highest priority first."""
+        return [k.stream(p) for k in self.lanes() for p in PRIORITIES]
+
+    def _where(self, stream: str) -> tuple[Keys, Priority]:
+        where = self.__dict__.get("_streams")
+        if where is None:  # once: this is on every entry's path
+            where = {k.stream(p): (k, p) for k in self.lanes() for p in PRIORITIES}
+            self.__dict__["_streams"] = where
+        try:
+            return where[stream]  # type: ignore[no-any-return]
+        except KeyError:
+            here = f"a work stream of queue {self.queue!r} here"
+            raise ValueError(f"{stream!r} is not {here}") from None
+
+    def lane_of(self, stream: str) -> Keys:
+        """The lane a work stream is in."""
+        return self._where(stream)[0]
 
     def priority_of(self, stream: str) -> Priority:
         """The priority a work stream key stands for."""
-        for p in PRIORITIES:
-            if stream == self.stream(p):
-                return p
-        raise ValueError(f"{stream!r} is not a work stream of queue {self.queue!r}")
+        return self._where(stream)[1]
+
+    @property
+    def lane_models(self) -> list[str | None]:
+        """The models of the lanes these keys read (None: the unnamed lane)."""
+        return [k.model for k in self.lanes()]
+
+    @property
+    def doorbells(self) -> list[str]:
+        """Each lane's doorbell."""
+        return [k.doorbell for k in self.lanes()]
 
     @property
     def dead_letter(self) -> str:
@@ -177,7 +252,7 @@ class Keys:
     def doorbell(self) -> str:
         """Rung when a worker hands entries back: idle workers block on it with the work
         streams, so one wakes at once to take them (its entries carry nothing else)."""
-        return f"{self._base}:doorbell"
+        return f"{self._lane}:doorbell"
 
     @property
     def config(self) -> str:
@@ -192,11 +267,11 @@ class Keys:
 
     def tenant_index(self, priority: Priority, tenant: str) -> str:
         """The ids of a tenant's waiting entries of one priority, oldest first (a list)."""
-        return f"{self._base}:idx:{priority}:{tenant}"
+        return f"{self._lane}:idx:{priority}:{tenant}"
 
     def active(self, priority: Priority) -> str:
         """The tenants with waiting entries of one priority (a set)."""
-        return f"{self._base}:active:{priority}"
+        return f"{self._lane}:active:{priority}"
 
     @property
     def vtc(self) -> str:
@@ -232,7 +307,7 @@ class Keys:
     def waiting(self) -> str:
         """One item per request waiting for a worker (a list; its length is the queue's
         backlog, what an autoscaler reads)."""
-        return f"{self._base}:waiting"
+        return f"{self._lane}:waiting"
 
     def submitted(self, request_id: str) -> str:
         """Redis Cluster only: the id was submitted to this queue (in the queue's slot, where
@@ -346,3 +421,26 @@ class Keys:
     def events(request_id: str) -> str:
         """The request's event stream; its last event carries the final Result."""
         return f"{PREFIX}:ev:{{{request_id}}}"
+
+
+class Lanes(Keys):
+    """The keys one worker uses: the queue's, and the work keys of the lanes it reads (its
+    served names', and the unnamed lane when its model is the queue's default), in order. Its
+    ``streams()`` are every lane's, lane by lane; a lane's own keys are ``lane_of(stream)``'s."""
+
+    def __init__(self, queue: str, models: Sequence[str | None]) -> None:
+        super().__init__(queue)
+        if not models:
+            raise ConfigError("a worker reads at least one lane")
+        self._lanes = [Keys(queue, m) for m in models]
+
+    def lanes(self) -> list[Keys]:
+        return list(self._lanes)
+
+    @property
+    def doorbell(self) -> str:
+        raise TypeError("a worker's lanes have a doorbell each: use doorbells")
+
+    @property
+    def waiting(self) -> str:
+        raise TypeError("a worker's lanes have a backlog each: use lane.waiting")

@@ -68,6 +68,25 @@ def tenant_problem(name: object) -> str | None:
     return f"tenant {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-'"
 
 
+#: A model's name as requests carry it and workers serve it (``--served-model-name``, an
+#: adapter's name): part of key names (``Keys.lane``), so a safe alphabet, but wide enough for
+#: hub ids (``org/name``) and tags (``name:8b``).
+MODEL_NAME_CHARS = r"[A-Za-z0-9._\-/:@+]{1,128}"
+"""What a model name may be: 1-128 letters, digits and ``. _ - / : @ +``."""
+ModelName = Annotated[str, StringConstraints(pattern=f"^{MODEL_NAME_CHARS}$")]
+_MODEL = re.compile(MODEL_NAME_CHARS)
+
+
+def model_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as a model name, or None if nothing is."""
+    if isinstance(name, str) and _MODEL.fullmatch(name):
+        return None
+    return (
+        f"model {name!r} is not allowed: use 1-128 letters, digits and . _ - / : @ + (a name "
+        "as clients send it, like 'my-org/chat-8b')"
+    )
+
+
 #: Request ids become part of Redis key names, so they are kept to a safe alphabet.
 REQUEST_ID_CHARS = r"[A-Za-z0-9_.:\-]{1,128}"
 """What a request id may be (it becomes part of key names)."""
@@ -142,6 +161,10 @@ class RequestBody(_Strict):
     id) and the priority is the stream the entry is in.
     """
 
+    model: ModelName | None = None
+    """The model (or adapter) to run it: only a worker serving that name takes it
+    (``Keys.lane``). First in the body, so that scripts read it without decoding the body.
+    None: the queue's default model (docs/models.md)."""
     prefix_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
     """Which cached context this request likely shares with others (``common/prefixes.py``):
     set where the request is built, first in the body so that scripts read it without decoding

@@ -108,16 +108,20 @@ def continuation_key(messages: Sequence[Any], reply: str) -> str:
     return chat_chain([*messages, {"role": "assistant", "content": reply}])[-1]
 
 
-def scoped(tenant: str, key: str, shared: bool = False) -> str:
+def scoped(tenant: str, key: str, shared: bool = False, model: str | None = None) -> str:
     """A key as the read and the fleet's holdings use it: per tenant, unless ``shared`` (the
-    tenant's ``share_prefixes``: keys of all sharing tenants meet). ``SCOPED_LUA``'s twin."""
+    tenant's ``share_prefixes``: keys of all sharing tenants meet), and per model (its lane:
+    another model's cache holds nothing of it). ``SCOPED_LUA``'s twin."""
     scope = "*" if shared else tenant
+    if model:
+        scope = f"{model}\x1f{scope}"
     return _sha(f"{scope}\x1e{key}".encode())
 
 
 SCOPED_LUA = f"""
-local function scoped(tenant, key, shared)  -- prefixes.py: scoped(); a test compares them
+local function scoped(tenant, key, shared, model)  -- prefixes.py: scoped(); a test compares them
   local scope = shared and '*' or tenant
+  if model and model ~= '' then scope = model .. '\\31' .. scope end
   return string.sub(redis.sha1hex(scope .. '\\30' .. key), 1, {KEY_CHARS})
 end
 local function cache_key_of(k)  -- prefixes.py: cache_key_of()
@@ -143,13 +147,13 @@ local function load_view()
   -- and their mean. A dead worker's entry is dropped here.
   if loads == nil then
     loads = {{live = {{}}, mean = 0}}
-    local flat, n, sum = redis.call('HGETALL', BASE .. ':load'), 0, 0
+    local flat, n, sum = redis.call('HGETALL', QBASE .. ':load'), 0, 0
     for j = 1, #flat, 2 do
-      if redis.call('EXISTS', BASE .. ':worker:' .. flat[j]) == 1 then
+      if redis.call('EXISTS', QBASE .. ':worker:' .. flat[j]) == 1 then
         loads.live[flat[j]] = tonumber(flat[j + 1]) or 0
         n, sum = n + 1, sum + (tonumber(flat[j + 1]) or 0)
       else
-        redis.call('HDEL', BASE .. ':load', flat[j])
+        redis.call('HDEL', QBASE .. ':load', flat[j])
       end
     end
     loads.mean = n > 0 and sum / n or 0
@@ -179,7 +183,7 @@ local function pick_items(idx, n)
     if k == nil then table.insert(free, j)
     elseif since and now_ms - since >= AFF_WAIT_MS then table.insert(late, j)
     else
-      local holders = redis.call('HGET', BASE .. ':holders', k)
+      local holders = redis.call('HGET', QBASE .. ':holders', k)
       local ours, other = false, false
       for w in string.gmatch(holders or '', '%S+') do
         if w == me then ours = true elseif available(w) then other = true end

@@ -89,8 +89,8 @@ end
 SUBMIT = (
     TENANTS_LUA
     + f"""
--- KEYS: config, stream high, stream normal, stream low, then per request its state key (on a
---       Redis Cluster: the queue's submitted marker for the id)
+-- KEYS: config, the unnamed lane's streams high, normal, low, then per request its state key
+--       (on a Redis Cluster: the queue's submitted marker for the id)
 -- ARGV: ttl_s, then per request: id, priority (high, normal or low), body JSON, queued state
 --       JSON ('' to build it here from the body)
 -- Returns per request the new entry's id, or 0 if the id already has a state (not enqueued
@@ -100,6 +100,9 @@ SUBMIT = (
 -- The queued state records the entry that owns the id ("entry": "PRIORITY/ENTRY_ID", right
 -- after the status): another entry with the id is a duplicate. Each new entry is delivered to
 -- {QUEUED} at once and its id appended to its tenant's index (TENANTS_LUA: ``sweep``).
+-- A request that names a model (its body's first field, or any field of a body this script
+-- decodes) goes to that model's lane (keys.py: ``Keys.lane``), whose groups it makes at the
+-- lane's first request; the queue's depth limit holds per lane.
 local ttl = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 4
 if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + n or not ttl or ttl < 1 then
@@ -108,7 +111,7 @@ if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + n or not ttl or ttl < 1 then
     .. 'per request')
 end
 local STREAM = {{high = 2, normal = 3, low = 4}}
-local queued, tenant_of, raw_of = {{}}, {{}}, {{}}
+local queued, tenant_of, raw_of, model_of = {{}}, {{}}, {{}}, {{}}
 for i = 1, n do  -- everything is checked before anything is written: all or nothing
   local a = 2 + (i - 1) * 4
   local id, priority, body = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -135,6 +138,11 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
       return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the tenant must be 1-64 '
         .. 'letters, digits, . _ or -')
     end
+    if doc['model'] ~= nil and not model_ok(doc['model']) then
+      return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the model must be 1-128 '
+        .. 'letters, digits, . _ - / : @ or +')
+    end
+    model_of[i] = doc['model']
     local meta = type(doc['metadata']) == 'table' and cjson.encode(doc['metadata']) or '{{}}'
     queued[i] = '{{"id":"' .. id .. '","status":"queued","priority":"' .. priority
       .. '","tenant":"' .. tenant .. '","metadata":' .. meta .. '}}'
@@ -142,27 +150,42 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
   -- The client's queued state names the tenant before anything the request wrote (metadata).
   tenant_of[i] = string.match(queued[i], '"tenant":"([^"]*)"') or '{DEFAULT_TENANT}'
   raw_of[i] = raw_key(body, doc)
+  model_of[i] = model_of[i] or string.match(body, '^{{"model":"([^"]*)"') or ''
   if not tenant_ok(tenant_of[i]) then
     return redis.error_reply('{INVALID_PREFIX} request ' .. i .. ': the tenant must be 1-64 '
       .. 'letters, digits, . _ or -')
   end
 end
--- The consumer groups exist from a queue's first submission, so a queue no worker has served
+local function stream_of(i, priority)
+  if model_of[i] == '' then return KEYS[STREAM[priority]] end
+  return lane_base(model_of[i]) .. ':' .. priority
+end
+-- The consumer groups exist from a lane's first submission, so a queue no worker has served
 -- yet already shows its lag (XINFO GROUPS): an autoscaler at zero workers sees the work.
-if not redis.call('HGET', KEYS[1], '{GROUPS_FIELD}') then
-  for s = 2, 4 do redis.pcall('XGROUP', 'CREATE', KEYS[s], '{GROUP}', '0', 'MKSTREAM') end
-  redis.call('HSET', KEYS[1], '{GROUPS_FIELD}', '1')
+local fresh_in = {{}}  -- per lane model: its requests this call adds
+for i = 1, n do
+  local m = model_of[i]
+  if fresh_in[m] == nil then
+    fresh_in[m] = 0
+    local config = m == '' and KEYS[1] or lane_base(m) .. ':config'
+    if not redis.call('HGET', config, '{GROUPS_FIELD}') then
+      for _, p in ipairs(PRI) do
+        redis.pcall('XGROUP', 'CREATE', stream_of(i, p), '{GROUP}', '0', 'MKSTREAM')
+      end
+      redis.call('HSET', config, '{GROUPS_FIELD}', '1')
+      if m ~= '' then redis.call('SADD', QBASE .. ':models', m) end
+    end
+  end
+  if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh_in[m] = fresh_in[m] + 1 end
 end
 local max_depth = tonumber(redis.call('HGET', KEYS[1], '{MAX_QUEUE_DEPTH_FIELD}') or '0') or 0
 if max_depth > 0 then
-  local depth = redis.call('XLEN', KEYS[2]) + redis.call('XLEN', KEYS[3])
-    + redis.call('XLEN', KEYS[4])
-  local fresh = 0
-  for i = 1, n do
-    if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh = fresh + 1 end
-  end
-  if fresh > 0 and depth + fresh > max_depth then
-    return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
+  for m, fresh in pairs(fresh_in) do
+    local depth, base = 0, lane_base(m)
+    for _, p in ipairs(PRI) do depth = depth + redis.call('XLEN', base .. ':' .. p) end
+    if fresh > 0 and depth + fresh > max_depth then
+      return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
+    end
   end
 end
 local RANK = {{high = 3, normal = 2, low = 1}}
@@ -190,7 +213,7 @@ local out, known, touched = {{}}, {{}}, {{}}
 for i = 1, n do
   local a = 2 + (i - 1) * 4
   local id, priority = ARGV[a], ARGV[a + 1]
-  local stream = KEYS[STREAM[priority]]
+  local stream = stream_of(i, priority)
   -- The entry first (its id goes into the state), then the state if the id has none; else the
   -- entry goes again. One script: nobody sees the entry in between.
   local entry = redis.call('XADD', stream, '*', '{ID_FIELD}', id, '{BODY_FIELD}', ARGV[a + 2])
@@ -205,16 +228,23 @@ for i = 1, n do
     -- them can give the same id in one millisecond (a request indexed under another's tenant).
     known[stream] = known[stream] or {{}}
     known[stream][entry] = {{tenant_of[i], raw_of[i]}}
-    touched[STREAM[priority]] = priority
+    touched[stream] = priority
   else
     redis.call('XDEL', stream, entry)
     out[i] = 0
   end
 end
-for s, p in pairs(touched) do sweep(s, p, known[KEYS[s]] or {{}}) end
--- Wake an idle worker (it blocks on the doorbell): only where workers made it.
-if next(touched) ~= nil and redis.call('EXISTS', BASE .. ':doorbell') == 1 then
-  redis.call('XADD', BASE .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', n)
+local bells = {{}}
+for stream, p in pairs(touched) do
+  use_lane(stream)
+  sweep(stream, p, known[stream] or {{}})
+  bells[BASE] = true
+end
+-- Wake an idle worker of each lane (it blocks on the doorbell): only where workers made it.
+for base in pairs(bells) do
+  if redis.call('EXISTS', base .. ':doorbell') == 1 then
+    redis.call('XADD', base .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', n)
+  end
 end
 return out
 """
@@ -224,15 +254,16 @@ return out
 APPLY = (
     IS_FINAL_LUA
     + f"""
--- KEYS: S work streams (high, normal, low; S = ARGV[5] is 3, or 0 when the caller acknowledges
---       entries itself, as on a Redis Cluster), then per request: state key, event key,
---       attempts key, owner record key (its response's, or its batch's when it is a batch
---       line and ARGV[7] is 1, else its response's: it may not exist); then, if ARGV[7] is
---       1, the webhook outbox stream
+-- KEYS: S work streams (high, normal, low, lane by lane; S = ARGV[5] is 3 per lane, or 0 when
+--       the caller acknowledges entries itself, as on a Redis Cluster), then per request:
+--       state key, event key, attempts key, owner record key (its response's, or its
+--       batch's when it is a batch line and ARGV[7] is 1, else its response's: it may not
+--       exist); then, if ARGV[7] is 1, the webhook outbox stream
 -- ARGV: group, ttl_s, mode ('running', 'final' or 'cancel'), max attempts, S, start token
 --       (running: unique per start), H (1: the outbox is the last key), then per request: its
 --       entry's work stream (1 high, 2 normal, 3 low; 0: no entry; negative: the caller never
---       started this entry, so it must prove it owns the id before it may end it), entry id,
+--       started this entry, so it must prove it owns the id before it may end it; a lane's
+--       streams follow the lane before it: 4 is the second lane's high), entry id,
 --       state JSON
 -- A final state written for a /v1/responses response adds that response's event to the
 -- outbox, once; for a batch's last open request, the batch's: the webhooks' source.
@@ -272,7 +303,7 @@ for i = 1, (#KEYS - ns - (outbox and 1 or 0)) / 4 do
   -- the caller never started (s < 0: expired, malformed); one it started was checked then.
   local check = mode == 'running' or s < 0
   s = math.abs(s)
-  local entry = s > 0 and PRIORITY[s] .. '/' .. eid or ''
+  local entry = s > 0 and PRIORITY[(s - 1) % 3 + 1] .. '/' .. eid or ''
   check = check and entry ~= '' and mode ~= 'cancel'
   local starts, owner, last = 0, nil, nil
   if check or mode == 'running' then
@@ -353,33 +384,6 @@ return out
 )
 
 
-TAKE_BACK = """
--- KEYS: the work streams to take from
--- ARGV: group, the consumer that holds handed-back entries, this consumer, then per stream:
---       how many entries at most
--- Claims entries other workers handed back (JUSTID: no delivery counted; their ids, hence
--- their age, unchanged), atomically, so no two workers take the same one. Returns
--- XREADGROUP's shape: {{stream, {{id, {field, value, ...}}, ...}}, ...}.
-local group, returned, me = ARGV[1], ARGV[2], ARGV[3]
-local out = {}
-for i = 1, #KEYS do
-  local n = tonumber(ARGV[3 + i])
-  local rows = n > 0 and redis.call('XPENDING', KEYS[i], group, '-', '+', n, returned) or {}
-  if #rows > 0 then
-    local claim = {KEYS[i], group, me, 0}
-    for _, row in ipairs(rows) do table.insert(claim, row[1]) end
-    table.insert(claim, 'JUSTID')  -- unpack() spreads a table only as the last argument
-    local entries = {}
-    for _, id in ipairs(redis.call('XCLAIM', unpack(claim))) do
-      local found = redis.call('XRANGE', KEYS[i], id, id)
-      if #found > 0 then table.insert(entries, found[1]) end
-    end
-    if #entries > 0 then table.insert(out, {KEYS[i], entries}) end
-  end
-end
-return out
-"""
-
 ApplyItem = tuple[str, str | None, str, str]
 """(request id, work stream or None, entry id, state JSON) of one request in an APPLY call."""
 
@@ -395,6 +399,7 @@ def apply_args(
     acknowledge: bool = True,
     unstarted: Sequence[bool] = (),
     hooks: bool = True,
+    streams: Sequence[str] = (),
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of one APPLY call. The work streams are among its keys only if an item
     has an entry to acknowledge (so a cancel touches only the request's own slot), and the
@@ -403,9 +408,10 @@ def apply_args(
     malformed), so the script checks that it owns its id; a started one was checked at its
     start. ``hooks``: a response's final state adds its webhook event to the queue's outbox
     (``Keys.webhook_events``); not on a Redis Cluster, where the outbox (the queue's slot) and
-    the request (its own) cannot meet in one script."""
+    the request (its own) cannot meet in one script. ``streams``: the work streams of every lane
+    the items' entries are in (``keys.Lanes``); default: ``keys``' lane's."""
     hooks = hooks and mode != "running"
-    streams = keys.streams()
+    streams = list(streams) or keys.streams()
     ack = acknowledge and any(stream for _, stream, _, _ in items)
     script_keys: list[str] = list(streams) if ack else []
     args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(script_keys), token, int(hooks)]
@@ -432,6 +438,7 @@ def apply(
     also: Callable[[Any], None] | None = None,
     token: str = "",
     unstarted: Sequence[bool] = (),
+    streams: Sequence[str] = (),
 ) -> list[int]:
     """Run APPLY over ``items`` and return its answer per item; ``also(pipe)`` adds commands to
     the same round trip. On one Redis this is one atomic script call. On a Redis Cluster a
@@ -454,11 +461,16 @@ def apply(
                 acknowledge=False,
                 unstarted=[f],
                 hooks=False,
+                streams=streams,
             )
             for item, f in zip(items, flags, strict=True)
         ]
     else:
-        calls = [apply_args(keys, ttl_s, mode, items, max_attempts, token, unstarted=unstarted)]
+        calls = [
+            apply_args(
+                keys, ttl_s, mode, items, max_attempts, token, unstarted=unstarted, streams=streams
+            )
+        ]
     for script_keys, args in calls:
         script_calls.add(pipe, APPLY, len(script_keys), *script_keys, *args)
     if also is not None:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from genq.common.errors import ConfigError
 from genq.common.keys import check_queue_name
-from genq.common.models import MAX_NEW_TOKENS
+from genq.common.models import MAX_NEW_TOKENS, model_problem
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -72,8 +72,6 @@ list complete: every other command's variable, compose's and the docs'."""
 EngineName = Literal["auto", "static", "continuous", "vllm", "echo"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 AUTO = 0
-SERVED_NAME = re.compile(r"[A-Za-z0-9._\-/:@+]{1,128}")
-"""What ``--served-model-name`` may be."""
 """``max_batch_tokens`` and ``max_batch_size``: sized by the worker for its device (``auto``)."""
 
 
@@ -271,11 +269,9 @@ class WorkerSettings(BaseModel):
     @field_validator("served_model_name")
     @classmethod
     def _served_model_name(cls, v: str | None) -> str | None:
-        if v is not None and not SERVED_NAME.fullmatch(v):
-            raise ValueError(
-                "1-128 letters, digits and . _ - / : @ + (a name as clients send it, like "
-                "'my-org/chat-8b')"
-            )
+        problem = None if v is None else model_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("queue")

@@ -28,11 +28,13 @@ THROTTLED_RECENT_MS = 5_000
 
 SNAPSHOT = """#!lua flags=no-writes
 -- KEYS: the high, normal, low streams, the dead letters, tenants' settings, served, the
---       active sets of high, normal, low
+--       active sets of high, normal, low (all of the unnamed lane), the named lanes' registry,
+--       the queue's config
 -- ARGV: group, returned consumer, queued consumer, worker key prefix, window prefix, bucket
 --       prefix, index prefixes of high, normal, low, history prefix, buckets, bucket seconds,
 --       the caller's Unix ms (used only if this user may not run TIME)
--- Returns JSON: {now_ms, streams, workers, tenants, dead_letter, memory, history}.
+-- Returns JSON: {now_ms, streams, lanes, default_model, workers, tenants, dead_letter, memory,
+-- history}: streams are the unnamed lane's, lanes each named lane's streams and backlog.
 -- no-writes: Redis runs it even when full (maxmemory reached), when an operator most needs it.
 -- (genq bench --scenario dashboard finds it in the SLOWLOG by its first 128 characters.)
 local group, returned, queued = ARGV[1], ARGV[2], ARGV[3]
@@ -47,10 +49,9 @@ local function kv(list)
   for i = 1, #list, 2 do m[list[i]] = list[i + 1] end
   return m
 end
-local out = {now_ms = now, streams = {}, workers = {}, tenants = {}, history = {}}
+local out = {now_ms = now, streams = {}, workers = {}, tenants = {}, history = {}, lanes = {}}
 local names = {}
-for i = 1, 3 do
-  local key = KEYS[i]
+local function read_stream(key)
   local s = {length = redis.call('XLEN', key), consumers = {}}
   if redis.call('EXISTS', key) == 1 then
     for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
@@ -74,7 +75,20 @@ for i = 1, 3 do
       end
     end
   end
-  out.streams[i] = s
+  return s
+end
+for i = 1, 3 do out.streams[i] = read_stream(KEYS[i]) end
+local qbase = string.sub(KEYS[1], 1, #KEYS[1] - #':high')
+local bases = {{'', qbase}}  -- {model, base} of each lane, the unnamed one first
+for _, m in ipairs(redis.call('SMEMBERS', KEYS[10])) do
+  table.insert(bases, {m, qbase .. ':m<' .. m .. '>'})
+end
+out.default_model = redis.call('HGET', KEYS[11], 'default_model')
+out.unnamed_waiting = redis.call('LLEN', qbase .. ':waiting')
+for j = 2, #bases do
+  local base = bases[j][2]
+  out.lanes[bases[j][1]] = {waiting = redis.call('LLEN', base .. ':waiting'), streams = {
+    read_stream(base .. ':high'), read_stream(base .. ':normal'), read_stream(base .. ':low')}}
 end
 local tenants = {}
 for name, _ in pairs(names) do
@@ -93,20 +107,27 @@ local served = redis.call('HGETALL', KEYS[6])
 out.settings, out.served = settings, served
 for i = 1, #settings, 2 do tenants[settings[i]] = true end
 for i = 1, #served, 2 do tenants[string.match(served[i], '^[^:]*')] = true end
-for i = 7, 9 do
-  for _, m in ipairs(redis.call('SMEMBERS', KEYS[i])) do tenants[m] = true end
+local PRI = {'high', 'normal', 'low'}
+for _, b in ipairs(bases) do
+  for _, p in ipairs(PRI) do
+    for _, m in ipairs(redis.call('SMEMBERS', b[2] .. ':active:' .. p)) do tenants[m] = true end
+  end
 end
 for tenant, _ in pairs(tenants) do
   local oldest = false  -- its oldest waiting entry's id's milliseconds (an index holds entry ids)
-  for k = 7, 9 do
-    local head = redis.call('LINDEX', ARGV[k] .. tenant, 0)
-    local at = head and tonumber(string.match(head, '^(%d+)'))
-    if at and (not oldest or at < oldest) then oldest = at end
+  local waiting = 0  -- in every lane
+  for _, b in ipairs(bases) do
+    for _, p in ipairs(PRI) do
+      local idx = b[2] .. ':idx:' .. p .. ':' .. tenant
+      local head = redis.call('LINDEX', idx, 0)
+      local at = head and tonumber(string.match(head, '^(%d+)'))
+      if at and (not oldest or at < oldest) then oldest = at end
+      waiting = waiting + redis.call('LLEN', idx)
+    end
   end
   out.tenants[tenant] = {
     oldest = oldest,
-    waiting = redis.call('LLEN', ARGV[7] .. tenant) + redis.call('LLEN', ARGV[8] .. tenant)
-      + redis.call('LLEN', ARGV[9] .. tenant),
+    waiting = waiting,
     window = redis.call('HGETALL', ARGV[5] .. tenant),
     held_back = redis.call('HGET', ARGV[6] .. tenant, 'held_back_ms'),
   }
@@ -131,6 +152,8 @@ def read(r: Any, keys: Keys, history_buckets: int = 0) -> dict[str, Any]:
         keys.tenants,
         keys.served,
         *(keys.active(p) for p in PRIORITIES),
+        keys.models,
+        keys.config,
     ]
     args = [
         GROUP,
@@ -164,6 +187,9 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
     consumers: dict[str, dict[str, Any]] = {}
     for priority, s in zip(PRIORITIES, raw["streams"], strict=True):
         streams[priority] = _stream(keys.stream(priority), s, now, consumers)
+    for model, lane in (raw.get("lanes") or {}).items():  # (their consumers: the workers')
+        for priority, s in zip(PRIORITIES, lane["streams"], strict=True):
+            _stream(keys.lane(model).stream(priority), s, now, consumers)
     workers = []
     for name, entry in sorted(consumers.items()):
         flat = raw["workers"].get(name) or []
@@ -187,11 +213,42 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
         "queue": queue,
         "streams": streams,
         "prefix_cache": _prefix_cache(workers),
+        "models": _models(raw, workers),
         "tenants": _tenants(raw, now // 1000, workers),
         "dead_letter": int(raw["dead_letter"]),
         "workers": workers,
         "redis": memory,
     }
+
+
+def _models(raw: dict[str, Any], workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per lane (``Keys.lane``): its model (None: the unnamed lane, served by the queue's
+    default model), requests waiting, the live workers serving it, what they run and the tokens
+    they generated; ``no_live_worker``: requests wait that no live worker can take (workers may
+    start later)."""
+    default = as_text(raw["default_model"]) if raw.get("default_model") else None
+    live = [w for w in workers if w["alive"]]
+    lanes: dict[str | None, int] = {None: int(raw.get("unnamed_waiting") or 0)}
+    for model, lane in sorted((raw.get("lanes") or {}).items()):
+        lanes[model] = int(lane["waiting"])
+    for w in live:
+        lanes.setdefault(str(w.get("model")), 0)
+    rows = []
+    for model, waiting in lanes.items():
+        serving = [w for w in live if w.get("model") == (model or default)]
+        rows.append(
+            {
+                "model": model,
+                "served_by": model or default,
+                "default": model is not None and model == default,
+                "waiting": waiting,
+                "workers": len(serving),
+                "running": sum(int(w.get("in_flight", 0)) for w in serving),
+                "completion_tokens": sum(int(w.get("completion_tokens", 0)) for w in serving),
+                "no_live_worker": waiting > 0 and not serving,
+            }
+        )
+    return rows
 
 
 def _prefix_cache(workers: list[dict[str, Any]]) -> dict[str, Any]:

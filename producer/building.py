@@ -22,6 +22,7 @@ from genq.common.models import (
     MAX_PROMPT_CHARS,
     Priority,
     Request,
+    model_problem,
     new_request_id,
     tenant_problem,
 )
@@ -60,20 +61,19 @@ def build_request(
     stream: bool = False,
     tenant: str = DEFAULT_TENANT,
     prompt_cache_key: str | None = None,
+    model: str | None = None,
 ) -> Request:
     """Validate the arguments into a Request; raise InvalidRequest saying what is wrong. Give a
     ``prompt`` to continue, or chat ``messages`` (``[{"role": ..., "content": ...}]``) that the
     worker renders with the model's chat template. ``tenant`` (1-64 of ``A-Za-z0-9._-``) is
     whom the request belongs to. ``response_format`` constrains the output: a dict in
-    OpenAI's shapes or genq's (``{"type": "json_schema", "json_schema": {"name", "schema"}}``,
-    ``{"type": "json_object"}``, ``{"type": "regex", "regex": ...}``, ``{"type": "choice",
-    "choice": [...]}``: ``genq.common.formats``) or a pydantic model class (JSON of its
-    schema). ``n`` (1-16): that many choices (``Result.choices``). ``tools``
-    and ``tool_choice`` (chats): OpenAI's (``genq.common.tools``). ``prompt_cache_key``
-    (1-256 characters): placement as sharing cached context (``genq.common.prefixes``)."""
-    if isinstance(stop, str):
-        stop = [stop]
-    problem = tenant_problem(tenant)
+    OpenAI's shapes or genq's (``genq.common.formats``) or a pydantic model class (JSON of its
+    schema). ``n`` (1-16): that many choices (``Result.choices``). ``tools`` and
+    ``tool_choice`` (chats): OpenAI's (``genq.common.tools``). ``prompt_cache_key`` (1-256
+    characters): placement as sharing cached context (``genq.common.prefixes``). ``model``: as
+    workers serve it (``--served-model-name``), only its workers take it (None: the default)."""
+    stop = [stop] if isinstance(stop, str) else stop
+    problem = tenant_problem(tenant) or (None if model is None else model_problem(model))
     if problem is not None:
         raise InvalidRequest(problem)
     fields: dict[str, Any] = {
@@ -105,6 +105,7 @@ def build_request(
         "stream": stream,
         "tenant": tenant,
         "prompt_cache_key": prompt_cache_key,
+        "model": model,
     }
     try:
         return _keyed(Request.model_validate(fields))
@@ -199,6 +200,7 @@ def prepare_many(
     fast = not {"prompt", "messages", "request_id"} & set(defaults)
     shared: dict[str, Any] | None = None
     shared_key: str | None = None
+    shared_model: str | None = None
     priority: Priority = DEFAULT_PRIORITY
     queued_tail = ""
     items = list(items)
@@ -213,6 +215,7 @@ def prepare_many(
             shared = orjson.loads(encode_request(template)[BODY_FIELD])
             del shared["prompt"]
             shared_key = shared.pop("prefix_key", None)  # from a prompt_cache_key, or None
+            shared_model = shared.pop("model", None)  # first in a body: SUBMIT reads it there
             priority = template.priority
             queued = states.queued(
                 request_id="",
@@ -225,6 +228,8 @@ def prepare_many(
         if shared is not None and 0 < len(item) <= MAX_PROMPT_CHARS:
             key = shared_key or prompt_key(item)
             head = {"prefix_key": key, "prompt": item} if key else {"prompt": item}
+            if shared_model is not None:
+                head = {"model": shared_model, **head}
             try:
                 body = orjson.dumps({**head, **shared}).decode()
             except orjson.JSONEncodeError:  # a lone surrogate: build_request says why

@@ -71,12 +71,12 @@ class Client:
 
     def submit(self, prompt: str | None = None, **options: Any) -> str:
         """Enqueue one request and return its id. ``options`` are those of ``build_request``
-        (``genq.producer.building``): messages (instead of a prompt), max_new_tokens, priority,
-        tenant, temperature, top_p, top_k, seed, stop, min_p, frequency_penalty,
-        presence_penalty, repetition_penalty, logit_bias, min_tokens, ignore_eos, logprobs,
-        top_logprobs, response_format, n, tools, tool_choice, prompt_cache_key, deadline_in_s,
-        metadata, request_id, stream. Raises InvalidRequest before touching Redis if anything
-        is wrong."""
+        (``genq.producer.building``): messages (instead of a prompt), model (only workers
+        serving it take the request), max_new_tokens, priority, tenant, temperature, top_p,
+        top_k, seed, stop, min_p, frequency_penalty, presence_penalty, repetition_penalty,
+        logit_bias, min_tokens, ignore_eos, logprobs, top_logprobs, response_format, n, tools,
+        tool_choice, prompt_cache_key, deadline_in_s, metadata, request_id, stream. Raises
+        InvalidRequest before touching Redis if anything is wrong."""
         return self.submit_requests([build_request(prompt, **options)])[0]
 
     def submit_many(self, prompts: Iterable[str | Mapping[str, Any]], **defaults: Any) -> list[str]:

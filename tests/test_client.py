@@ -94,6 +94,7 @@ SHARED_OPTIONS: list[dict[str, object]] = [
     {"max_new_tokens": 7, "priority": "high", "stop": ["\n", "END"], "seed": 3},
     {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "metadata": {"user": "u1", "n": 2}},
     {"stream": True, "deadline_in_s": 60},
+    {"model": "org/chat-8b", "prompt_cache_key": "k"},  # the model first: SUBMIT reads it there
 ]
 
 

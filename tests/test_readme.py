@@ -148,8 +148,9 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
         "kind": "K",
     }
     found = [*k.streams()]
+    lane_methods = {"lane", "lanes", "lane_of", "lane_models", "doorbells", "lane_config"}
     for name, member in inspect.getmembers(Keys):
-        if name.startswith("_") or name in {"stream", "streams", "priority_of"}:
+        if name.startswith("_") or name in {"stream", "streams", "priority_of", *lane_methods}:
             continue
         if isinstance(member, property):
             found.append(getattr(k, name))
@@ -159,6 +160,16 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
     assert len(found) >= 14
     for key in found:
         assert f"`{key}`" in README, key
+    lane = k.lane("M")  # a model's lane: its work keys, listed as suffixes of its base
+    base = "genq:{Q}:m<M>"
+    assert lane.stream("high") == f"{base}:high" and lane.lane_config == f"{base}:config"
+    assert lane.waiting == f"{base}:waiting" and lane.doorbell == f"{base}:doorbell"
+    assert lane.tenant_index("P", "T") == f"{base}:idx:P:T"  # type: ignore[arg-type]
+    assert lane.active("P") == f"{base}:active:P"  # type: ignore[arg-type]
+    assert lane.vtc == k.vtc and lane.tenants == k.tenants and lane.config == k.config
+    for suffix in ("high`", ":normal`", ":low`", ":doorbell`", ":config`", ":idx:P:T`"):
+        assert suffix in README
+    assert f"`{base}:high`" in README
 
 
 @pytest.mark.skipif(

@@ -206,7 +206,7 @@ def test_the_doorbell_listener_hears_rings_only_while_armed_and_takes_none_from_
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
     io = queue_io_of(r, keys, settings, "idle")
     io.ensure_groups()
-    listener = DoorbellListener(r, keys.doorbell)
+    listener = DoorbellListener(r, [keys.doorbell])
     listener.start()
     try:
         listener.arm(True)

@@ -8,6 +8,7 @@ module             commands
 ``dlq``            ``genq dlq list | retry | purge``
 ``batch``          ``genq batch submit | status | results | cancel``
 ``functions``      ``genq functions load | code`` (the Redis Functions library)
+``models``         ``genq models list | default`` (each model's lane, the queue's default model)
 ``tenants``        ``genq tenants set | list | delete`` (tenants' weights, limits, webhooks)
 ``webhooks``       ``genq webhooks list | retry`` (webhook deliveries that gave up)
 ``serve``          ``genq serve`` (the OpenAI-compatible HTTP gateway, with the dashboard),

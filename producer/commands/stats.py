@@ -110,7 +110,33 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
             f"{d['cache_hit_rate']:.1%}",
             f"{d['tokens_per_s']:.0f}",
         )
-    return [t, tenants_table(snapshot.get("tenants", {})), w]
+    return [
+        t,
+        models_table(snapshot.get("models", [])),
+        tenants_table(snapshot.get("tenants", {})),
+        w,
+    ]
+
+
+def models_table(models: list[dict[str, Any]]) -> Table:
+    """The lanes of a stats snapshot: one per model requests named, and the unnamed one."""
+    t = Table(title="models (requests wait in their model's lane; none named: the default's)")
+    for col in ("model", "waiting", "live workers", "running", "tokens generated", "note"):
+        t.add_column(col, justify="left" if col in ("model", "note") else "right")
+    for m in models:
+        if m["model"] is None:
+            name = f"(none: default {m['served_by'] or '-'})"
+        else:
+            name = m["model"] + (" (default)" if m["default"] else "")
+        t.add_row(
+            name,
+            str(m["waiting"]),
+            str(m["workers"]),
+            str(m["running"]),
+            str(m["completion_tokens"]),
+            "waiting for a model with no live worker" if m["no_live_worker"] else "",
+        )
+    return t
 
 
 def tenants_table(tenants: dict[str, dict[str, Any]]) -> Table:

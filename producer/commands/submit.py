@@ -49,6 +49,12 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, show_default=True)
 @click.option("--priority", type=PRIORITY_CHOICE, default=DEFAULT_PRIORITY)
 @tenant_option
+@click.option(
+    "--model",
+    default=None,
+    help="the model (or adapter) to run it: only workers serving that name take it (default: "
+    "the queue's default model)",
+)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="a stop string (repeatable)")
@@ -71,6 +77,7 @@ def submit(
     max_new_tokens: int,
     priority: str,
     tenant: str,
+    model: str | None,
     temperature: float,
     seed: int | None,
     stop: tuple[str, ...],
@@ -89,6 +96,7 @@ def submit(
         "max_new_tokens": max_new_tokens,
         "priority": priority,
         "tenant": tenant,
+        **({"model": model} if model is not None else {}),
         "temperature": temperature,
         "seed": seed,
         "stop": list(stop),

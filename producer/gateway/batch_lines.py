@@ -8,10 +8,11 @@ Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions" or
 ``logit_bias``, vLLM's ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and
 ``ignore_eos``, structured outputs (``response_format``, vLLM's ``structured_outputs`` and
 ``guided_*``: ``structured_outputs.py``), and genq's own ``priority`` and ``deadline_in_s``;
-``model``, ``user``, and ``stream`` = false are accepted (``model`` is whichever the queue's
-workers serve); anything else is an error for that line (it would change the output, and
-silently ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so
-submitting the same file again under the same batch id enqueues nothing twice.
+``model`` (the model or adapter to run the line: only its workers take it), ``user``, and
+``stream`` = false are accepted; anything else is an error for that line (it would change the
+output, and silently ignoring it would mislead). Every line becomes one request with id
+``BATCH-LINE``, so submitting the same file again under the same batch id enqueues nothing
+twice.
 
 Without ``max_tokens``, a completion gets OpenAI's default of 16 tokens; a chat completion gets
 genq's default (``DEFAULT_MAX_NEW_TOKENS``), since OpenAI's is "up to the context".
@@ -34,7 +35,6 @@ CHAT = "/v1/chat/completions"
 ENDPOINTS = {COMPLETIONS: "text_completion", CHAT: "chat.completion"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for /v1/completions."""
-_ACCEPTED = {"model", "user"}
 _SAMPLING = (
     "temperature",
     "top_p",
@@ -114,8 +114,10 @@ def request_args(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
     n = body.pop("n", 1)
     if n not in (1, None):
         args["n"] = n  # validation names a value out of 1-16
-    for key in _ACCEPTED:
-        body.pop(key, None)
+    model = body.pop("model", None)
+    if model is not None:
+        args["model"] = model  # its lane: only its workers take it (validation names a bad one)
+    body.pop("user", None)
     check_parallel_tool_calls(body.pop("parallel_tool_calls", None))
     if url == COMPLETIONS:
         prompt = body.pop("prompt", None)

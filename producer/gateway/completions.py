@@ -83,7 +83,7 @@ async def _answer(request: Request, gw: Gateway, who: Caller, url: str) -> Respo
         raise invalid("'stream_options' must be an object", param="stream_options")
     metadata = body.pop("metadata", None)
     model = await served_model(gw, body.get("model"))
-    args = request_args(url, body)
+    args = {**request_args(url, body), "model": model}
     if stream and args.get("logprobs"):
         raise InvalidRequest("logprobs are returned with the whole answer: ask without stream")
     req = await checked_request(args, stream=stream, metadata=metadata, tenant=who.tenant)
@@ -144,8 +144,10 @@ def _build(fields: dict[str, Any]) -> GenqRequest:
 
 
 async def served_model(gw: Gateway, model: Any) -> str:
-    """The model to answer with: the one asked for, if a live worker serves it (404 if none
-    does); 503 if no live worker serves the queue at all (the request would wait forever)."""
+    """The model to answer with, whose lane the request goes to: the one asked for, if a live
+    worker serves it (404 if none does), or without one the queue's default model if a live
+    worker serves it, else the first served; 503 if no live worker serves the queue at all
+    (the request would wait forever)."""
     if model is not None and not isinstance(model, str):
         raise invalid("'model' must be a string", param="model")
     models = await gw.fleet.models()
@@ -156,7 +158,8 @@ async def served_model(gw: Gateway, model: Any) -> str:
             "no_worker",
         )
     if model is None:
-        return next(iter(sorted(models)))
+        default = gw.fleet.default_model
+        return default if default in models else next(iter(sorted(models)))
     if model not in models:
         raise not_found(
             f"model {model!r} is not served on queue {queue!r}; live workers serve "

@@ -1,14 +1,14 @@
-"""Which models the queue's live workers serve: read from the consumer group and the workers'
-heartbeat hashes (which expire with their workers), and reused for ``models_cache_s``."""
+"""Which models the queue's live workers serve: read from the consumer groups of every lane
+(``Keys.lane``) and the workers' heartbeat hashes (which expire with their workers), with the
+queue's default model, and reused for ``models_cache_s``."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import redis.asyncio as aioredis
-from genq.common.keys import GROUP, QUEUED, RETURNED, Keys
+from genq.common.keys import DEFAULT_MODEL_FIELD, GROUP, QUEUED, RETURNED, Keys
 from genq.common.wire import as_text
 
 
@@ -23,6 +23,8 @@ class Fleet:
         self._models: dict[str, int] = {}
         self._created: dict[str, int] = {}
         self._reading: asyncio.Future[dict[str, int]] | None = None
+        self.default_model: str | None = None
+        """The queue's default model (``DEFAULT_MODEL_FIELD``), as of the last read."""
 
     async def models(self) -> dict[str, int]:
         """Model name -> how many live workers serve it (read at most every ``cache_s``, by one
@@ -38,12 +40,23 @@ class Fleet:
         self._reading = None
 
     async def _read(self) -> dict[str, int]:
-        try:
-            consumers: Any = await self._redis.xinfo_consumers(self._keys.stream("normal"), GROUP)
-        except aioredis.ResponseError:  # no stream or group yet: no worker ever ran
-            consumers = []
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.smembers(self._keys.models)
+        pipe.hget(self._keys.config, DEFAULT_MODEL_FIELD)
+        lanes, default = await pipe.execute()
+        self.default_model = None if default is None else as_text(default)
+        pipe = self._redis.pipeline(transaction=False)
+        for model in [None, *sorted(as_text(m) for m in lanes)]:
+            pipe.xinfo_consumers(self._keys.lane(model).stream("normal"), GROUP)
         placeholders = {RETURNED, QUEUED}  # not processes
-        names = [as_text(c["name"]) for c in consumers if as_text(c["name"]) not in placeholders]
+        names: list[str] = []
+        for consumers in await pipe.execute(raise_on_error=False):
+            if isinstance(consumers, Exception):  # no stream or group yet: no worker ran
+                continue
+            for c in consumers:
+                name = as_text(c["name"])
+                if name not in placeholders and name not in names:
+                    names.append(name)
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.hmget(self._keys.worker(name), "model", "started_unix_ms")

@@ -81,6 +81,7 @@ async def _create(request: Request, gw: Gateway, who: Caller) -> Response:
         metadata=args.metadata,
         tenant=who.tenant,
         request_id=request_id,
+        model=model,
     )
     record = ResponseRecord(
         id=f"resp_{request_id}",

@@ -25,6 +25,7 @@ from genq.common.errors import EXIT_NO_PERMISSION
 from genq.producer.commands.batch import batch
 from genq.producer.commands.dlq import dlq
 from genq.producer.commands.functions import functions
+from genq.producer.commands.models import models
 from genq.producer.commands.serve import dashboard, serve
 from genq.producer.commands.stats import stats, top
 from genq.producer.commands.submit import submit
@@ -81,6 +82,7 @@ for _command in (
     dlq,
     batch,
     functions,
+    models,
     tenants,
     webhooks,
     serve,

@@ -18,6 +18,7 @@ from genq.common.errors import (
     GenqError,
     InvalidRequest,
     MaxNewTokensTooLarge,
+    ModelNotServed,
     PromptTooLong,
     RequestTooLarge,
 )
@@ -62,10 +63,20 @@ class Limits:
     """A request costing more could never be batched."""
     vocab_size: int | None = None
     """Tokens the model's tokenizer knows: ``logit_bias`` may name only these (None: any)."""
+    models: frozenset[str] | None = None
+    """The names this worker serves: a request naming another is failed, never answered by
+    the wrong model (None: any, in tests)."""
 
 
 def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqError | None:
     """The reason this worker cannot run ``request``, or None if it can."""
+    served = limits.models
+    if request.model is not None and served is not None and request.model not in served:
+        return ModelNotServed(
+            f"model {request.model!r} is not served by this worker ({', '.join(sorted(served))}):"
+            " its entry was added to another model's stream (submit with a client or "
+            "FCALL genq_submit)"
+        )
     if request.max_new_tokens > limits.max_new_tokens:
         return MaxNewTokensTooLarge(
             f"max_new_tokens is {request.max_new_tokens}; this worker allows at most "

@@ -4,7 +4,7 @@
 - ``worker``: lifecycle and the turn (read, plan, launch, advance); ``signals``: SIGTERM
   and SIGINT stop it, and end an idle wait on the doorbell at once;
 - ``queue_io``: the consumer group's reads and writes (join, resume, reclaim, read, mark
-  running, dead-letter);
+  running, dead-letter); ``lanes``: which lanes (a model's requests) the worker reads;
 - ``availability``: the loop's retry while Redis is away, and a full Redis;
 - ``prefixes``: the prefixes this worker holds, told to the fleet with each read;
 - ``fair_share``: the fair share's calls: the tenants' weights and what goes back to their

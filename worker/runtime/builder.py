@@ -33,6 +33,7 @@ from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.heartbeat import IDLE_HEARTBEAT_S, Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
+from genq.worker.runtime.lanes import worker_lanes
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.prefixes import PrefixAffinity
@@ -56,7 +57,7 @@ def build_worker(
     def side_connection() -> redis.Redis:  # a thread's own (the keeper's, the doorbell's)
         return connect(settings.redis_url) if redis_client is None else redis_client
 
-    keys = Keys(settings.queue)
+    keys = worker_lanes(r, settings.queue, [settings.served_model])
     order = make_order(settings.tenant_policy, prefix_aware=settings.prefix_aware)
     tenants = TenantAccounts(r, keys)
     prefixes = PrefixAffinity(
@@ -119,7 +120,7 @@ def build_worker(
         writer=writer,
         stats=stats,
         keeper=keeper,
-        doorbell=DoorbellListener(side_connection(), keys.doorbell),
+        doorbell=DoorbellListener(side_connection(), keys.doorbells),
     )
 
 
@@ -210,6 +211,7 @@ def _intake(settings: WorkerSettings, engine: Engine, outcomes: Outcomes, keys: 
         max_context_tokens=engine.max_context_tokens,
         max_batch_tokens=settings.max_batch_tokens,
         vocab_size=None if engine.tokenizer is None else len(engine.tokenizer),
+        models=frozenset(m for m in keys.lane_models if m is not None) or None,
     )
     return Intake(
         engine=engine,

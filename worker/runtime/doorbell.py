@@ -21,12 +21,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS, blocking_call, is_cluster
 from genq.common.fair_share import DOORBELL_MAX
 from genq.common.keys import GROUP
+from genq.common.wire import as_text
 from genq.worker.runtime.signals import interruptible, longest_block_ms
 
 log = logging.getLogger("genq.worker")
@@ -37,29 +39,32 @@ AWAY_PAUSE_S = 1.0
 """How long the listener waits after a Redis error (the loop's own retry reports Redis away)."""
 
 
-def wait_for_ring(r: Any, doorbell: str, consumer: str, block_ms: int) -> list[Any]:
-    """Block on the doorbell (as ``consumer`` of the group) until it rings (a submission, or
-    entries handed back), ``block_ms`` passes or a stop signal comes
-    (``signals.interruptible``); the ids of the rings heard. Longer than ``MAX_BLOCK_MS``
-    only in the main thread and not on a cluster (``connection.blocking_call``)."""
+def wait_for_ring(
+    r: Any, doorbells: Sequence[str], consumer: str, block_ms: int
+) -> list[tuple[str, Any]]:
+    """Block on the doorbells of the worker's lanes (as ``consumer`` of their groups) until one
+    rings (a submission, or entries handed back), ``block_ms`` passes or a stop signal comes
+    (``signals.interruptible``); (doorbell, id) of the rings heard. Longer than
+    ``MAX_BLOCK_MS`` only in the main thread and not on a cluster
+    (``connection.blocking_call``)."""
     if is_cluster(r):
         block_ms = min(block_ms, MAX_BLOCK_MS)
     block_ms = longest_block_ms(block_ms)
     args: tuple[Any, ...] = ("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", DOORBELL_MAX)
-    args += ("BLOCK", block_ms, "STREAMS", doorbell, ">")
+    args += ("BLOCK", block_ms, "STREAMS", *doorbells, *[">"] * len(doorbells))
     reply = interruptible(lambda: blocking_call(r, args, block_ms))
     if isinstance(reply, dict):  # RESP3
         reply = list(reply.items())
-    return [e[0] for x in reply or [] for e in x[1]]
+    return [(as_text(x[0]), e[0]) for x in reply or [] for e in x[1]]
 
 
 class DoorbellListener:
     """A thread that watches the queue's doorbell while ``arm(True)``; ``take()`` tells the
     loop whether it rang since the last call."""
 
-    def __init__(self, r: redis.Redis, doorbell: str) -> None:
+    def __init__(self, r: redis.Redis, doorbells: Sequence[str]) -> None:
         self._redis = r
-        self._doorbell = doorbell
+        self._doorbells = list(doorbells)
         self._armed = threading.Event()
         self._rung = threading.Event()
         self._stopping = False
@@ -96,14 +101,14 @@ class DoorbellListener:
         self._armed.set()
 
     def _run(self) -> None:
-        last_id = "$"
+        last_id = dict.fromkeys(self._doorbells, "$")
         while not self._stopping:
             if not self._armed.is_set():
                 self._armed.wait()
-                last_id = "$"  # rings while disarmed were for others: new ones only
+                last_id = dict.fromkeys(self._doorbells, "$")  # rings meanwhile: others'
                 continue
             try:
-                reply: Any = self._redis.xread({self._doorbell: last_id}, block=LISTEN_BLOCK_MS)
+                reply: Any = self._redis.xread(last_id, block=LISTEN_BLOCK_MS)  # type: ignore[arg-type]
             except REDIS_ERRORS as err:
                 log.debug("doorbell listener: %r", err)
                 self._rung.set()  # the loop's own read finds out what happened
@@ -111,9 +116,10 @@ class DoorbellListener:
                 continue
             if isinstance(reply, dict):  # RESP3
                 reply = list(reply.items())
-            entries = [e for _stream, found in reply or [] for e in found]
-            if entries:
-                last = entries[-1][0]
-                last_id = last.decode() if isinstance(last, bytes) else str(last)
-                if self._armed.is_set():
-                    self._rung.set()
+            heard = False
+            for stream, found in reply or []:
+                if found:
+                    last_id[as_text(stream)] = as_text(found[-1][0])
+                    heard = True
+            if heard and self._armed.is_set():
+                self._rung.set()

@@ -43,9 +43,10 @@ class PrefixAffinity:
         self._ops: dict[str, str] = {}
         """Key -> '+' (held, tell again: the holders list is most recent first) or '-'."""
 
-    def scoped(self, tenant: str, raw: str) -> str:
-        """``raw`` as the scripts index it for ``tenant``."""
-        return scoped(tenant, raw, tenant in self._sharing())
+    def scoped(self, tenant: str, raw: str, stream: str | None = None) -> str:
+        """``raw`` as the scripts index it for ``tenant`` in the lane of ``stream``."""
+        model = self.keys.lane_of(stream).model if stream else None
+        return scoped(tenant, raw, tenant in self._sharing(), model)
 
     def started(self, batch: Sequence[Held]) -> None:
         """These requests started here: their prefixes are in the engine's cache now."""
@@ -53,7 +54,8 @@ class PrefixAffinity:
             return
         for h in batch:
             if h.request.prefix_key:
-                self._hold(self.scoped(h.request.tenant, h.request.prefix_key), len(h.prompt_ids))
+                key = self.scoped(h.request.tenant, h.request.prefix_key, h.stream)
+                self._hold(key, len(h.prompt_ids))
 
     def finished(self, outcomes: Sequence[Outcome]) -> None:
         """Chats that finished here: the conversation with its reply is the next turn's key."""
@@ -62,7 +64,7 @@ class PrefixAffinity:
         for o in outcomes:
             if o.continuation is not None and o.refund is not None:
                 tokens = o.refund.prompt_tokens + o.refund.completion_tokens
-                self._hold(self.scoped(o.tenant, o.continuation), tokens)
+                self._hold(self.scoped(o.tenant, o.continuation, o.stream), tokens)
 
     def _hold(self, key: str, tokens: int) -> None:
         _, gone = self.holdings.hold(key, tokens)

@@ -18,7 +18,7 @@ from genq.common import functions, history, script_calls, states
 from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.prefixes import HOLDINGS_TTL_S
-from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, TAKE_BACK, ApplyItem, apply
+from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply
 from genq.common.settings import WorkerSettings
 from genq.common.wire import as_text, encode_delta_event
 from genq.worker.policy.lookahead import Held
@@ -40,6 +40,35 @@ work takes cores from the model). An engine that finishes a request does not sho
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
+
+
+TAKE_BACK = """
+-- KEYS: the work streams to take from
+-- ARGV: group, the consumer that holds handed-back entries, this consumer, then per stream:
+--       how many entries at most
+-- Claims entries other workers handed back (JUSTID: no delivery counted; their ids, hence
+-- their age, unchanged), atomically, so no two workers take the same one. Returns
+-- XREADGROUP's shape: {{stream, {{id, {field, value, ...}}, ...}}, ...}.
+local group, returned, me = ARGV[1], ARGV[2], ARGV[3]
+local out = {}
+for i = 1, #KEYS do
+  local n = tonumber(ARGV[3 + i])
+  local rows = n > 0 and redis.call('XPENDING', KEYS[i], group, '-', '+', n, returned) or {}
+  if #rows > 0 then
+    local claim = {KEYS[i], group, me, 0}
+    for _, row in ipairs(rows) do table.insert(claim, row[1]) end
+    table.insert(claim, 'JUSTID')  -- unpack() spreads a table only as the last argument
+    local entries = {}
+    for _, id in ipairs(redis.call('XCLAIM', unpack(claim))) do
+      local found = redis.call('XRANGE', KEYS[i], id, id)
+      if #found > 0 then table.insert(entries, found[1]) end
+    end
+    if #entries > 0 then table.insert(out, {KEYS[i], entries}) end
+  end
+end
+return out
+"""
+"""Entries an older genq handed back (pending for ``RETURNED``), claimed by a reader."""
 
 
 class QueueIO:
@@ -78,7 +107,8 @@ class QueueIO:
         self._found_empty_s: float | None = None
         """When a read last found nothing (None: the last read found entries)."""
         self.left_waiting = 1  # the backlog after the last read: 0, only a ring brings work
-        self._rung: list[Any] = []  # doorbell rings heard, acknowledged with the next read
+        self._rung: list[tuple[str, Any]] = []  # rings heard (doorbell, id), acked by a read
+        self._left_in: dict[str, int] = {}  # per lane's doorbell: its backlog after a read
         self._unrung, self._pace_s = False, 0.0  # no ring ended the last wait; ``read``'s pace
         self._load = LoadNote()
 
@@ -87,13 +117,7 @@ class QueueIO:
         publish the queue's limits that producers enforce, and load genq's Redis Functions.
         The group starts at the beginning, so requests sent before any worker ran are
         served."""
-        for stream in [*self.keys.streams(), self.keys.doorbell]:
-            try:
-                self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
-            except redis.ResponseError as err:
-                if "BUSYGROUP" not in str(err):
-                    raise
-        self.redis.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
+        join_lanes(self.redis, self.keys, self.settings.heartbeat_ttl_s)
         self.redis.hset(self.keys.config, MAX_QUEUE_DEPTH_FIELD, str(self.settings.max_queue_depth))
         # For clients in other languages (FCALL genq_submit, genq_cancel): a worker's start
         # keeps the library current after an upgrade, or a Redis that lost it.
@@ -185,7 +209,7 @@ class QueueIO:
         delivered = self._read(asked, room, probe, total)
         self._found_empty_s = None if delivered else time.monotonic()
         if woken and delivered and self.left_waiting > 0:
-            pass_the_ring_on(self.redis, self.keys, self.left_waiting)
+            pass_the_ring_on(self.redis, self._left_in)
         return delivered
 
     def read_wait_s(self) -> float:
@@ -198,7 +222,7 @@ class QueueIO:
         """Block until the doorbell rings, ``block_ms`` passes or a stop signal comes
         (``doorbell.wait_for_ring``); the rings heard are acknowledged and deleted with the
         next read (in its round trip)."""
-        rung = wait_for_ring(self.redis, self.keys.doorbell, self.consumer, block_ms)
+        rung = wait_for_ring(self.redis, self.keys.doorbells, self.consumer, block_ms)
         self._rung += rung
         self._unrung = not rung
 
@@ -208,10 +232,8 @@ class QueueIO:
         """``read`` on the streams in ``asked`` (each with room), and ``probe``."""
         streams = self.keys.streams()
         pipe = self.redis.pipeline(transaction=False)
-        if self._rung:
-            pipe.xack(self.keys.doorbell, GROUP, *self._rung)
-            pipe.xdel(self.keys.doorbell, *self._rung)
-            self._rung = []
+        add_acks(pipe, self._rung)
+        self._rung = []
         sending = self.tenants.add_deferred(pipe)
         holds = 0 if self.affinity is None else self.affinity.add_to(pipe)
         skip = len(pipe)
@@ -226,10 +248,13 @@ class QueueIO:
         rule = self.read_rule
         args = [self.keys.config, *streams, self.consumer, rule, now, burst, *rooms, total]
         args += [probe[0], *self.affinity_args, *probe[1]]
-        script_calls.add(pipe, PULL, 4, *args)
-        pipe.llen(self.keys.waiting)
+        script_calls.add(pipe, PULL, 1 + len(streams), *args)
+        lanes = self.keys.lanes()
+        for lane in lanes:
+            pipe.llen(lane.waiting)
         replies = self.tenants.weights.read_with(pipe)[skip:]
-        self.left_waiting = int(replies.pop())
+        self._left_in = {k.doorbell: int(replies.pop()) for k in reversed(lanes)}
+        self.left_waiting = sum(self._left_in.values())
         self.tenants.sent(sending)
         if self.affinity is not None:
             self.affinity.sent(holds)
@@ -249,8 +274,8 @@ class QueueIO:
         next; and ring the doorbell ``rings`` times, which wakes as many idle workers."""
         args = give_back_args(self.keys, held, rings)
         pipe = self.redis.pipeline(transaction=False)
-        script_calls.add(pipe, GIVE_BACK, 4, *args)
-        pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
+        script_calls.add(pipe, GIVE_BACK, 1 + len(self.keys.streams()), *args)
+        expire_doorbells(pipe, self.keys, self.settings.heartbeat_ttl_s)
         script_calls.execute(pipe)
 
     def mark_running(
@@ -320,7 +345,7 @@ class QueueIO:
         key = self.keys.worker(self.consumer)
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.settings.heartbeat_ttl_s)
-        pipe.expire(self.keys.doorbell, self.settings.heartbeat_ttl_s)
+        expire_doorbells(pipe, self.keys, self.settings.heartbeat_ttl_s)
         if recent or self.left_waiting:  # (idle, on an empty queue: nothing to add)
             history.add(pipe, self.keys, recent, clock.now_ms())
 
@@ -350,10 +375,49 @@ def raw_read_reply(response: Any, **options: Any) -> Any:
     return list(response.items()) if isinstance(response, dict) else response
 
 
-def pass_the_ring_on(r: Any, keys: Keys, waiting: int) -> None:
-    """Wake the next idle worker: a ring woke this one, it took some, and ``waiting`` more
-    wait. A burst submitted in one call rings once; each worker it wakes passes the ring on
-    while work is left, so the idle fleet wakes one worker a read apart. A worker that took
-    nothing rings nobody, so every ring passed on is paid for by entries taken (no ring storm
-    over work nobody can take: a tenant over its quota, another's prefix)."""
-    r.xadd(keys.doorbell, {"n": waiting}, maxlen=DOORBELL_MAX)
+def pass_the_ring_on(r: Any, left_in: dict[str, int]) -> None:
+    """Wake the next idle worker of each lane where work is left: a ring woke this one, it
+    took some, and ``left_in`` (per lane's doorbell) more wait. A burst submitted in one call
+    rings once; each worker it wakes passes the ring on while work is left, so the idle fleet
+    wakes one worker a read apart. A worker that took nothing rings nobody, so every ring
+    passed on is paid for by entries taken (no ring storm over work nobody can take: a tenant
+    over its quota, another's prefix)."""
+    pipe = r.pipeline(transaction=False)
+    for doorbell, waiting in left_in.items():
+        if waiting > 0:
+            pipe.xadd(doorbell, {"n": waiting}, maxlen=DOORBELL_MAX)
+    pipe.execute()
+
+
+def join_lanes(r: Any, keys: Keys, doorbell_ttl_s: int) -> None:
+    """Create the consumer group on every stream of the worker's lanes and their doorbells
+    (and the streams) if missing; name its lanes in the queue's registry (``Keys.models``)."""
+    for stream in [*keys.streams(), *keys.doorbells]:
+        try:
+            r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+    pipe = r.pipeline(transaction=False)
+    expire_doorbells(pipe, keys, doorbell_ttl_s)
+    named = [m for m in (k.model for k in keys.lanes()) if m is not None]
+    if named:
+        pipe.sadd(keys.models, *named)
+    pipe.execute()
+
+
+def expire_doorbells(pipe: Any, keys: Keys, ttl_s: int) -> None:
+    """Queue on ``pipe`` the renewal of the worker's lanes' doorbells (they live while workers
+    do: a joining worker makes them again)."""
+    for doorbell in keys.doorbells:
+        pipe.expire(doorbell, ttl_s)
+
+
+def add_acks(pipe: Any, rung: list[tuple[str, Any]]) -> None:
+    """Queue on ``pipe`` the acknowledgement and deletion of the rings heard, per doorbell."""
+    by_bell: dict[str, list[Any]] = {}
+    for doorbell, ring in rung:
+        by_bell.setdefault(doorbell, []).append(ring)
+    for doorbell, rings in by_bell.items():
+        pipe.xack(doorbell, GROUP, *rings)
+        pipe.xdel(doorbell, *rings)

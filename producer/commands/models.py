@@ -1,0 +1,57 @@
+"""``genq models list | default``: the queue's lanes (one per model requests name) and its
+default model, whose workers answer requests that name none (``genq.common.keys``: lanes)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from genq.producer.commands.options import WIDE, redis_options
+
+
+@click.group()
+def models() -> None:
+    """The models of a queue: what waits for each, who serves it, the default."""
+
+
+@models.command("list")
+@redis_options
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def models_list(redis_url: str, queue: str, as_json: bool) -> None:
+    """Each model's lane: requests waiting, live workers, running, tokens generated; a model
+    that requests wait for and no live worker serves is marked."""
+    from genq.common.connection import connect
+    from genq.common.snapshot import collect
+    from genq.producer.commands.stats import models_table
+    from rich.console import Console
+
+    with connect(redis_url) as r:
+        rows = collect(r, queue)["models"]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        Console(width=max(Console().width, WIDE)).print(models_table(rows))
+
+
+@models.command("default")
+@redis_options
+@click.argument("name", required=False)
+def models_default(redis_url: str, queue: str, name: str | None) -> None:
+    """Print the queue's default model, or make NAME the default: requests that name no model
+    go to its workers (workers look when they start: restart them to change who reads)."""
+    from genq.common.connection import connect
+    from genq.common.keys import DEFAULT_MODEL_FIELD, Keys
+    from genq.common.models import model_problem
+    from genq.common.wire import as_text
+
+    keys = Keys(queue)
+    with connect(redis_url) as r:
+        if name is None:
+            current = r.hget(keys.config, DEFAULT_MODEL_FIELD)
+            click.echo("-" if current is None else as_text(current))
+            return
+        problem = model_problem(name)
+        if problem is not None:
+            raise click.BadParameter(problem, param_hint="NAME")
+        r.hset(keys.config, DEFAULT_MODEL_FIELD, name)
+    click.echo(f"requests on queue {queue!r} that name no model go to {name!r}")

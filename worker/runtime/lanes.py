@@ -1,0 +1,45 @@
+"""Which lanes a worker reads (``common/keys.py``: ``Keys.lane``): the lane of each name it
+serves, and the unnamed lane (requests that name no model) when its model is the queue's
+default.
+
+The queue's default model is ``default_model`` in ``genq:{Q}:config``: the first worker to
+start sets it to its served name (HSETNX), and ``genq models default NAME`` changes it. So
+requests without a model are answered by one model only, whichever workers run: a worker of
+another model never reads them. A worker looks at the default when it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from genq.common.errors import ConfigError
+from genq.common.keys import DEFAULT_MODEL_FIELD, Keys, Lanes
+from genq.common.models import model_problem
+from genq.common.wire import as_text
+
+log = logging.getLogger("genq.worker")
+
+
+def worker_lanes(r: Any, queue: str, served: list[str]) -> Lanes:
+    """The lanes of a worker serving the names ``served`` (its model's first), making its
+    model the queue's default if the queue has none. Raises ConfigError for a name that
+    cannot be a model's (a local path with other characters: give --served-model-name)."""
+    for name in served:
+        problem = model_problem(name)
+        if problem is not None:
+            raise ConfigError(f"{problem}; name it with --served-model-name")
+    config = Keys(queue).config
+    pipe = r.pipeline(transaction=False)
+    pipe.hsetnx(config, DEFAULT_MODEL_FIELD, served[0])
+    pipe.hget(config, DEFAULT_MODEL_FIELD)
+    _, default = pipe.execute()
+    models: list[str | None] = list(served)
+    if default is not None and as_text(default) == served[0]:
+        models.append(None)
+    else:
+        log.info(
+            "requests that name no model go to %s (the queue's default model), not to this worker",
+            as_text(default) if default is not None else "-",
+        )
+    return Lanes(queue, models)
