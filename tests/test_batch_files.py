@@ -19,14 +19,14 @@ LINES = [
         "custom_id": "c1",
         "method": "POST",
         "url": "/v1/completions",
-        "body": {"model": "any", "prompt": "Once upon a time", "max_tokens": 8},
+        "body": {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8},
     },
     {
         "custom_id": "c2",
         "method": "POST",
         "url": "/v1/chat/completions",
         "body": {
-            "model": "any",
+            "model": "tiny",
             "messages": [{"role": "user", "content": "Hello"}],
             "max_tokens": 6,
             "temperature": 0.7,

@@ -101,7 +101,7 @@ def test_genq_submit_and_batch_submit_take_a_tenant(
     assert bad.returncode == 2 and "tenant 'a b' is not allowed" in bad.stderr
 
     lines = tmp_path / "batch.jsonl"
-    body = {"model": "m", "prompt": "hello", "max_tokens": 4}
+    body = {"model": "echo", "prompt": "hello", "max_tokens": 4}
     line = {"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": body}
     lines.write_text(json.dumps(line) + "\n")
     args = ["batch", "submit", "--redis-url", redis_url, "--queue", queue]

@@ -99,6 +99,7 @@ function buildOverview(view) {
   view.append(
     h("div", { class: "cards", id: "cards" }),
     h("h2", {}, "By priority"), h("div", { id: "priorities" }),
+    h("h2", {}, "By model"), h("div", { id: "models" }),
     h("h2", {}, "By tenant"), h("div", { id: "tenants-brief" }),
     h("h2", {}, "Last 15 minutes"),
     h("div", { class: "charts" }, CHARTS.map((c) =>
@@ -140,6 +141,19 @@ function priorityRow(name, s) {
     h("td", { "data-test": "oldest_waiting_ms" }, ms(s.oldest_waiting_ms)));
 }
 
+/* Per lane (genq stats --json "models"): the unnamed lane shows the default model it goes to. */
+function modelRow(m) {
+  const name = m.model === null ? `(none: default ${m.served_by || "-"})`
+    : m.model + (m.default ? " (default)" : "");
+  return h("tr", { "data-model": m.model === null ? "" : m.model },
+    h("td", {}, name),
+    h("td", { "data-test": "waiting" }, fmt(m.waiting)),
+    h("td", { "data-test": "workers" }, fmt(m.workers)),
+    h("td", { "data-test": "running" }, fmt(m.running)),
+    h("td", { "data-test": "completion_tokens" }, fmt(m.completion_tokens)),
+    h("td", {}, m.no_live_worker ? pill("waiting for a model with no live worker") : ""));
+}
+
 function tenantBrief(name, t) {
   return h("tr", { "data-tenant": name },
     h("td", {}, name),
@@ -158,7 +172,9 @@ function pct(cache) {
 function renderOverview(snap) {
   const s = snap.stats;
   const streams = Object.values(s.streams);
-  const waiting = streams.reduce((a, x) => a + (x.waiting || 0) + (x.handed_back || 0), 0);
+  const named = (s.models || []).filter((m) => m.model !== null);
+  const waiting = streams.reduce((a, x) => a + (x.waiting || 0) + (x.handed_back || 0), 0)
+    + named.reduce((a, m) => a + m.waiting, 0);
   const live = s.workers.filter((w) => w.state === "live").length;
   const running = s.workers.reduce((a, w) => a + (w.in_flight || 0), 0);
   const oldest = Math.max(0, ...streams.map((x) => x.oldest_waiting_ms || 0));
@@ -175,6 +191,9 @@ function renderOverview(snap) {
   document.getElementById("priorities").replaceChildren(table(
     ["priority", "length", "waiting", "handed back", "held by workers", "lag", "oldest wait"],
     PRIORITIES.map((p) => priorityRow(p, s.streams[p])), { "data-test": "priorities" }));
+  document.getElementById("models").replaceChildren(table(
+    ["model", "waiting", "live workers", "running", "tokens generated", ""],
+    (s.models || []).map(modelRow), { "data-test": "models" }));
   document.getElementById("tenants-brief").replaceChildren(table(
     ["tenant", "waiting", "running", "oldest wait", "tokens last min", "throttled"],
     Object.entries(s.tenants).map(([n, t]) => tenantBrief(n, t)), { "data-test": "tenants" }));
