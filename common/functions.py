@@ -25,8 +25,9 @@ import logging
 from typing import Any
 
 import redis
-from genq.common.scripts import IS_FINAL_LUA, SUBMIT
+from genq.common.scripts import SUBMIT
 from genq.common.settings import DEFAULT_RESULT_TTL_S
+from genq.common.states import IS_FINAL_LUA
 from genq.common.webhooks import HOOK_LUA
 from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 

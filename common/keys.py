@@ -103,11 +103,11 @@ key                    type    written by                  read by             T
 
 Lanes: a request that names a model (``model`` in its body) waits in that model's lane,
 ``genq:{Q}:m<M>:``, whose work keys mirror the unnamed lane's (``genq:{Q}:high``, ...), where
-requests that name none wait. A worker reads only its lanes (``Lanes``): its served names',
-and the unnamed lane when its model is the queue's default (``default_model`` in
-``genq:{Q}:config``). Tenants' settings and accounts (``vtc``, ``reserved``, ``window``,
-``bucket``, ``served``), the queue's limits, workers, prefix holders and results are the
-queue's, shared by its lanes.
+requests that name none wait, and those that name the queue's default model (``default_model``
+in ``genq:{Q}:config``). A worker reads only its lanes (``Lanes``): its served names', the
+default model's workers the unnamed lane instead (``genq.worker.runtime.lanes``). Tenants'
+settings and accounts (``vtc``, ``reserved``, ``window``, ``bucket``, ``served``), the queue's
+limits, workers, prefix holders and results are the queue's, shared by its lanes.
 
 Every priority stream of a queue has a consumer group named ``workers`` (``GROUP``). Entries a
 worker hands back unstarted are pending for the consumer ``genq.returned`` (``RETURNED``) until
@@ -231,11 +231,6 @@ class Keys:
     def priority_of(self, stream: str) -> Priority:
         """The priority a work stream key stands for."""
         return self._where(stream)[1]
-
-    @property
-    def lane_models(self) -> list[str | None]:
-        """The models of the lanes these keys read (None: the unnamed lane)."""
-        return [k.model for k in self.lanes()]
 
     @property
     def doorbells(self) -> list[str]:

@@ -35,7 +35,8 @@ from genq.common import script_calls
 from genq.common.connection import is_cluster
 from genq.common.fair_share import DOORBELL_MAX, PRIORITY_LUA, TENANTS_LUA
 from genq.common.keys import GROUP, QUEUED, Keys
-from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES
+from genq.common.models import DEFAULT_TENANT
+from genq.common.states import IS_FINAL_LUA
 from genq.common.webhooks import HOOK_LUA, owner_key
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
 
@@ -70,22 +71,6 @@ class Applied(IntEnum):
     nothing written; this entry was acknowledged."""
 
 
-_FINAL_TABLE = "{" + ", ".join(f"[{s!r}]=true" for s in sorted(FINAL_STATUSES)) + "}"
-
-IS_FINAL_LUA = f"""
-local FINAL = {_FINAL_TABLE}
-local function is_final(raw)
-  if not raw then return false end
-  -- Every state genq writes starts with its id (which holds no quote) and then its status:
-  -- read that without decoding the whole document, which costs several times more.
-  local status = string.match(raw, '^{{"id":"[^"]*","status":"(%a+)"')
-  if status then return FINAL[status] == true end
-  local ok, doc = pcall(cjson.decode, raw)
-  return ok and type(doc) == 'table' and FINAL[doc['status']] == true
-end
-"""
-
-
 SUBMIT = (
     TENANTS_LUA
     + f"""
@@ -102,7 +87,7 @@ SUBMIT = (
 -- {QUEUED} at once and its id appended to its tenant's index (TENANTS_LUA: ``sweep``).
 -- A request that names a model (its body's first field, or any field of a body this script
 -- decodes) goes to that model's lane (keys.py: ``Keys.lane``), whose groups it makes at the
--- lane's first request; the queue's depth limit holds per lane.
+-- lane's first request; the queue's depth limit counts every lane.
 local ttl = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 4
 if n < 1 or n % 1 ~= 0 or #KEYS ~= 4 + n or not ttl or ttl < 1 then
@@ -156,6 +141,15 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
       .. 'letters, digits, . _ or -')
   end
 end
+-- A request naming the queue's default model waits where the nameless ones do: its workers
+-- read that lane (and, for what came before the default was set, their own).
+local default_model = nil
+for i = 1, n do
+  if model_of[i] ~= '' then
+    default_model = default_model or redis.call('HGET', KEYS[1], 'default_model') or ''
+    if model_of[i] == default_model then model_of[i] = '' end
+  end
+end
 local function stream_of(i, priority)
   if model_of[i] == '' then return KEYS[STREAM[priority]] end
   return lane_base(model_of[i]) .. ':' .. priority
@@ -179,13 +173,14 @@ for i = 1, n do
   if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh_in[m] = fresh_in[m] + 1 end
 end
 local max_depth = tonumber(redis.call('HGET', KEYS[1], '{MAX_QUEUE_DEPTH_FIELD}') or '0') or 0
-if max_depth > 0 then
-  for m, fresh in pairs(fresh_in) do
-    local depth, base = 0, lane_base(m)
+if max_depth > 0 then  -- the whole queue's: every lane's streams
+  local depth, fresh = 0, 0
+  for _, n in pairs(fresh_in) do fresh = fresh + n end
+  for _, base in ipairs(lanes()) do
     for _, p in ipairs(PRI) do depth = depth + redis.call('XLEN', base .. ':' .. p) end
-    if fresh > 0 and depth + fresh > max_depth then
-      return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
-    end
+  end
+  if fresh > 0 and depth + fresh > max_depth then
+    return redis.error_reply('{QUEUE_FULL_PREFIX} ' .. depth .. ' ' .. max_depth)
   end
 end
 local RANK = {{high = 3, normal = 2, low = 1}}

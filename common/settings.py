@@ -97,6 +97,18 @@ class WorkerSettings(BaseModel):
         description="the name this worker serves its model as (requests' and results' model, "
         "GET /v1/models); default: --model (echo for the echo engine)",
     )
+    lora: tuple[str, ...] = Field(
+        (),
+        description="a LoRA adapter this worker serves, as NAME=PATH (repeatable; env: "
+        "space-separated): a PEFT adapter directory made for --model; requests name NAME as "
+        "their model (static and vllm engines)",
+        json_schema_extra={"multiple": True},
+    )
+    max_loras: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="adapters resident at once (0: every --lora); beyond it they load on "
+        "demand and the least recently used one goes",
+    )
     engine: EngineName = Field(
         "auto",
         description="auto (the default: continuous on a CPU, static on a GPU, the faster of "
@@ -255,10 +267,16 @@ class WorkerSettings(BaseModel):
     def _auto_engine(cls, data: Any) -> Any:
         """``engine=auto`` becomes the engine measured faster on the device: on a GPU the static
         engine's step costs the same for 1 to 256 rows and transformers' paged attention
-        (without flash-attn) costs the continuous engine more per step."""
+        (without flash-attn) costs the continuous engine more per step. With ``--lora``, static
+        (the continuous engine runs no adapters)."""
         if isinstance(data, dict) and data.get("engine", "auto") == "auto":
             device = str(data.get("device", "cpu"))
-            return {**data, "engine": "static" if device.startswith("cuda") else "continuous"}
+            static = device.startswith("cuda") or bool(data.get("lora"))
+            return {**data, "engine": "static" if static else "continuous"}
+        if isinstance(data, dict) and data.get("lora") and data.get("engine") == "continuous":
+            raise ValueError(
+                "--lora runs on --engine static or vllm: the continuous engine runs no adapters"
+            )
         return data
 
     @field_validator("max_batch_tokens", "max_batch_size", mode="before")
@@ -285,6 +303,13 @@ class WorkerSettings(BaseModel):
         if not re.fullmatch(r"cpu|cuda|cuda:\d+|mps", v):
             raise ValueError(f"device {v!r} is not one of cpu, cuda, cuda:N, mps")
         return v
+
+    _lora = field_validator("lora", mode="before")(lambda v: lora_items(v))
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """``--lora`` as adapter name -> directory, in the order given."""
+        return dict(item.split("=", 1) for item in self.lora)
 
     @field_validator("vllm_args")
     @classmethod
@@ -333,7 +358,7 @@ class WorkerSettings(BaseModel):
         for name, value in (overrides or {}).items():
             if name not in cls.model_fields:
                 raise ConfigError(f"unknown setting {name!r}")
-            if value is not None:
+            if value is not None and value != ():  # (a repeatable flag not given: ())
                 values[name] = value
         try:
             return cls.model_validate(values, strict=False)
@@ -345,6 +370,24 @@ class WorkerSettings(BaseModel):
                     f"{name} (--{name.replace('_', '-')} / {cls.env_var(name)}): {e['msg']}"
                 )
             raise ConfigError("invalid setting: " + "; ".join(msgs)) from None
+
+
+def lora_items(v: Any) -> tuple[str, ...]:
+    """``--lora`` values (a list, or the env twin's space- or comma-separated text) checked:
+    each ``NAME=PATH`` with a valid model name, given once, at a PEFT adapter directory."""
+    items = v.replace(",", " ").split() if isinstance(v, str) else list(v or ())
+    seen: set[str] = set()
+    for item in items:
+        name, sep, path = str(item).partition("=")
+        problem = model_problem(name) if sep and path else f"{item!r} is not NAME=PATH"
+        if problem is None and name in seen:
+            problem = f"adapter {name!r} is given twice"
+        if problem is None and not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            problem = f"adapter {name!r}: {path!r} has no adapter_config.json (a PEFT adapter)"
+        if problem is not None:
+            raise ValueError(problem)
+        seen.add(name)
+    return tuple(str(i) for i in items)
 
 
 def check_env(env: Mapping[str, str]) -> None:

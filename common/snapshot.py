@@ -232,14 +232,18 @@ def _models(raw: dict[str, Any], workers: list[dict[str, Any]]) -> list[dict[str
     for model, lane in sorted((raw.get("lanes") or {}).items()):
         lanes[model] = int(lane["waiting"])
     for w in live:
-        lanes.setdefault(str(w.get("model")), 0)
+        for served in (str(w.get("model")), *str(w.get("adapters") or "").split()):
+            lanes.setdefault(served, 0)
     rows = []
     for model, waiting in lanes.items():
-        serving = [w for w in live if w.get("model") == (model or default)]
+        name = model or default
+        serving = [
+            w for w in live if name in (w.get("model"), *str(w.get("adapters") or "").split())
+        ]
         rows.append(
             {
                 "model": model,
-                "served_by": model or default,
+                "served_by": name,
                 "default": model is not None and model == default,
                 "waiting": waiting,
                 "workers": len(serving),

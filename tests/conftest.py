@@ -252,7 +252,7 @@ GENQ_ACL_USERS = {
     "genq-worker": (
         f"on >genq-secret {_QUEUE_KEYS} resetchannels -@all +@connection "
         "+get +set +mget +del +exists +expire +hset +hget +hgetall +hdel +hincrby +hincrbyfloat "
-        "+hkeys +hmget +eval +evalsha +fcall +function|load +time +multi +exec "
+        "+hkeys +hmget +hsetnx +eval +evalsha +fcall +function|load +time +multi +exec "
         "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
         "+xgroup|create +xinfo|groups +xinfo|consumers "
         "+rpush +lpush +lpop +llen +lindex +lrange +lrem +lset "

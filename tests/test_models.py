@@ -93,9 +93,9 @@ def test_an_entry_in_the_wrong_lane_fails_instead_of_running_on_the_wrong_model(
 ) -> None:
     start_worker(queue, *echo("alpha"))
     serving(r, queue, ["w0"])
-    # A plain XADD (no script) of a request naming beta into alpha's stream.
-    lane = Keys(queue).lane("alpha")
-    r.xadd(lane.stream("normal"), {"id": "stray", "body": '{"model":"beta","prompt":"x"}'})
+    # A plain XADD (no script) of a request naming beta into the stream alpha's worker reads
+    # (alpha is the queue's default: its requests wait in the unnamed lane).
+    r.xadd(Keys(queue).stream("normal"), {"id": "stray", "body": '{"model":"beta","prompt":"x"}'})
     client = Client.from_url(redis_url, queue)
     result = client.result("stray", timeout=30)
     assert result.status == "failed" and result.error and result.error.code == "model_not_served"

@@ -148,7 +148,7 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
         "kind": "K",
     }
     found = [*k.streams()]
-    lane_methods = {"lane", "lanes", "lane_of", "lane_models", "doorbells", "lane_config"}
+    lane_methods = {"lane", "lanes", "lane_of", "doorbells", "lane_config"}
     for name, member in inspect.getmembers(Keys):
         if name.startswith("_") or name in {"stream", "streams", "priority_of", *lane_methods}:
             continue

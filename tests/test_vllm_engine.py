@@ -48,7 +48,12 @@ COUNTING = "Count from 1 to 2000, separated by commas: 1, 2, 3,"
 
 
 def start_vllm_worker(
-    url: str, consumer: str, log: Path, *args: str, engine_process: bool = False
+    url: str,
+    consumer: str,
+    log: Path,
+    *args: str,
+    engine_process: bool = False,
+    queue: str = QUEUE,
 ) -> WorkerProcess:
     """A vLLM worker on QUEUE; ``engine_process``: vLLM's default, its engine core in a
     process of its own (else in the worker's process, as the module sets it up)."""
@@ -60,7 +65,7 @@ def start_vllm_worker(
                 "--redis-url",
                 url,
                 "--queue",
-                QUEUE,
+                queue,
                 "--consumer",
                 consumer,
                 "--engine",
@@ -82,7 +87,7 @@ def start_vllm_worker(
     r = redis.Redis.from_url(url)
     try:
         wait_until(
-            lambda: r.exists(Keys(QUEUE).worker(consumer)) or worker.proc.poll() is not None,
+            lambda: r.exists(Keys(queue).worker(consumer)) or worker.proc.poll() is not None,
             timeout_s=300,
             every_s=0.2,
         )
@@ -462,8 +467,11 @@ def test_a_broken_engine_makes_the_worker_exit_and_loses_nothing(
     assert broken.proc.wait(timeout=300) == 1  # it exits, and says why
     assert "vLLM's engine failed" in broken.log()
     assert all(client.status(i).status in ("queued", "running") for i in ids)  # none lost
-    # Another worker takes everything over (echo: the takeover, not the model, is under test).
+    # Another worker of the model takes everything over (echo, serving the name: the takeover,
+    # not the model, is under test; a worker of another model would never take them).
     echo_args = [
+        "--served-model-name",
+        "smollm2-135m",
         "--redis-url",
         redis_server.url,
         "--queue",
@@ -598,3 +606,45 @@ def _env_with_path(path: Path) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
     return env
+
+
+@needs_vllm
+def test_lora_adapters_on_vllm_mix_in_one_batch_each_equal_to_itself_alone(
+    redis_server: RedisServer, vllm_env: None, tmp_path: Path
+) -> None:
+    """Two adapters of smollm2 (built offline) and the base model, mixed: vLLM runs them in
+    one batch, each row equal to its text alone, the adapters' different from the base's. (On
+    a CPU the base rows run through a zero adapter: vLLM's CPU kernels would give them another
+    adapter's weights, vLLM #48421; this test caught it.)"""
+    from genq.worker.engines.lora_builder import build_tiny_adapter
+
+    paths = {
+        n: build_tiny_adapter(tmp_path / n, seed=s, base="smollm2-135m")
+        for n, s in (("s1", 1), ("s2", 2))
+    }
+    loras = [f"--lora={n}={p}" for n, p in paths.items()]
+    worker = start_vllm_worker(
+        redis_server.url, "lora", tmp_path / "w.log", *loras, queue="vllm-lora"
+    )
+    client = Client.from_url(redis_server.url, "vllm-lora")
+    try:
+        models = [None, "s1", "s2", "s1", "smollm2-135m", "s2"]
+        items = [
+            {"prompt": "Tell me about the sea.", **({"model": m} if m else {})} for m in models
+        ]
+        batched = client.results(client.submit_many(items, max_new_tokens=10), timeout=300)
+        assert [x.model for x in batched] == [
+            "smollm2-135m",
+            "s1",
+            "s2",
+            "s1",
+            "smollm2-135m",
+            "s2",
+        ]
+        alone = [client.generate(**item, max_new_tokens=10, timeout=120).text for item in items]
+        assert [x.text for x in batched] == alone
+        assert len({alone[0], alone[1], alone[2]}) == 3
+        assert max(x.batch_size or 0 for x in batched) > 1
+    finally:
+        client.close()
+        worker.stop()

@@ -36,9 +36,12 @@ def models_list(redis_url: str, queue: str, as_json: bool) -> None:
 @models.command("default")
 @redis_options
 @click.argument("name", required=False)
-def models_default(redis_url: str, queue: str, name: str | None) -> None:
+@click.option("--force", is_flag=True, help="change it even while requests wait for the old one")
+def models_default(redis_url: str, queue: str, name: str | None, force: bool) -> None:
     """Print the queue's default model, or make NAME the default: requests that name no model
-    go to its workers (workers look when they start: restart them to change who reads)."""
+    (or the default) wait for its workers. Workers look when they start: restart those of the
+    old and the new default. Refused while requests wait in the unnamed lane (the old
+    default's, some naming it), unless --force."""
     from genq.common.connection import connect
     from genq.common.keys import DEFAULT_MODEL_FIELD, Keys
     from genq.common.models import model_problem
@@ -53,5 +56,15 @@ def models_default(redis_url: str, queue: str, name: str | None) -> None:
         problem = model_problem(name)
         if problem is not None:
             raise click.BadParameter(problem, param_hint="NAME")
+        old = r.hget(keys.config, DEFAULT_MODEL_FIELD)
+        waiting = sum(int(r.xlen(s)) for s in keys.streams())
+        if old is not None and as_text(old) != name and waiting and not force:
+            raise click.ClickException(
+                f"{waiting} requests wait in the unnamed lane for {as_text(old)!r} (some may name "
+                "it): let them drain first, or --force"
+            )
         r.hset(keys.config, DEFAULT_MODEL_FIELD, name)
-    click.echo(f"requests on queue {queue!r} that name no model go to {name!r}")
+    click.echo(
+        f"requests on queue {queue!r} that name no model (or {name!r}) now wait for {name!r}: "
+        "restart the workers of the old and the new default"
+    )

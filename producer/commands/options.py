@@ -78,6 +78,9 @@ def settings_options(func: F) -> F:
         default = "auto" if click_type is AUTO_OR_COUNT else info.default
         help_text = f"{info.description} [env: {WorkerSettings.env_var(name)}; default: {default}]"
         flag = name.replace("_", "-")
+        if isinstance(extra, dict) and extra.get("multiple"):  # repeatable: --x A --x B
+            func = click.option(f"--{flag}", name, multiple=True, help=help_text)(func)
+            continue
         if isinstance(extra, dict) and extra.get("flag_pair"):  # --x/--no-x
             func = click.option(f"--{flag}/--no-{flag}", name, default=None, help=help_text)(func)
             continue

@@ -59,13 +59,13 @@ class Fleet:
                     names.append(name)
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
-            pipe.hmget(self._keys.worker(name), "model", "started_unix_ms")
+            pipe.hmget(self._keys.worker(name), "model", "started_unix_ms", "adapters")
         models: dict[str, int] = {}
-        for model, started in await pipe.execute() if names else []:
+        for model, started, adapters in await pipe.execute() if names else []:
             if model is not None:  # the hash expired: that worker is gone
-                name = as_text(model)
-                models[name] = models.get(name, 0) + 1
-                self._created.setdefault(name, int(as_text(started or b"0")) // 1000)
+                for name in [as_text(model), *as_text(adapters or b"").split()]:
+                    models[name] = models.get(name, 0) + 1
+                    self._created.setdefault(name, int(as_text(started or b"0")) // 1000)
         self._models, self._read_at = models, time.monotonic()
         return models
 

@@ -11,6 +11,10 @@ module              what it measures
                     low ones, a low backlog's speed, short requests beside long ones
                     (``--scenario priority``)
 ``fleet``           a fleet of workers against an ideal central queue
+``models``          two models on one queue and one gateway, mixed, a worker killed: answers
+                    by the wrong model, texts against each model's alone
+``adapters``        LoRA adapters mixed in batches, and swapping past ``--max-loras``,
+                    against the base model alone (static or vLLM)
 ``gateway``         ``genq serve`` against the client library, per request and streamed
 ``flood``           one tenant's thousands of waiting chats at one ``genq serve`` against
                     another's single requests and ``/health``; connections and memory

@@ -32,6 +32,8 @@ SELF_RUN = (
     "flood",
     "attacks",
     "gateway",
+    "models",
+    "adapters",
 )  # run_and_print
 SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
 
@@ -95,7 +97,9 @@ SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
     "prefix: echo workers with simulated prefix caches, placement by prefix on and off; "
     "prefix-vllm: the same on vLLM (smollm2-135m), with chats through genq serve; "
     "flood: one tenant's thousands of waiting chats beside another's; attacks: one tenant's "
-    "attacks on a gateway's defaults beside another's chats",
+    "attacks on a gateway's defaults beside another's chats; models: two models on one queue "
+    "and one gateway, mixed requests, a worker killed: no wrong-model answers; adapters: "
+    "LoRA adapters mixed in batches against the base model (--engine vllm: on vLLM)",
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(

@@ -59,7 +59,8 @@ def _launch(settings: WorkerSettings, flags: dict[str, Any]) -> int:
         a
         for k, v in flags.items()
         if v is not None and k not in skip
-        for a in (f"--{k.replace('_', '-')}", str(v))
+        for one in (v if isinstance(v, tuple) else (v,))  # a repeatable flag: once per value
+        for a in (f"--{k.replace('_', '-')}", str(one))
     ]
     launcher = Launcher(
         gpus,

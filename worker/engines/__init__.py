@@ -6,13 +6,17 @@ environment and ``EngineArgs``) and ``echo`` (no model, for load tests) share th
 small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-250m and
 random-1b models, built offline), ``packaged_models`` (smollm2-135m from its PyPI
 package), ``chat`` (chat templates), ``grammar`` (response formats compiled by xgrammar, and
-the logits processor that holds rows to them) and ``simulated_cache`` (the echo engine's
-prefix cache, an LRU of hashed prompt blocks) and ``reaper`` (a small process that ends vLLM's
-processes when their worker dies, SIGKILL included). Engines that need torch import it only when
-built, so the worker's other modules stay importable without it.
+the logits processor that holds rows to them), ``adapters`` (LoRA adapters on a transformers
+model, with PEFT: mixed-adapter batches, loaded on demand; ``lora_builder`` builds test ones)
+and ``simulated_cache`` (the echo
+engine's prefix cache, an LRU of hashed prompt blocks) and ``reaper`` (a small process that
+ends vLLM's processes when their worker dies, SIGKILL included). Engines that need torch import
+it only when built, so the worker's other modules stay importable without it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import BatchReport, Engine, GenerationInput, GenerationOutput
@@ -48,7 +52,7 @@ def make_engine(settings: WorkerSettings) -> Engine:
             prefix_room_tokens=_room(settings, limits) or 0,
         )
     else:
-        engine = StaticEngine(model, tokenizer, settings.device)
+        engine = StaticEngine(model, tokenizer, settings.device, _adapters(settings, model))
     engine.limits = limits
     return engine
 
@@ -73,7 +77,8 @@ def _other_engine(settings: WorkerSettings, limits: BatchLimits) -> Engine:
             max_batch_tokens=limits.tokens,
             max_batch_size=limits.size,
             prefix_room_tokens=_room(settings, limits),
-            vllm_args=settings.vllm_engine_args,
+            vllm_args={**_vllm_lora(settings), **settings.vllm_engine_args},
+            adapters=settings.adapters,
         )
     engine.limits = limits
     return engine
@@ -88,3 +93,24 @@ def _room(settings: WorkerSettings, limits: BatchLimits) -> int | None:
         on_gpu=settings.device.startswith("cuda"),
         echo_cache_tokens=settings.echo_cache_tokens,
     )
+
+
+def _adapters(settings: WorkerSettings, model: Any) -> Any:
+    """The ``--lora`` adapters on ``model`` (each loaded once to check it), or None."""
+    if not settings.adapters:
+        return None
+    from genq.worker.engines.adapters import Adapters
+    from genq.worker.engines.static import resolve_model
+
+    names = [settings.model, resolve_model(settings.model)]
+    return Adapters(model, settings.adapters, max_loras=settings.max_loras, base_names=names)
+
+
+def _vllm_lora(settings: WorkerSettings) -> dict[str, Any]:
+    """vLLM's LoRA arguments for the ``--lora`` adapters (checked first), or none."""
+    from genq.worker.engines.static import resolve_model
+    from genq.worker.engines.vllm_args import lora_engine_args
+
+    names = [settings.model, resolve_model(settings.model)]
+    cpu = settings.device == "cpu"  # base rows through a zero adapter there (zero_adapter)
+    return lora_engine_args(settings.adapters, settings.max_loras, names, base_slot=cpu)

@@ -50,6 +50,9 @@ class GenerationInput:
     text): the row may generate only what it allows."""
     priority: str = "normal"
     """The request's priority (``high``, ``normal``, ``low``): vLLM's scheduler orders by it."""
+    adapter: str | None = None
+    """The model the request named: one of the engine's LoRA adapters runs the row through it
+    (``--lora``); any other name (the base model's), or None, through the base model."""
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     """If set, called with each new piece of text as it is generated (streaming)."""
 
@@ -201,6 +204,8 @@ class BatchReport:
     """Row-steps of decoding run (rows x steps for static); useful ones are completion tokens."""
     errors: dict[int, str] = field(default_factory=dict)
     """Rows that failed, by index, with the reason; their outputs entry is a placeholder."""
+    adapter_loads: int = 0
+    """LoRA adapters loaded for this batch (``--max-loras``: swaps)."""
 
     @property
     def completion_tokens(self) -> int:

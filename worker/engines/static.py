@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from genq.common.formats import ResponseFormat
+from genq.worker.engines.adapters import Adapters, in_parts
 from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
@@ -53,8 +54,12 @@ class StaticEngine:
     prefix_room = 0
     """No cache outlives a ``generate`` call: nothing of a batch is kept for the next."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu") -> None:
-        self.model = model.eval()
+    def __init__(
+        self, model: Any, tokenizer: Any, device: str = "cpu", adapters: Adapters | None = None
+    ) -> None:
+        self.adapters = adapters
+        """The LoRA adapters (``--lora``), the model wrapped in PEFT; None: none."""
+        self.model = (model if adapters is None else adapters.model).eval()
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         self.device = device
@@ -91,7 +96,15 @@ class StaticEngine:
         return self.grammars.constraint(fmt)
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
-        """Run the batch in one ``generate`` call (a row with ``n`` > 1 as n rows)."""
+        """Run the batch in one ``generate`` call (a row with ``n`` > 1 as n rows; rows of more
+        adapters than fit at once, in parts: ``Adapters.parts_of``)."""
+        if self.adapters is not None:
+            before = self.adapters.loads
+            report = in_parts(self._generate_rows, batch, self.adapters)
+            return dataclasses.replace(report, adapter_loads=self.adapters.loads - before)
+        return self._generate_rows(batch)
+
+    def _generate_rows(self, batch: Sequence[GenerationInput]) -> BatchReport:
         if all(r.n == 1 for r in batch):
             return self._generate(batch)
         rows, counts = expand_choices(batch)
@@ -132,6 +145,9 @@ class StaticEngine:
             pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_ids or None,
         )
+        extra: dict[str, Any] = {}
+        if self.adapters is not None:  # each row through its adapter (PEFT's mixed batch)
+            extra["adapter_names"] = self.adapters.names_of(batch)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=input_ids.to(self.device),
@@ -139,6 +155,7 @@ class StaticEngine:
                 generation_config=config,
                 logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([limits]),
+                **extra,
             )
         generated = out[:, width:].tolist()
         steps = len(generated[0]) if generated else 0

@@ -5,6 +5,7 @@ chooses. Imports vLLM only inside the functions that need it."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -143,3 +144,58 @@ def worker_engine_args(
         prefix_room_tokens=prefix_room_tokens,
         extra=vllm_args,
     )
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The LoRA ranks vLLM sizes its adapter slots for (``max_lora_rank``)."""
+
+
+def lora_engine_args(
+    adapters: Mapping[str, str], max_loras: int, base_names: list[str], *, base_slot: bool = False
+) -> dict[str, Any]:
+    """vLLM's LoRA ``EngineArgs`` for ``--lora`` adapters (each checked: ConfigError), or none:
+    ``max_loras`` adapters in a batch at once (vLLM's slots, swapped least recently used first;
+    0: every one), all of them kept in CPU memory, slots of the largest rank. ``base_slot``:
+    one slot more, for the zero adapter the base model's rows run through (``zero_adapter``:
+    on a CPU)."""
+    if not adapters:
+        return {}
+    from genq.worker.engines.adapters import adapter_rank, check_adapter
+
+    for name, path in adapters.items():
+        check_adapter(name, path, base_names)
+    top = max(adapter_rank(p) for p in adapters.values())
+    rank = next((r for r in LORA_RANKS if r >= top), None)
+    if rank is None:
+        raise ConfigError(f"an adapter's rank is {top}: vLLM's largest is {LORA_RANKS[-1]}")
+    extra = int(base_slot)
+    return {
+        "enable_lora": True,
+        "max_loras": (max_loras or len(adapters)) + extra,
+        "max_lora_rank": rank,
+        "max_cpu_loras": len(adapters) + extra,
+    }
+
+
+def lora_requests(
+    adapters: Mapping[str, str], device: str
+) -> tuple[dict[str, Any], tempfile.TemporaryDirectory[str] | None]:
+    """vLLM's ``LoRARequest`` for each adapter (ids 1, 2, ...), by name; on a CPU also
+    ``BASE``, the zero adapter the base model's rows run through (``zero_adapter``: vLLM's
+    CPU kernels alias a row without one to an adapter's slot), in a directory to keep while
+    the engine runs (the second value)."""
+    if not adapters:
+        return {}, None
+    from genq.worker.engines.adapters import BASE, zero_adapter
+    from vllm.lora.request import LoRARequest
+
+    folder = None
+    named = dict(adapters)
+    if device == "cpu":
+        folder = tempfile.TemporaryDirectory(prefix="genq-zero-adapter-")
+        named[BASE] = zero_adapter(next(iter(adapters.values())), folder.name)
+    requests = {
+        name: LoRARequest(lora_name=name, lora_int_id=i, lora_path=path)
+        for i, (name, path) in enumerate(named.items(), start=1)
+    }
+    return requests, folder

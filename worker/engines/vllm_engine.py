@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ from typing import Any, Literal
 
 from genq.common.errors import ConfigError, GenqError, InvalidRequest
 from genq.common.formats import ResponseFormat
+from genq.worker.engines.adapters import BASE
 from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
@@ -58,7 +60,7 @@ from genq.worker.engines.base import (
     run_to_completion,
 )
 from genq.worker.engines.reaper import start_reaper
-from genq.worker.engines.vllm_args import BLOCK_TOKENS, worker_engine_args
+from genq.worker.engines.vllm_args import BLOCK_TOKENS, lora_requests, worker_engine_args
 from genq.worker.policy.sizing import BatchLimits, kv_cache_tokens
 
 log = logging.getLogger("genq.worker")
@@ -110,11 +112,13 @@ class VllmEngine:
         """KV-cache tokens beyond the batch budget (``load`` counts them): prefixes kept."""
         self.reaper: Any = None
         """This process's reaper (``reaper.py``): vLLM's processes do not outlive it."""
+        self.loras: dict[str, Any] = {}  # --lora: vLLM's LoRARequest by name (BASE on a CPU)
+        self._zero_dir: tempfile.TemporaryDirectory[str] | None = None  # (lora_requests)
         # The loop's thread only, by key: the rows in flight, what to send vLLM to run each
         # again, its run's id in vLLM (a paused request runs again under a new one), the
         # paused, and what each stream has sent so far.
         self._rows: dict[str, GenerationInput] = {}
-        self._added: dict[str, tuple[Any, Any, int]] = {}
+        self._added: dict[str, tuple[Any, Any, int, Any]] = {}
         self._run_of: dict[str, str] = {}
         self._key_of: dict[str, str] = {}  # run id -> key: the runs whose outputs count
         self._paused: set[str] = set()
@@ -139,6 +143,7 @@ class VllmEngine:
         max_batch_size: int,
         prefix_room_tokens: int | None = 0,
         vllm_args: Mapping[str, Any] | None = None,
+        adapters: Mapping[str, str] | None = None,
     ) -> VllmEngine:
         """Start vLLM's engine on a model: a built-in name, a local directory or a hub id,
         with ``prefix_room_tokens`` of KV cache beyond the batch budget (None: vLLM sizes its
@@ -168,6 +173,7 @@ class VllmEngine:
         reaper = start_reaper()  # ends vLLM's processes if this one is killed (-9 included)
         engine = cls(LLMEngine.from_engine_args(engine_arguments))
         engine.reaper = reaper
+        engine.loras, engine._zero_dir = lora_requests(adapters or {}, device)
         # What vLLM made of it (its blocks, counted once its cache was allocated).
         blocks = engine._engine.vllm_config.cache_config.num_gpu_blocks or 0
         batch = kv_cache_tokens(
@@ -232,7 +238,8 @@ class VllmEngine:
         if row.on_text is not None:
             self._sent[key] = ""
         priority = VLLM_PRIORITY.get(row.priority, 1)
-        self._added[key] = ({"prompt_token_ids": row.prompt_ids}, params, priority)
+        lora = self.loras.get(row.adapter or BASE, self.loras.get(BASE))  # None: no adapters
+        self._added[key] = ({"prompt_token_ids": row.prompt_ids}, params, priority, lora)
         self._start(key, key)
 
     def _start(self, key: str, run_id: str) -> None:
@@ -356,7 +363,7 @@ class VllmEngine:
         try:
             while not self._closing:
                 self._wake.clear()
-                self._apply_commands()
+                _apply_commands(engine, self._commands, self._outputs, self._refusals)
                 if not engine.has_unfinished_requests():
                     self._wake.wait()
                     continue
@@ -374,20 +381,24 @@ class VllmEngine:
             self._failure = err
             self._outputs.put(None)
 
-    def _apply_commands(self) -> None:
-        aborts = []
-        while self._commands:
-            what, key, payload = self._commands.popleft()
-            if what == "abort":
-                aborts.append(key)
-                continue
-            prompt, params, priority = payload
-            try:
-                self._engine.add_request(key, prompt, params, priority=priority)
-            except self._refusals as err:  # vLLM's refusal of this request alone
-                self._outputs.put((key, InvalidRequest(f"vLLM refused the request: {err}")))
-        if aborts:
-            self._engine.abort_request(aborts)
+
+def _apply_commands(
+    engine: Any, commands: deque[tuple[str, Any, Any]], outputs: Any, refusals: Any
+) -> None:
+    """The engine thread's: send vLLM the requests added and aborted since its last step."""
+    aborts = []
+    while commands:
+        what, key, payload = commands.popleft()
+        if what == "abort":
+            aborts.append(key)
+            continue
+        prompt, params, priority, lora = payload
+        try:
+            engine.add_request(key, prompt, params, priority=priority, lora_request=lora)
+        except refusals as err:  # vLLM's refusal of this request alone
+            outputs.put((key, InvalidRequest(f"vLLM refused the request: {err}")))
+    if aborts:
+        engine.abort_request(aborts)
 
 
 def _core_outputs(engine: Any) -> queue.Queue[Any] | None:

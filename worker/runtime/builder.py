@@ -57,7 +57,7 @@ def build_worker(
     def side_connection() -> redis.Redis:  # a thread's own (the keeper's, the doorbell's)
         return connect(settings.redis_url) if redis_client is None else redis_client
 
-    keys = worker_lanes(r, settings.queue, [settings.served_model])
+    keys = worker_lanes(r, settings.queue, [settings.served_model, *settings.adapters])
     order = make_order(settings.tenant_policy, prefix_aware=settings.prefix_aware)
     tenants = TenantAccounts(r, keys)
     prefixes = PrefixAffinity(
@@ -168,6 +168,7 @@ def _heartbeat(
         engine=engine.name,
         model=settings.served_model,
         device="-" if engine.name == "echo" else settings.device,
+        adapters=list(settings.adapters),
     )
     return Heartbeat(
         queue=queue,
@@ -211,7 +212,7 @@ def _intake(settings: WorkerSettings, engine: Engine, outcomes: Outcomes, keys: 
         max_context_tokens=engine.max_context_tokens,
         max_batch_tokens=settings.max_batch_tokens,
         vocab_size=None if engine.tokenizer is None else len(engine.tokenizer),
-        models=frozenset(m for m in keys.lane_models if m is not None) or None,
+        models=frozenset([settings.served_model, *settings.adapters]),
     )
     return Intake(
         engine=engine,

@@ -70,6 +70,8 @@ class Counters:
     oom_splits: int = 0
     preempted: int = 0
     """Running requests that gave their place to a higher-priority one (paused, run again)."""
+    adapter_loads: int = 0
+    """LoRA adapters loaded on demand (past ``--max-loras``: swaps; static engine)."""
     prompt_tokens: int = 0
     padded_prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -130,6 +132,7 @@ class Counters:
         self.cached_tokens += report.cached_tokens
         self.completion_tokens += report.completion_tokens
         self.decode_slots += report.decode_slots
+        self.adapter_loads += report.adapter_loads
         self.generation_ms += generation_ms
 
     def generated_one(
@@ -158,7 +161,15 @@ class Counters:
 class Identity:
     """Who a worker is, in its stats hash: fixed for its life (read once, not per batch)."""
 
-    def __init__(self, *, consumer: str, engine: str, model: str, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        *,
+        consumer: str,
+        engine: str,
+        model: str,
+        device: str = "cpu",
+        adapters: list[str] | None = None,
+    ) -> None:
         self.fields: dict[str, Any] = {
             "consumer": consumer,
             "device": device,
@@ -168,6 +179,8 @@ class Identity:
             "model": model,
             "started_unix_ms": now_ms(),
         }
+        if adapters:  # the LoRA adapters it serves as models too (--lora), space-separated
+            self.fields["adapters"] = " ".join(adapters)
 
 
 class Heartbeat:

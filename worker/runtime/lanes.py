@@ -1,11 +1,13 @@
 """Which lanes a worker reads (``common/keys.py``: ``Keys.lane``): the lane of each name it
-serves, and the unnamed lane (requests that name no model) when its model is the queue's
-default.
+serves; but the queue's default model's requests wait in the unnamed lane, with those that
+name no model, so its workers read that one instead (and their own lane only if it exists:
+requests that named the model before it became the default).
 
 The queue's default model is ``default_model`` in ``genq:{Q}:config``: the first worker to
 start sets it to its served name (HSETNX), and ``genq models default NAME`` changes it. So
 requests without a model are answered by one model only, whichever workers run: a worker of
-another model never reads them. A worker looks at the default when it starts.
+another model never reads them. A worker looks at the default when it starts. A queue of one
+model keeps the keys it always had: one lane, the unnamed one.
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ def worker_lanes(r: Any, queue: str, served: list[str]) -> Lanes:
         problem = model_problem(name)
         if problem is not None:
             raise ConfigError(f"{problem}; name it with --served-model-name")
-    config = Keys(queue).config
+    keys = Keys(queue)
     pipe = r.pipeline(transaction=False)
-    pipe.hsetnx(config, DEFAULT_MODEL_FIELD, served[0])
-    pipe.hget(config, DEFAULT_MODEL_FIELD)
-    _, default = pipe.execute()
+    pipe.hsetnx(keys.config, DEFAULT_MODEL_FIELD, served[0])
+    pipe.hget(keys.config, DEFAULT_MODEL_FIELD)
+    pipe.sismember(keys.models, served[0])
+    _, default, named_before = pipe.execute()
     models: list[str | None] = list(served)
     if default is not None and as_text(default) == served[0]:
-        models.append(None)
+        models = [None, *served[1:]]  # its requests wait in the unnamed lane
+        if named_before:
+            models.append(served[0])
     else:
         log.info(
             "requests that name no model go to %s (the queue's default model), not to this worker",

@@ -114,7 +114,7 @@ class Outcomes:
             finished_ms=finished_ms,
             generation_ms=generation_ms,
             worker=self.worker,
-            model=self.model,
+            model=r.model or self.model,  # the name it asked for: this model's, or an adapter's
             batch_size=batch_size,
             logprobs=out.logprobs,
             choices=None if out.choices is None else choice_dicts(out.choices),

@@ -197,6 +197,7 @@ class Runner:
             n=r.n,
             constraint=held.constraint,
             priority=r.priority,
+            adapter=r.model,
             on_text=on_text,
         )
 

@@ -1,0 +1,136 @@
+"""LoRA adapters per request (issue #37): ``genq worker --lora NAME=PATH`` serves each adapter
+as a model of its own; one batch holds rows of different adapters and of the base model, each
+equal to its text alone; ``--max-loras`` bounds what is resident, the rest loading on demand.
+Adapters are built offline on the tiny model (PEFT, random non-zero weights)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+from genq.common.errors import ConfigError
+from genq.common.keys import Keys
+from genq.producer import Client
+
+from tests.conftest import WorkerProcess, genq, wait_until
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Three adapters of the tiny model, different seeds: name -> directory."""
+    from genq.worker.engines.lora_builder import build_tiny_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {f"a{s}": str(build_tiny_adapter(root / f"a{s}", seed=s)) for s in (1, 2, 3)}
+
+
+def _engine(adapters: dict[str, str], max_loras: int = 0) -> object:
+    from genq.worker.engines.adapters import Adapters
+    from genq.worker.engines.static import StaticEngine, load_model
+
+    model, tokenizer = load_model("tiny")
+    loaded = Adapters(model, adapters, max_loras=max_loras, base_names=["tiny"])
+    return StaticEngine(model, tokenizer, "cpu", loaded)
+
+
+def test_one_batch_of_mixed_adapters_equals_each_row_alone_and_adapters_differ(
+    adapters: dict[str, str],
+) -> None:
+    from genq.worker.engines.base import GenerationInput
+    from genq.worker.engines.static import StaticEngine
+
+    engine = _engine(adapters)
+    assert isinstance(engine, StaticEngine)
+    prompts = engine.tokenize(["Once upon a time", "Hello", "The queue"])
+    names = [None, "a1", "a2", "a3", "a1", None, "tiny", "a2"]  # "tiny": the base's own name
+    rows = [
+        GenerationInput(prompt_ids=prompts[i % 3], max_new_tokens=10, adapter=a)
+        for i, a in enumerate(names)
+    ]
+    batched = [o.text for o in engine.generate(rows).outputs]
+    alone = [engine.generate([r]).outputs[0].text for r in rows]
+    assert batched == alone
+    same_prompt = [
+        engine.generate([GenerationInput(prompt_ids=prompts[0], max_new_tokens=10, adapter=a)])
+        for a in (None, "a1", "a2", "a3")
+    ]
+    assert len({r.outputs[0].text for r in same_prompt}) == 4  # each adapter changes the text
+
+
+def test_past_max_loras_adapters_swap_least_recently_used_and_outputs_do_not_change(
+    adapters: dict[str, str],
+) -> None:
+    from genq.worker.engines.base import GenerationInput
+    from genq.worker.engines.static import StaticEngine
+
+    full, small = _engine(adapters), _engine(adapters, max_loras=2)
+    assert isinstance(full, StaticEngine) and isinstance(small, StaticEngine)
+    assert small.adapters is not None and len(small.adapters.resident) == 2
+    ids = full.tokenize(["rotate"])[0]
+    for turn in ("a1", "a2", "a3", "a1", None):  # in rotation: each one not resident loads
+        row = [GenerationInput(prompt_ids=ids, max_new_tokens=8, adapter=turn)]
+        assert small.generate(row).outputs[0].text == full.generate(row).outputs[0].text
+    assert small.adapters.loads >= 2 and len(small.adapters.resident) == 2
+    mixed = [GenerationInput(prompt_ids=ids, max_new_tokens=8, adapter=a) for a in adapters]
+    texts = [o.text for o in small.generate(mixed).outputs]  # 3 adapters, 2 fit: in parts
+    assert texts == [o.text for o in full.generate(mixed).outputs]
+    assert small.adapters.parts == 1
+
+
+def test_a_worker_serves_its_adapters_as_models_batched_with_the_base(
+    adapters: dict[str, str],
+    redis_url: str,
+    queue: str,
+    r: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    loras = [f"--lora={n}={p}" for n, p in adapters.items()]
+    start_worker(queue, "--model", "tiny", "--max-wait-ms", "300", *loras, "--max-loras", "2")
+    wait_until(lambda: r.exists(Keys(queue).worker("w0")), timeout_s=120)
+    assert r.hget(Keys(queue).worker("w0"), "engine") == b"static"  # auto, with --lora
+    client = Client.from_url(redis_url, queue)
+    models = ["tiny", "a1", "a2", "a3", None, "a1"]
+    items = [{"prompt": "Once upon a time", **({"model": m} if m else {})} for m in models]
+    batched = client.results(client.submit_many(items, max_new_tokens=8), timeout=120)
+    assert [x.status for x in batched] == ["succeeded"] * 6
+    assert [x.model for x in batched] == ["tiny", "a1", "a2", "a3", "tiny", "a1"]
+    alone = [client.generate(**item, max_new_tokens=8, timeout=60) for item in items]
+    assert [x.text for x in batched] == [x.text for x in alone]
+    assert len({x.text for x in batched}) == 4  # the base and three adapters
+    assert max(x.batch_size or 0 for x in batched) > 1  # they did share a batch
+
+
+def test_bad_lora_values_stop_the_worker_at_start_with_one_line(
+    adapters: dict[str, str], tmp_path: Path, redis_url: str, queue: str
+) -> None:
+    from genq.worker.engines.adapters import check_adapter
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    config = json.loads((Path(adapters["a1"]) / "adapter_config.json").read_text())
+    (foreign / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    )
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text(json.dumps(config))
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ConfigError, match="made for"):
+        check_adapter("f", str(foreign), ["tiny"])
+    where = ("--redis-url", redis_url, "--queue", queue, "--model", "tiny")
+    cases = {
+        "missing": ("--lora", f"x={tmp_path / 'nowhere'}"),
+        "not NAME=PATH": ("--lora", "just-a-name"),
+        "broken": ("--lora", f"x={broken}"),
+        "foreign": ("--lora", f"x={foreign}"),
+        "continuous": ("--lora", f"x={adapters['a1']}", "--engine", "continuous"),
+    }
+    for case, args in cases.items():
+        done = genq("worker", *where, *args, timeout_s=120)
+        err = done.stderr.strip().splitlines()
+        assert done.returncode != 0, case
+        assert err and "Traceback" not in done.stderr, (case, done.stderr[-2000:])
+        assert any(w in err[-1] for w in ("adapter", "lora", "NAME=PATH")), (case, err[-1])
