@@ -13,6 +13,7 @@ import pytest
 import redis
 from genq.common.errors import ConfigError
 from genq.common.keys import Keys
+from genq.common.settings import WorkerSettings
 from genq.producer import Client
 
 from tests.conftest import WorkerProcess, genq, wait_until
@@ -120,13 +121,23 @@ def test_bad_lora_values_stop_the_worker_at_start_with_one_line(
     (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ConfigError, match="made for"):
         check_adapter("f", str(foreign), ["tiny"])
+    settings_cases = {  # refused by the settings, as the command line's are (one line)
+        "has no adapter_config.json": {"lora": (f"x={tmp_path / 'nowhere'}",)},
+        "is not NAME=PATH": {"lora": "just-a-name"},  # (the env twin's text)
+        "is given twice": {"lora": (f"x={adapters['a1']}", f"x={adapters['a2']}")},
+        "continuous engine runs no adapters": {
+            "lora": (f"x={adapters['a1']}",),
+            "engine": "continuous",
+        },
+    }
+    for why, values in settings_cases.items():
+        with pytest.raises(ConfigError, match=why):
+            WorkerSettings.build(values, env={})
     where = ("--redis-url", redis_url, "--queue", queue, "--model", "tiny")
-    cases = {
+    cases = {  # found when the engine loads them, before the worker serves
         "missing": ("--lora", f"x={tmp_path / 'nowhere'}"),
-        "not NAME=PATH": ("--lora", "just-a-name"),
         "broken": ("--lora", f"x={broken}"),
         "foreign": ("--lora", f"x={foreign}"),
-        "continuous": ("--lora", f"x={adapters['a1']}", "--engine", "continuous"),
     }
     for case, args in cases.items():
         done = genq("worker", *where, *args, timeout_s=120)

@@ -77,7 +77,9 @@ def build_worker(
         affinity=prefixes,
     )
     counters = Counters()
-    metrics = Metrics(keys.queue, settings.metrics_port, settings.metrics_host)
+    metrics = Metrics(
+        keys.queue, settings.metrics_port, settings.metrics_host, model=settings.served_model
+    )
     lookahead = Lookahead.for_settings(settings, keys.streams())
     budget = AdaptiveBudget(full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s)
     outcomes = _outcomes(settings, engine, keys)

@@ -1,9 +1,11 @@
 """``genq worker --metrics-port N``: a Prometheus endpoint with the worker's own metrics.
 
 Names follow Prometheus conventions (base units, ``_total`` for counters). Every metric carries
-the worker's ``queue`` label; requests also carry ``priority``, ``status`` and ``tenant``, and
-generated tokens ``tenant``. Cardinality: one series per tenant (x status x priority) per
-metric; a fleet with thousands of tenants should scrape ``genq stats --json`` instead.
+the worker's ``queue`` and ``model`` labels (its served name: a sum by ``model`` is per model;
+its adapters' requests count under it); requests also carry ``priority``, ``status`` and
+``tenant``, and generated tokens ``tenant``. Cardinality: one series per tenant (x status x
+priority) per metric; a fleet with thousands of tenants should scrape ``genq stats --json``
+instead.
 
 =====================================  =========  =============================================
 metric                                 type       what
@@ -52,15 +54,18 @@ _TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536)
 class Metrics:
     """The worker's Prometheus metrics; every method is a no-op when disabled."""
 
-    def __init__(self, queue: str, port: int | None, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self, queue: str, port: int | None, host: str = "0.0.0.0", model: str = "-"
+    ) -> None:
         self.enabled = port is not None
         self.queue = queue
+        self.model = model
         if port is None:
             return
         import prometheus_client as pc
 
         self.registry = pc.CollectorRegistry()
-        q = ["queue"]
+        q = ["queue", "model"]
         self.requests = pc.Counter(
             "genq_requests_total",
             "Requests ended, by final status",
@@ -129,9 +134,9 @@ class Metrics:
         # One label lookup per label set, not per request: a batch is hundreds of requests.
         counts = Counter((o.status, o.priority, o.tenant) for o in outcomes)
         for (status, priority, tenant), n in counts.items():
-            self.requests.labels(self.queue, status, priority, tenant).inc(n)
+            self.requests.labels(self.queue, self.model, status, priority, tenant).inc(n)
         for priority in {o.priority for o in outcomes}:
-            wait = self.wait.labels(self.queue, priority)
+            wait = self.wait.labels(self.queue, self.model, priority)
             for o in outcomes:
                 if o.priority == priority and o.queue_wait_ms is not None:
                     wait.observe(o.queue_wait_ms / 1000)
@@ -140,17 +145,17 @@ class Metrics:
             tokens[o.tenant] += o.completion_tokens
         for tenant, n in tokens.items():
             if n:
-                self.tokens.labels(self.queue, tenant).inc(n)
+                self.tokens.labels(self.queue, self.model, tenant).inc(n)
 
     def batch(self, size: int, tokens: int, seconds: float | None) -> None:
         """Record one batch (static) or one started set (continuous)."""
         if not self.enabled:
             return
-        self.batch_size.labels(self.queue).observe(size)
+        self.batch_size.labels(self.queue, self.model).observe(size)
         if tokens:
-            self.batch_tokens.labels(self.queue).observe(tokens)
+            self.batch_tokens.labels(self.queue, self.model).observe(tokens)
         if seconds is not None:
-            self.generation.labels(self.queue).observe(seconds)
+            self.generation.labels(self.queue, self.model).observe(seconds)
 
     def state(
         self,
@@ -162,11 +167,13 @@ class Metrics:
         """Refresh the gauges."""
         if not self.enabled:
             return
-        self.in_flight.labels(self.queue).set(in_flight)
+        self.in_flight.labels(self.queue, self.model).set(in_flight)
         if padded_prompt_tokens:
-            self.padding.labels(self.queue).set(1 - prompt_tokens / padded_prompt_tokens)
+            self.padding.labels(self.queue, self.model).set(
+                1 - prompt_tokens / padded_prompt_tokens
+            )
         if prompt_tokens:
-            self.cache_hits.labels(self.queue).set(cached_tokens / prompt_tokens)
+            self.cache_hits.labels(self.queue, self.model).set(cached_tokens / prompt_tokens)
 
     def close(self) -> None:
         """Stop serving."""
