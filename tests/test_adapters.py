@@ -135,7 +135,6 @@ def test_bad_lora_values_stop_the_worker_at_start_with_one_line(
             WorkerSettings.build(values, env={})
     where = ("--redis-url", redis_url, "--queue", queue, "--model", "tiny")
     cases = {  # found when the engine loads them, before the worker serves
-        "missing": ("--lora", f"x={tmp_path / 'nowhere'}"),
         "broken": ("--lora", f"x={broken}"),
         "foreign": ("--lora", f"x={foreign}"),
     }

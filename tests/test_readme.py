@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
+from genq.common.keys import DEFAULT_MODEL_FIELD, Keys
 from genq.common.settings import WorkerSettings
 from genq.worker.devtools.redis_server import RedisServer
 
@@ -35,6 +37,9 @@ def test_readme_redis_cli_example_runs_against_a_worker(
         re.S,
     )
     assert block is not None
+    # The README's queue is "default", which other tests of this session's Redis use too: its
+    # default model is whichever worker of theirs started first, unless no such worker lives.
+    redis.Redis(port=redis_server.port).hdel(Keys("default").config, DEFAULT_MODEL_FIELD)
     start_worker("default", "--model", "tiny")
     script = f'redis-cli() {{ command redis-cli -p {redis_server.port} "$@"; }}\n{block.group(1)}'
     out = subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, timeout=120)
