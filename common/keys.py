@@ -147,9 +147,6 @@ a while): every worker takes these first when it reads. Not a process: no heartb
 DEFAULT_MODEL_FIELD = "default_model"
 """The field of the queue's config hash naming its default model: the one whose workers read
 the unnamed lane (requests that name no model; ``genq.worker.runtime.lanes``)."""
-DEFAULT_PINNED_FIELD = "default_model_pinned"
-"""Set (``1``) when an operator chose the default (``genq models default``): no worker takes it
-over then, even while no live worker serves it."""
 
 WEBHOOK_GROUP = "deliverers"
 """The consumer group of the webhook outbox: every gateway that delivers webhooks joins it."""

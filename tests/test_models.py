@@ -151,20 +151,3 @@ def test_one_gateway_lists_every_model_and_routes_each_request_to_its_own(
         assert chat.model == model
     with pytest.raises(openai.NotFoundError):
         openai_client.completions.create(model="gamma", prompt="hi", max_tokens=3)
-
-
-def test_a_replaced_model_hands_the_default_on_unless_an_operator_pinned_it(
-    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
-) -> None:
-    keys, client = Keys(queue), Client.from_url(redis_url, queue)
-    old = start_worker(queue, *echo("old"))
-    serving(r, queue, ["w0"])
-    assert old.stop() == 0  # the queue's model is replaced: no live worker serves "old" now
-    start_worker(queue, *echo("new"))
-    assert client.generate("nameless", timeout=30).model == "new"
-    assert r.hget(keys.config, DEFAULT_MODEL_FIELD) == b"new"
-    where = ("--redis-url", redis_url, "--queue", queue)
-    assert genq("models", "default", *where, "pinned").returncode == 0
-    start_worker(queue, *echo("late"))  # no live worker serves "pinned": still the default
-    serving(r, queue, ["w1", "w2"])
-    assert r.hget(keys.config, DEFAULT_MODEL_FIELD) == b"pinned"

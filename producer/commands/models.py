@@ -43,7 +43,7 @@ def models_default(redis_url: str, queue: str, name: str | None, force: bool) ->
     old and the new default. Refused while requests wait in the unnamed lane (the old
     default's, some naming it), unless --force."""
     from genq.common.connection import connect
-    from genq.common.keys import DEFAULT_MODEL_FIELD, DEFAULT_PINNED_FIELD, Keys
+    from genq.common.keys import DEFAULT_MODEL_FIELD, Keys
     from genq.common.models import model_problem
     from genq.common.wire import as_text
 
@@ -63,7 +63,7 @@ def models_default(redis_url: str, queue: str, name: str | None, force: bool) ->
                 f"{waiting} requests wait in the unnamed lane for {as_text(old)!r} (some may name "
                 "it): let them drain first, or --force"
             )
-        r.hset(keys.config, mapping={DEFAULT_MODEL_FIELD: name, DEFAULT_PINNED_FIELD: "1"})
+        r.hset(keys.config, DEFAULT_MODEL_FIELD, name)
     click.echo(
         f"requests on queue {queue!r} that name no model (or {name!r}) now wait for {name!r}: "
         "restart the workers of the old and the new default"

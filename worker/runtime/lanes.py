@@ -4,9 +4,7 @@ name no model, so its workers read that one instead (and their own lane only if 
 requests that named the model before it became the default).
 
 The queue's default model is ``default_model`` in ``genq:{Q}:config``: the first worker to
-start sets it to its served name (HSETNX), and so does a worker that starts while no live
-worker serves the one recorded (the queue's model was replaced: its model-less requests would
-wait for nobody), unless an operator set it with ``genq models default NAME`` (pinned). So
+start sets it to its served name (HSETNX), and ``genq models default NAME`` changes it. So
 requests without a model are answered by one model only, whichever workers run: a worker of
 another model never reads them. A worker looks at the default when it starts. A queue of one
 model keeps the keys it always had: one lane, the unnamed one.
@@ -17,31 +15,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from genq.common.errors import ConfigError
-from genq.common.keys import (
-    DEFAULT_MODEL_FIELD,
-    DEFAULT_PINNED_FIELD,
-    GROUP,
-    QUEUED,
-    RETURNED,
-    Keys,
-    Lanes,
-)
+from genq.common.keys import DEFAULT_MODEL_FIELD, Keys, Lanes
 from genq.common.models import model_problem
 from genq.common.wire import as_text
 
 log = logging.getLogger("genq.worker")
-
-TAKE_DEFAULT = f"""
--- KEYS: the queue's config; ARGV: the default model seen, this worker's
--- The worker's model becomes the default only if it is still the one seen (no other worker
--- took it meanwhile); returns the default now.
-if redis.call('HGET', KEYS[1], '{DEFAULT_MODEL_FIELD}') == ARGV[1] then
-  redis.call('HSET', KEYS[1], '{DEFAULT_MODEL_FIELD}', ARGV[2])
-end
-return redis.call('HGET', KEYS[1], '{DEFAULT_MODEL_FIELD}')
-"""
 
 
 def worker_lanes(r: Any, queue: str, served: list[str]) -> Lanes:
@@ -55,12 +34,9 @@ def worker_lanes(r: Any, queue: str, served: list[str]) -> Lanes:
     keys = Keys(queue)
     pipe = r.pipeline(transaction=False)
     pipe.hsetnx(keys.config, DEFAULT_MODEL_FIELD, served[0])
-    pipe.hmget(keys.config, DEFAULT_MODEL_FIELD, DEFAULT_PINNED_FIELD)
+    pipe.hget(keys.config, DEFAULT_MODEL_FIELD)
     pipe.sismember(keys.models, served[0])
-    _, (default, pinned), named_before = pipe.execute()
-    stale = default is not None and as_text(default) != served[0] and not pinned
-    if stale and not _served_by_a_live_worker(r, keys, as_text(default)):
-        default = r.eval(TAKE_DEFAULT, 1, keys.config, as_text(default), served[0])
+    _, default, named_before = pipe.execute()
     models: list[str | None] = list(served)
     if default is not None and as_text(default) == served[0]:
         models = [None, *served[1:]]  # its requests wait in the unnamed lane
@@ -72,21 +48,3 @@ def worker_lanes(r: Any, queue: str, served: list[str]) -> Lanes:
             as_text(default) if default is not None else "-",
         )
     return Lanes(queue, models)
-
-
-def _served_by_a_live_worker(r: Any, keys: Keys, model: str) -> bool:
-    """Whether a live worker serves ``model`` (its stats hash exists and names it): the
-    default's workers are consumers of the unnamed lane."""
-    try:
-        consumers: Any = r.xinfo_consumers(keys.stream("normal"), GROUP)
-    except redis.ResponseError:  # no stream or group yet
-        return False
-    names = [as_text(c["name"]) for c in consumers]
-    pipe = r.pipeline(transaction=False)
-    for name in names:
-        if name not in (QUEUED, RETURNED):
-            pipe.hmget(keys.worker(name), "model", "adapters")
-    for served, adapters in pipe.execute():
-        if served is not None and model in (as_text(served), *as_text(adapters or b"").split()):
-            return True
-    return False
