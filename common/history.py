@@ -23,6 +23,7 @@ field           what
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -90,13 +91,20 @@ def increments(requests: int, tokens: int, waits_ms: Iterable[int]) -> dict[str,
     return out
 
 
+@functools.cache
+def _unnamed(queue: str) -> Keys:
+    """The queue's unnamed lane's keys (a worker's ``Lanes`` has no single backlog): made once,
+    as this is on the heartbeat's path."""
+    return Keys(queue)
+
+
 def add(pipe: Any, keys: Keys, fields: Mapping[str, int], now_ms: int) -> None:
     """Queue ``HISTORY`` on ``pipe``: ``fields`` added to the current bucket, depth sampled
     (``now_ms``, the caller's clock, is used only where Redis' TIME is not allowed)."""
     args: list[Any] = [keys.history(""), BUCKET_S, BUCKET_TTL_S, now_ms // 1000]
     for k, v in fields.items():
         args += [k, v]
-    script_calls.add(pipe, HISTORY, 2, Keys(keys.queue).waiting, keys.models, *args)
+    script_calls.add(pipe, HISTORY, 2, _unnamed(keys.queue).waiting, keys.models, *args)
 
 
 def percentile(bins: Mapping[int, int], q: float) -> int | None:

@@ -126,6 +126,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import cached_property
 
 from genq.common.errors import ConfigError
 from genq.common.models import PRIORITIES, Priority, model_problem
@@ -189,13 +190,13 @@ class Keys:
         name, so no lane's keys can be another's."""
         return self if model == self.model else Keys(self.queue, model)
 
-    @property
+    @cached_property
     def models(self) -> str:
         """The named lanes the queue has (a set of model names): added by the submit script
         when it makes a lane's groups, and by a worker's start for the lanes it serves."""
         return f"{self._base}:models"
 
-    @property
+    @cached_property
     def lane_config(self) -> str:
         """A lane's own small hash (``groups``: the submit script made its consumer groups);
         the unnamed lane's is the queue's ``config``."""
@@ -232,29 +233,29 @@ class Keys:
         """The priority a work stream key stands for."""
         return self._where(stream)[1]
 
-    @property
-    def doorbells(self) -> list[str]:
+    @cached_property
+    def doorbells(self) -> tuple[str, ...]:
         """Each lane's doorbell."""
-        return [k.doorbell for k in self.lanes()]
+        return tuple(k.doorbell for k in self.lanes())
 
-    @property
+    @cached_property
     def dead_letter(self) -> str:
         """Entries that could not be decoded into a request with an id, and poison requests
         (started ``max_attempts`` times, every time by a worker that died)."""
         return f"{self._base}:dead"
 
-    @property
+    @cached_property
     def doorbell(self) -> str:
         """Rung when a worker hands entries back: idle workers block on it with the work
         streams, so one wakes at once to take them (its entries carry nothing else)."""
         return f"{self._lane}:doorbell"
 
-    @property
+    @cached_property
     def config(self) -> str:
         """The queue's limits that producers enforce (``max_queue_depth``)."""
         return f"{self._base}:config"
 
-    @property
+    @cached_property
     def tenants(self) -> str:
         """Each tenant's settings (weight, tokens per minute, most queued) as JSON, by name;
         a tenant not in it has the defaults (``genq.common.tenants``)."""
@@ -268,14 +269,14 @@ class Keys:
         """The tenants with waiting entries of one priority (a set)."""
         return f"{self._lane}:active:{priority}"
 
-    @property
+    @cached_property
     def vtc(self) -> str:
         """Each tenant's weighted tokens served (prompt + 2 x generated; a sorted set) by the
         requests workers started: the next read serves the active tenant with the least, with
         its ``reserved``, per unit of weight; a tenant back from idle is lifted to the lowest."""
         return f"{self._base}:vtc"
 
-    @property
+    @cached_property
     def reserved(self) -> str:
         """Each tenant's weighted tokens charged for requests workers have read and not yet
         started (a sorted set): moved to ``vtc`` at the start, returned at a hand-back."""
@@ -292,13 +293,13 @@ class Keys:
         limit a minute, the tenant is read while it holds the next request's charge."""
         return f"{self._base}:bucket:{tenant}"
 
-    @property
+    @cached_property
     def served(self) -> str:
         """Tokens (prompt + generated) and requests served per tenant in all (a hash:
         ``TENANT`` and ``TENANT:requests``)."""
         return f"{self._base}:served"
 
-    @property
+    @cached_property
     def waiting(self) -> str:
         """One item per request waiting for a worker (a list; its length is the queue's
         backlog, what an autoscaler reads)."""
@@ -313,14 +314,14 @@ class Keys:
         """A worker's heartbeat and counters."""
         return f"{self._base}:worker:{consumer}"
 
-    @property
+    @cached_property
     def holders(self) -> str:
         """Which workers hold each prefix key in their engines' caches (a hash: scoped key ->
         consumers, most recent first; ``genq.common.prefixes``): the read prefers entries whose
         key the reader holds and leaves another holder's to it for ``--prefix-wait-ms``."""
         return f"{self._base}:holders"
 
-    @property
+    @cached_property
     def load(self) -> str:
         """Each worker's requests held (a hash: consumer -> count), for the affinity's load
         bound; written with the heartbeat."""
@@ -349,7 +350,7 @@ class Keys:
         """A batch file's requests, in input order: "REQUEST_ID ENDPOINT" per line."""
         return f"{PREFIX}:batch:{{{batch_id}}}:items"
 
-    @property
+    @cached_property
     def batches(self) -> str:
         """The queue's batches by creation time (a sorted set: ``GET /v1/batches`` lists it)."""
         return f"{self._base}:batches"
@@ -371,27 +372,27 @@ class Keys:
         ends."""
         return f"{PREFIX}:att:{{{request_id}}}"
 
-    @property
+    @cached_property
     def webhook_events(self) -> str:
         """The webhook outbox: one entry per event to deliver (``type``, ``id``, ``tenant``),
         added where the state is decided (APPLY); read by gateways (consumer group
         ``WEBHOOK_GROUP``), deleted once every endpoint has it or gave up."""
         return f"{self._base}:hooks"
 
-    @property
+    @cached_property
     def webhook_secrets(self) -> str:
         """The tenants' webhook secrets (a hash: tenant -> ``whsec_...``), apart from their other
         settings (``tenants``) so that only gateways' ACL users read them
         (``SECRETS_PREFIX``)."""
         return f"{SECRETS_PREFIX}:{{{self.queue}}}:webhooks"
 
-    @property
+    @cached_property
     def webhook_done(self) -> str:
         """Which endpoints already took which pending webhook event (a hash: field ``ENTRY
         ENDPOINT``), so a retry skips them; emptied as each event is acknowledged."""
         return f"{self._base}:hooks:done"
 
-    @property
+    @cached_property
     def webhook_dead(self) -> str:
         """Webhook deliveries that gave up (a stream: event, endpoint, why)."""
         return f"{self._base}:hooks:dead"

@@ -136,6 +136,7 @@ def test_the_documented_acl_users_are_the_tested_ones() -> None:
 
 def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
     import inspect
+    from functools import cached_property
 
     from genq.common.keys import Keys
 
@@ -157,7 +158,7 @@ def test_every_key_in_the_key_module_is_in_the_readme_table() -> None:
     for name, member in inspect.getmembers(Keys):
         if name.startswith("_") or name in {"stream", "streams", "priority_of", *lane_methods}:
             continue
-        if isinstance(member, property):
+        if isinstance(member, (property, cached_property)):
             found.append(getattr(k, name))
         elif callable(member):
             args = inspect.signature(getattr(k, name)).parameters

@@ -29,8 +29,9 @@ ROUND_TRIPS = 6
 on the doorbell that follows, now and then a heartbeat)."""
 FUNCTIONS = 190
 """Named genq functions (comprehensions and lambdas not counted) the worker ran for one
-request: 174-175 when measured (about 18 of them ``keys.py``'s accessors); #39 asks for a third
-fewer than the 171 it counted, not reached yet."""
+request: 174-175 when measured; 189-196 once a worker read lanes (#37), 178-185 after the
+queue's fixed key names became cached properties; #39 asks for a third fewer than the 171 it
+counted, not reached yet."""
 
 
 GENQ_DIR = os.path.dirname(os.path.dirname(genq.producer.__file__)) + os.sep
