@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -144,3 +145,64 @@ def test_bad_lora_values_stop_the_worker_at_start_with_one_line(
         assert done.returncode != 0, case
         assert err and "Traceback" not in done.stderr, (case, done.stderr[-2000:])
         assert any(w in err[-1] for w in ("adapter", "lora", "NAME=PATH")), (case, err[-1])
+
+
+# -- the adapter rule of a worker's order (pure: no Redis, no torch) -----------------------
+
+
+def _ask(key: str, model: str | None, at: int, tokens: int = 100, tenant: str = "t") -> Any:
+    from genq.worker.policy.batching import Candidate
+
+    return Candidate(
+        key=key, prompt_tokens=tokens, max_new_tokens=8, enqueued_ms=at, tenant=tenant, model=model
+    )
+
+
+def _batch(order: Any, pool: list[Any], size: int) -> list[str]:
+    from genq.worker.policy.batching import BatchPolicy
+
+    policy = BatchPolicy(
+        max_batch_tokens=100_000, max_batch_size=size, max_wait_ms=0, priority_aging_ms=10_000
+    )
+    return [c.key for c in order.decide(pool, 1_000, policy, {}).batch]
+
+
+def test_resident_adapters_fill_a_batch_before_cold_ones_but_never_pick_its_anchor() -> None:
+    from genq.worker.policy.ordering import make_order
+
+    plain = make_order("fifo")
+    order = make_order("fifo", adapters=["a1", "a2", "a3"], max_loras=2)
+    order.started([_ask("s1", "a1", 0), _ask("s2", "a2", 0)])  # a1, a2 in the engine now
+    pool = [
+        _ask("cold", "a3", 1, tokens=100),  # the oldest: anchors, though a3 must be loaded
+        _ask("a1", "a1", 2, tokens=900),
+        _ask("a3b", "a3", 3, tokens=1000),
+        _ask("a2", "a2", 4, tokens=800),
+        _ask("a3c", "a3", 5, tokens=1000),
+        _ask("base", None, 6, tokens=700),
+    ]
+    assert _batch(plain, pool, 3) == ["cold", "base", "a2"], "by length alone"
+    assert _batch(order, pool, 3) == ["cold", "a3b", "a3c"], "the anchor's adapter first"
+    others = [p for p in pool if p.model != "a3"] + [_ask("old", "a3", 0, tokens=100)]
+    got = _batch(order, others, 3)
+    assert got[0] == "old", "a cold adapter's oldest request still anchors: no endless wait"
+    rest = [p for p in pool if p.key != "cold"] + [_ask("b0", None, 0, tokens=1000)]
+    assert _batch(plain, rest, 4) == ["b0", "a3b", "a3c", "a1"]
+    assert _batch(order, rest, 4) == [
+        "b0",  # the base model anchors; resident adapters before the cold a3 ones
+        "base",
+        "a1",
+        "a2",
+    ]
+
+
+def test_the_order_counts_the_last_max_loras_adapters_a_batch_used_as_resident() -> None:
+    from genq.worker.policy.affinity import Affinity
+    from genq.worker.policy.ordering import make_order
+
+    order = make_order("fair", adapters=["a1", "a2", "a3"], max_loras=2)
+    assert isinstance(order, Affinity) and order.resident == []
+    for model in ("a1", "a2", None, "tiny", "a1", "a3"):
+        order.started([_ask("x", model, 0)])
+    assert order.resident == ["a1", "a3"], "a2 was the least recently used; base is no adapter"
+    assert order.name == "fair" and not isinstance(make_order("fair"), Affinity)

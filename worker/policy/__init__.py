@@ -11,8 +11,10 @@ clock (time is an argument). Each is unit-tested on plain data.
 - ``arrivals``: whether another arrival is expected within a wait-to-fill window;
 - ``fair_share``: the fair share's whole rule: what a read charges a tenant and an end
   refunds, a worker's own account, the anchor and fill of a fair batch, the ``fair`` order;
-- ``prefixes``: what prefixes a worker holds (an LRU in tokens), and the prefix rule over an
-  order (same prefix in one batch, warm before cold);
+- ``prefixes``: what prefixes a worker holds (an LRU in tokens);
+- ``affinity``: what the engine holds goes first, over an order that still picks the anchor:
+  the prefix rule (same prefix in one batch, warm before cold) and the adapter rule (the
+  anchor's LoRA adapter, resident ones, then cold ones);
 - ``budget``: the token budget, halved for a while after an out-of-memory error;
 - ``sizing``: the batch limits ``auto`` picks (fixed on a CPU, from free memory on a GPU);
 - ``suspects``: when a request delivered before (maybe the one that kills workers) may start;

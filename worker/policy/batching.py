@@ -53,6 +53,9 @@ class Candidate:
     prefix: str | None = None
     """What cached context it likely shares with others (its tenant and prefix key), or None:
     a prefix-aware order groups those that share one."""
+    model: str | None = None
+    """The model it names (None: the queue's default): an order with the adapter rule groups
+    requests by the LoRA adapter they run through."""
 
     @property
     def cost_tokens(self) -> int:

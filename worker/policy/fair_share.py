@@ -245,7 +245,7 @@ class FairShare:
         self, candidates: Sequence[Candidate], weights: Mapping[str, float]
     ) -> Shares | None:
         """This worker's shares as ``next_batch``'s preference (None with one tenant): what an
-        order that wraps this one (``prefixes.PrefixAware``) builds on."""
+        order that wraps this one (``affinity.Affinity``) builds on."""
         self._weights = weights
         view = self._shares.view(c.tenant for c in candidates)
         return Shares(service=view, weights=weights) if len(view) > 1 else None

@@ -73,6 +73,7 @@ class Held:
             tenant=self.request.tenant,
             choices=self.request.n,
             prefix=None if key is None else f"{self.request.tenant} {key}",
+            model=self.request.model,
         )
 
     def recharge(self) -> Refund:

@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol
 
+from genq.worker.policy.affinity import Affinity
 from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, Preference, next_batch
 from genq.worker.policy.fair_share import FairShare
-from genq.worker.policy.prefixes import PrefixAware
 
 
 class WaitingOrder(Protocol):
@@ -113,11 +113,16 @@ ORDERS: dict[str, type[FirstCome] | type[FairShare]] = {
 """Every order by its name (the values of ``--tenant-policy``)."""
 
 
-def make_order(name: str, *, prefix_aware: bool = False) -> WaitingOrder:
-    """A fresh order named ``name`` (one per worker: its state is that worker's); with
-    ``prefix_aware``, wrapped in ``PrefixAware`` (``--prefix-aware``)."""
+def make_order(
+    name: str, *, prefix_aware: bool = False, adapters: Sequence[str] = (), max_loras: int = 1
+) -> WaitingOrder:
+    """A fresh order named ``name`` (one per worker: its state is that worker's); wrapped in
+    ``Affinity`` with the prefix rule (``prefix_aware``: ``--prefix-aware``) and the adapter
+    rule (``adapters``: ``--lora``'s names, ``max_loras`` resident at once)."""
     try:
         order: WaitingOrder = ORDERS[name]()
     except KeyError:
         raise ValueError(f"unknown order {name!r}; one of {', '.join(sorted(ORDERS))}") from None
-    return PrefixAware(order) if prefix_aware else order
+    if not prefix_aware and not adapters:
+        return order
+    return Affinity(order, prefixes=prefix_aware, adapters=adapters, max_loras=max_loras)

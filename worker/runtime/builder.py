@@ -23,7 +23,7 @@ from genq.worker.policy.admission import Limits
 from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
-from genq.worker.policy.ordering import make_order
+from genq.worker.policy.ordering import WaitingOrder, make_order
 from genq.worker.policy.sizing import batch_limits
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
@@ -58,7 +58,7 @@ def build_worker(
         return connect(settings.redis_url) if redis_client is None else redis_client
 
     keys = worker_lanes(r, settings.queue, [settings.served_model, *settings.adapters])
-    order = make_order(settings.tenant_policy, prefix_aware=settings.prefix_aware)
+    order = _order(settings)
     tenants = TenantAccounts(r, keys)
     prefixes = PrefixAffinity(
         keys=keys,
@@ -178,6 +178,17 @@ def _heartbeat(
         counters=counters,
         holdings=holdings,
         idle_every_s=min(IDLE_HEARTBEAT_S, settings.heartbeat_ttl_s / 3),
+    )
+
+
+def _order(settings: WorkerSettings) -> WaitingOrder:
+    """The worker's order (``--tenant-policy``), with the affinity rule for its prefixes
+    (``--prefix-aware``) and its adapters (``--lora``, ``--max-loras``)."""
+    return make_order(
+        settings.tenant_policy,
+        prefix_aware=settings.prefix_aware,
+        adapters=list(settings.adapters),
+        max_loras=settings.max_loras,
     )
 
 
