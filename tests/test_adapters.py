@@ -62,6 +62,42 @@ def test_one_batch_of_mixed_adapters_equals_each_row_alone_and_adapters_differ(
     assert len({r.outputs[0].text for r in same_prompt}) == 4  # each adapter changes the text
 
 
+def test_per_row_lora_computes_what_peft_computes_and_refuses_what_it_does_not_run(
+    adapters: dict[str, str], tmp_path: Path
+) -> None:
+    import torch
+    from genq.worker.engines.adapters import Adapters
+    from genq.worker.engines.base import GenerationInput
+    from genq.worker.engines.static import load_model
+    from peft import PeftModel
+
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7]])
+    model, _ = load_model("tiny")
+    with torch.inference_mode():
+        base_logits = model(ids.repeat(2, 1)).logits  # (batched as below: the same sums)
+    peft = PeftModel.from_pretrained(model, adapters["a2"], adapter_name="a2").eval()
+    with torch.inference_mode():
+        want = peft(ids).logits
+    plain, _ = load_model("tiny")
+    ours = Adapters(plain, adapters, max_loras=3, base_names=["tiny"])
+    rows = [GenerationInput(prompt_ids=[], max_new_tokens=1, adapter=a) for a in ("a2", None)]
+    with torch.inference_mode(), ours.rows(rows, "cpu"):
+        got = ours.model(ids.repeat(2, 1)).logits
+    assert not torch.allclose(want[0], base_logits[0], atol=1e-3), "the adapter changes them"
+    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[1], base_logits[1]), "a base row adds exactly nothing"
+    config = json.loads((Path(adapters["a1"]) / "adapter_config.json").read_text())
+    for field, value in {"use_dora": True, "modules_to_save": ["lm_head"]}.items():
+        odd = tmp_path / field
+        odd.mkdir()
+        (odd / "adapter_config.json").write_text(json.dumps({**config, field: value}))
+        weights = Path(adapters["a1"]) / "adapter_model.safetensors"
+        (odd / "adapter_model.safetensors").write_bytes(weights.read_bytes())
+        fresh, _ = load_model("tiny")
+        with pytest.raises(ConfigError, match=f"{field}.*unsupported"):
+            Adapters(fresh, {"odd": str(odd)}, max_loras=1, base_names=["tiny"])
+
+
 def test_past_max_loras_adapters_swap_least_recently_used_and_outputs_do_not_change(
     adapters: dict[str, str],
 ) -> None:

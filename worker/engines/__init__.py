@@ -7,7 +7,8 @@ small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-2
 random-1b models, built offline), ``packaged_models`` (smollm2-135m from its PyPI
 package), ``chat`` (chat templates), ``grammar`` (response formats compiled by xgrammar, and
 the logits processor that holds rows to them), ``adapters`` (LoRA adapters on a transformers
-model, with PEFT: mixed-adapter batches, loaded on demand; ``lora_builder`` builds test ones)
+model: mixed-adapter batches, loaded on demand; ``lora_layers`` runs them per row;
+``lora_builder`` builds test ones)
 and ``simulated_cache`` (the echo
 engine's prefix cache, an LRU of hashed prompt blocks) and ``reaper`` (a small process that
 ends vLLM's processes when their worker dies, SIGKILL included). Engines that need torch import

@@ -1,11 +1,11 @@
-"""LoRA adapters on a transformers model (``--lora NAME=PATH``, ``--max-loras N``), with PEFT.
+"""LoRA adapters on a transformers model (``--lora NAME=PATH``, ``--max-loras N``).
 
-The model is wrapped in a ``PeftModel`` holding up to ``max_loras`` adapters at once; one
-``generate`` call runs rows of different adapters and of the base model together (PEFT's
-``adapter_names``: each row through its own adapter, ``__base__`` through none). An adapter a
-batch needs that is not resident is loaded, and the least recently used one not in the batch
-goes (``loads`` counts them). A batch that needs more adapters than fit at once runs in parts,
-each within ``max_loras`` (``parts``).
+The model's adapted layers hold up to ``max_loras`` adapters at once, one slot each
+(``lora_layers``: PEFT's files, run per row without PEFT); one ``generate`` call runs rows of
+different adapters and of the base model together, each through its own (``rows``). An
+adapter a batch needs that is not resident is loaded into a slot, and the least recently used
+one not in the batch goes (``loads`` counts them). A batch that needs more adapters than fit
+at once runs in parts, each within ``max_loras`` (``parts``).
 
 Every adapter is loaded once at start, so a missing file, a broken one or one made for another
 model stops the worker with one line (``ConfigError``), not the first request that names it.
@@ -13,17 +13,20 @@ model stops the worker with one line (``ConfigError``), not the first request th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from genq.common.errors import ConfigError
+from genq.worker.engines import lora_layers
 from genq.worker.engines.base import BatchReport, GenerationInput
 
 BASE = "__base__"
-"""PEFT's name for a row that runs through no adapter."""
+"""The name of the all-zero adapter the base model's rows run through on vLLM's CPU build
+(``zero_adapter``)."""
 
 
 def adapter_base(path: str) -> str | None:
@@ -77,80 +80,83 @@ def same_model(a: str, b: str) -> bool:
 
 class Adapters:
     """A model's LoRA adapters, resident up to ``max_loras`` at once (least recently used
-    goes)."""
+    goes), run per row by ``lora_layers``."""
 
     def __init__(
         self, model: Any, adapters: Mapping[str, str], *, max_loras: int, base_names: Sequence[str]
     ) -> None:
-        """Wrap ``model`` (loads every adapter once to check it; raises ConfigError naming what
-        is wrong). ``base_names``: the names the worker's model goes by (``--model`` and its
-        directory), which an adapter's recorded base must be one of."""
+        """Adapt ``model`` in place (reads every adapter once to check it; raises ConfigError
+        naming what is wrong). ``base_names``: the names the worker's model goes by
+        (``--model`` and its directory), which an adapter's recorded base must be one of."""
         if not adapters:
             raise ConfigError("no adapters given")
-        from peft import PeftModel
-
         self.paths = dict(adapters)
         self.max_loras = max_loras or len(self.paths)
         self.loads = 0
         """Adapters loaded on demand since the start (swaps)."""
         self.parts = 0
         """Batches run in parts because they needed more adapters than fit at once."""
-        self._resident: OrderedDict[str, None] = OrderedDict()
+        self._weights: dict[str, dict[str, tuple[Any, Any]]] = {}
         for name, path in self.paths.items():
             check_adapter(name, path, base_names)
-        names = list(self.paths)
-        loading = names[0]
-        try:
-            self.model = PeftModel.from_pretrained(model, self.paths[loading], adapter_name=loading)
-            self._resident[loading] = None
-            for loading in names[1:]:
-                self._load(loading)
-        except Exception as err:  # PEFT's and torch's errors for a broken or foreign adapter
-            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-            raise ConfigError(
-                f"cannot load adapter {loading!r} ({self.paths[loading]}) on this worker's "
-                f"model: {why}"
-            ) from None
-        while len(self._resident) > self.max_loras:
-            self._evict()
-        self.model.eval()
+            try:
+                self._weights[name] = lora_layers.read_adapter(name, path)
+            except (OSError, ValueError, RuntimeError) as err:
+                why = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+                raise ConfigError(f"cannot read adapter {name!r} ({path}): {why}") from None
+        modules = {m for w in self._weights.values() for m in w}
+        rank = max(a.shape[1] for w in self._weights.values() for a, _ in w.values())
+        self.table = lora_layers.SlotTable()
+        self._layers = lora_layers.wrap(model, modules, self.table, self.max_loras + 1, rank)
+        for name, weights in self._weights.items():
+            try:
+                lora_layers.check_shapes(name, weights, self._layers)
+            except ConfigError as err:
+                raise ConfigError(f"{err} ({self.paths[name]})") from None
+        self.model = model.eval()
+        self._slot: OrderedDict[str, int] = OrderedDict()  # resident adapter -> its slot
+        for name in list(self.paths)[: self.max_loras]:
+            self._load(name, len(self._slot) + 1)
 
-    def _load(self, name: str) -> None:
-        self.model.load_adapter(self.paths[name], adapter_name=name)
-        self._resident[name] = None
-
-    def _evict(self, keep: frozenset[str] = frozenset()) -> None:
-        for old in self._resident:
-            if old not in keep:
-                del self._resident[old]
-                # PEFT's active adapter must stay a loaded one (rows name theirs: any will do).
-                self.model.set_adapter(next(reversed(self._resident)))
-                self.model.delete_adapter(old)
-                return
+    def _load(self, name: str, slot: int) -> None:
+        lora_layers.fill(self._layers, slot, self._weights[name])
+        self._slot[name] = slot
 
     @property
     def resident(self) -> list[str]:
         """The adapters loaded now, the least recently used first."""
-        return list(self._resident)
+        return list(self._slot)
 
     def ensure(self, names: set[str]) -> None:
         """Make ``names`` (at most ``max_loras``) resident, most recently used."""
         for name in names:
-            if name in self._resident:
-                self._resident.move_to_end(name)
-        for name in sorted(names - set(self._resident)):
-            self._load(name)  # first: PEFT keeps at least one adapter loaded
+            if name in self._slot:
+                self._slot.move_to_end(name)
+        for name in sorted(names - set(self._slot)):
+            free = set(range(1, self.max_loras + 1)) - set(self._slot.values())
+            if not free:
+                old = next(a for a in self._slot if a not in names)
+                free = {self._slot.pop(old)}
+            self._load(name, min(free))
             self.loads += 1
-            if len(self._resident) > self.max_loras:
-                self._evict(frozenset(names))
 
     def adapter_of(self, row: GenerationInput) -> str | None:
         """The adapter a row runs through (None: the base model)."""
         return row.adapter if row.adapter in self.paths else None
 
-    def names_of(self, batch: Sequence[GenerationInput]) -> list[str]:
-        """PEFT's ``adapter_names`` for a batch: each row's adapter, or ``BASE``."""
-        return [self.adapter_of(r) or BASE for r in batch]
+    @contextlib.contextmanager
+    def rows(self, batch: Sequence[GenerationInput], device: str) -> Iterator[None]:
+        """Run each row of ``batch`` (resident adapters: ``ensure``) through its adapter
+        while in this block."""
+        slots = [self._slot[a] if a else 0 for a in map(self.adapter_of, batch)]
+        if any(slots):
+            import torch
+
+            self.table.slots = torch.tensor(slots, dtype=torch.long, device=device)
+        try:
+            yield
+        finally:
+            self.table.slots = None
 
     def parts_of(self, adapters: Sequence[str | None]) -> list[list[int]]:
         """The rows of a batch (each row's adapter, None: the base) in parts that each need at
@@ -159,7 +165,7 @@ class Adapters:
         if len(needed) <= self.max_loras:
             return [list(range(len(adapters)))]
         self.parts += 1
-        needed.sort(key=lambda a: a not in self._resident)
+        needed.sort(key=lambda a: a not in self._slot)
         groups = [
             set(needed[i : i + self.max_loras]) for i in range(0, len(needed), self.max_loras)
         ]

@@ -19,6 +19,7 @@ Per-row behaviour inside one ``generate`` call:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -145,17 +146,16 @@ class StaticEngine:
             pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_ids or None,
         )
-        extra: dict[str, Any] = {}
-        if self.adapters is not None:  # each row through its adapter (PEFT's mixed batch)
-            extra["adapter_names"] = self.adapters.names_of(batch)
-        with torch.inference_mode():
+        adapted: Any = contextlib.nullcontext()
+        if self.adapters is not None:  # each row through its adapter
+            adapted = self.adapters.rows(batch, self.device)
+        with torch.inference_mode(), adapted:
             out = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
                 logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([limits]),
-                **extra,
             )
         generated = out[:, width:].tolist()
         steps = len(generated[0]) if generated else 0
