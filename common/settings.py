@@ -202,8 +202,9 @@ class WorkerSettings(BaseModel):
     read_block_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
         10_000,
         description="longest an idle worker blocks on the doorbell when nothing is left "
-        "waiting (with requests waiting it could not take: 100 ms); bounds how soon an entry "
-        "added by a plain XADD, not genq_submit, is seen (a stop signal ends the wait at once)",
+        "waiting (with requests waiting it could not take: 100 ms), and how often it reads "
+        "when no ring woke it: how soon an entry added by a plain XADD, not genq_submit, is "
+        "seen (a stop signal ends the wait at once)",
     )
     heartbeat_ttl_s: Annotated[int, Field(ge=1)] = Field(
         30, description="a worker's stats key expires this long after its last heartbeat"

@@ -200,20 +200,8 @@ def _sized(settings: WorkerSettings, engine: Engine) -> WorkerSettings:
         tokens=settings.max_batch_tokens, size=settings.max_batch_size, device=None
     )
     log.info("batch limits: %s", limits.why)
-    # An idle worker beats, and looks for dead workers' entries, when its wait on the doorbell
-    # ends: the wait stays well inside the stats hash's life (--heartbeat-ttl-s), or it would
-    # look dead while it waits, and within the reclaim's cadence (claim_idle_ms / 4).
-    block_ms = min(
-        settings.read_block_ms,
-        max(1, settings.heartbeat_ttl_s * 1000 // 3),
-        max(1, settings.claim_idle_ms // 4),
-    )
     return settings.model_copy(
-        update={
-            "max_batch_tokens": limits.tokens,
-            "max_batch_size": limits.size,
-            "read_block_ms": block_ms,
-        }
+        update={"max_batch_tokens": limits.tokens, "max_batch_size": limits.size}
     )
 
 

@@ -106,6 +106,8 @@ class QueueIO:
         the load bound (``common/prefixes.py``); 0: none."""
         self._found_empty_s: float | None = None
         """When a read last found nothing (None: the last read found entries)."""
+        self.idle_block_ms, self.idle_pace_s = idle_waits(settings)
+        """An idle worker's longest block on the doorbell, and its read's pace (``idle_waits``)."""
         self.left_waiting = 1  # the backlog after the last read: 0, only a ring brings work
         self._rung: list[tuple[str, Any]] = []  # rings heard (doorbell, id), acked by a read
         self._left_in: dict[str, int] = {}  # per lane's doorbell: its backlog after a read
@@ -203,7 +205,7 @@ class QueueIO:
         highest priorities first (0: no cap)."""
         asked = [s for s, n in room.items() if n > 0]
         self._pace_s = pace_s
-        if not (asked or probe[0]) or self.read_wait_s() > 0:
+        if not (asked or probe[0]) or (not self._rung and self.read_wait_s() > 0):
             return []
         woken = bool(self._rung)
         delivered = self._read(asked, room, probe, total)
@@ -367,6 +369,20 @@ class QueueIO:
         self.tenants.flush()
         self.redis.delete(self.keys.worker(self.consumer))
         self.redis.hdel(self.keys.load, self.consumer)
+
+
+def idle_waits(settings: WorkerSettings) -> tuple[int, float]:
+    """An idle worker's waits: how long it blocks on the doorbell at most (ms), and how often
+    it reads when no ring came (s). It beats, and looks for dead workers' entries, when a wait
+    ends, so the block stays well inside its stats hash's life (a third of --heartbeat-ttl-s)
+    and within the reclaim's cadence (claim_idle_ms / 4). Its read waits --read-block-ms: only
+    a plain XADD (not genq_submit) rings nothing, and it is seen within that."""
+    block_ms = min(
+        settings.read_block_ms,
+        max(1, settings.heartbeat_ttl_s * 1000 // 3),
+        max(1, settings.claim_idle_ms // 4),
+    )
+    return block_ms, settings.read_block_ms / 1000
 
 
 def raw_read_reply(response: Any, **options: Any) -> Any:

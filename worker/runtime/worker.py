@@ -183,11 +183,13 @@ class Worker:
 
     def read(self) -> None:
         """Take over dead workers' entries, then read new ones (paced while the runner says
-        so, unless the doorbell rang: ``Runner.read_pace_s``) and admit them."""
+        so, or while idle: ``QueueIO.idle_pace_s``; unless the doorbell rang); admit them."""
         self.reclaim()
         room, probe, total = self.room(), self.probe(), self.read_total()
-        s = 0.0 if self.doorbell.take() else self.runner.read_pace_s(self.settings.max_batch_size)
-        self.admit(self.queue.read(room, pace_s=s, probe=probe, total=total))
+        rung, s = self.doorbell.take(), self.runner.read_pace_s(self.settings.max_batch_size)
+        if not (s or self.queue.left_waiting or self.lookahead.waiting):
+            s = self.queue.idle_pace_s  # idle: a ring ends the wait (``QueueIO.read``)
+        self.admit(self.queue.read(room, pace_s=0.0 if rung else s, probe=probe, total=total))
 
     def launch(self, decision: Decision) -> None:
         """Start the batch the plan chose: the order and the arrival estimate learn of it, it
@@ -213,16 +215,15 @@ class Worker:
 
     def idle(self, fill_wait_ms: int | None) -> None:
         """Nothing to start: block on the doorbell, or wait ``fill_wait_ms`` for a batch to
-        fill; the next turn reads (one read a wake). With nothing left waiting after the last
-        read only a ring brings work (a submission, a hand-back): wait ``read_block_ms``; with
-        requests waiting this worker could not take (another's prefix, a tenant over its
-        quota), look again every tick. Shorter waits are slept here: Redis ends a blocked read
-        only at its next tick (``hz`` 10), so a 10 ms BLOCK would last up to 100 ms."""
+        fill; the next turn reads (one read a wake). With nothing left waiting only a ring
+        brings work: wait ``idle_block_ms``; with requests waiting it could not take (another's
+        prefix, a tenant over its quota), every tick. Shorter waits are slept here: Redis ends
+        a blocked read only at its next tick (``hz`` 10), so a 10 ms BLOCK lasts up to 100."""
         if fill_wait_ms is not None and fill_wait_ms < REDIS_TICK_MS:
             self._stopping.wait(max(1, fill_wait_ms) / 1000)
             return
         quiet = self.queue.left_waiting == 0
-        idle_ms = min(self.settings.read_block_ms, 10**9 if quiet else REDIS_TICK_MS)
+        idle_ms = min(self.queue.idle_block_ms, 10**9 if quiet else REDIS_TICK_MS)
         block_ms = idle_ms if fill_wait_ms is None else min(fill_wait_ms, MAX_BLOCK_MS)
         if any(n > 0 for n in self.room().values()):
             self.queue.wait_for_doorbell(max(1, block_ms))
@@ -364,8 +365,7 @@ class Worker:
         self.account_written()
         clock.sync(self.queue.redis, force=force)  # Redis' clock, not this host's
         if self.stats.beat(force=force):
-            held = len(self.lookahead) + len(self.runner.running)
-            c = self.counters
+            held, c = len(self.lookahead) + len(self.runner.running), self.counters
             self.metrics.state(
                 held, c.prompt_tokens, c.padded_prompt_tokens, cached_tokens=c.cached_tokens
             )
