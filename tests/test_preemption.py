@@ -150,7 +150,13 @@ def test_a_long_request_past_its_time_slice_lets_short_ones_of_its_priority_thro
         if base == "0":
             assert min(waits) > 2000, waits  # behind the long one's whole generation
         else:
-            assert max(waits) < 2000 < long_ms, (waits, long_ms)
+            # The last short one waits for the slice, the read a full worker makes once a
+            # second (FULL_READ_PACE_S) and the short ones ahead of it: 1.8-1.9 s here, 4.1 s in
+            # a CI run three times slower (the long one took 22 s there), against the whole
+            # long generation without a slice.
+            shorts_ms = sum(d.timings.generation_ms or 0 for d in done[1:])
+            bound = 500 + 1000 + shorts_ms + 1000
+            assert max(waits) < min(bound, long_ms / 2), (waits, shorts_ms, long_ms)
             assert last_short < (done[0].timings.finished_unix_ms or 0)
         ends[base] = [done[0].text, done[0].usage]
         worker.stop()

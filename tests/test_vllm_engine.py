@@ -310,7 +310,10 @@ def test_a_forced_tool_call_on_vllm_has_arguments_valid_under_its_schema(client:
 
 
 @needs_vllm
-def test_a_500_line_batch_file_with_one_schema_all_validate(client: Client) -> None:
+def test_a_batch_file_with_one_schema_all_validate(client: Client) -> None:
+    """Every line of a batch file with one JSON schema parses and validates. (150 lines: 500
+    took 135 s of CI's 30 minutes on vLLM's CPU build; the continuous engine's twin in
+    test_structured_outputs.py keeps 500.)"""
     from genq.producer.gateway.batches import output_files, submit_batch, wait_for_batch
 
     label = {"type": "json_schema", "json_schema": {"name": "labels", "schema": LABELS}}
@@ -327,11 +330,11 @@ def test_a_500_line_batch_file_with_one_schema_all_validate(client: Client) -> N
                 },
             }
         )
-        for i in range(500)
+        for i in range(150)
     ]
     batch = submit_batch(client, lines, source="labels.jsonl")
     ok, errors, waiting = output_files(wait_for_batch(client, batch.id, timeout_s=900))
-    assert (len(ok), errors, waiting) == (500, [], 0)
+    assert (len(ok), errors, waiting) == (150, [], 0)
     for line in ok:
         content = line["response"]["body"]["choices"][0]["message"]["content"]
         jsonschema.validate(json.loads(content), LABELS)

@@ -187,7 +187,7 @@ class Worker:
         self.reclaim()
         room, probe, total = self.room(), self.probe(), self.read_total()
         rung, s = self.doorbell.take(), self.runner.read_pace_s(self.settings.max_batch_size)
-        if not (s or self.queue.left_waiting or self.lookahead.waiting):
+        if not (s or self.runner.busy or self.queue.left_waiting or self.lookahead.waiting):
             s = self.queue.idle_pace_s  # idle: a ring ends the wait (``QueueIO.read``)
         self.admit(self.queue.read(room, pace_s=0.0 if rung else s, probe=probe, total=total))
 
