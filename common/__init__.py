@@ -17,6 +17,7 @@ module             what it holds
 ``prefixes``       prefix keys (no tokenizer), their scoping per tenant, the read's affinity
 ``tenants``        ``TenantSettings``: weight, tokens per minute, most queued; stored
 ``webhooks``       the webhook hook's Lua (APPLY adds events to the outbox) and owner keys
+``batch_counts``   a batch's counters, kept on its record where its requests end
 ``functions``      the same Lua as a Redis Functions library for other languages
 ``snapshot``       the whole queue in one script call (``genq stats``, the dashboard)
 ``history``        the queue's history in 5-s buckets, the wait histogram, chart series

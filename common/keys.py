@@ -73,7 +73,8 @@ key                    type    written by                  read by             T
                                once per token; DEL at the
                                end)
 ``genq:batch:{B}``     hash    ``genq batch submit``;      ``genq batch``      result_ttl_s
-                               APPLY (``open`` -1)
+                               APPLY (``open`` -1, the
+                               counters: batch_counts.py)
 ``genq:batch:{B}:items`` list  ``genq batch submit``       ``genq batch``      result_ttl_s
 ``genq:batch:{B}:rejected``    ``genq batch submit``       ``genq batch``      result_ttl_s
                        list    (refused lines)
@@ -340,9 +341,10 @@ class Keys:
 
     @staticmethod
     def batch(batch_id: str) -> str:
-        """A batch file's record: id, queue, created_at, total, input name, cancelled, and
+        """A batch file's record: id, queue, created_at, total, input name, model, cancelled,
         ``open`` (its requests not yet final: APPLY counts it down, and the last adds the
-        batch's webhook event)."""
+        batch's webhook event) and the counters of what its requests came to, added where
+        each ends (``batch_counts.py``)."""
         return f"{PREFIX}:batch:{{{batch_id}}}"
 
     @staticmethod

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import orjson
+from genq.common.batch_counts import TALLY_LUA
 from genq.common.errors import ConfigError
 from genq.common.keys import Keys
 
@@ -130,11 +131,14 @@ def targets(tenant: str, own: Endpoint | None, tenants: Mapping[str, Endpoint]) 
     return found
 
 
-HOOK_LUA = """
+HOOK_LUA = (
+    TALLY_LUA
+    + """
 -- A request became final: if OWNER is a response's record (a string), add that response's
 -- event to OUTBOX, its type from the final STATE; if OWNER is a batch's record (a hash with
--- 'open', the requests not yet final), count one down, and at zero add the batch's event.
--- (genq writes these records and states: their fields are where it put them.)
+-- 'open', the requests not yet final), add it to the batch's counters, count one down, and at
+-- zero add the batch's event. (genq writes these records and states: their fields are where
+-- it put them.)
 local function hook(outbox, owner, state)
   if redis.call('EXISTS', owner) == 0 then return end
   local record = redis.pcall('GET', owner)  -- a batch's record is a hash: WRONGTYPE
@@ -151,6 +155,7 @@ local function hook(outbox, owner, state)
     local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
     redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
   elseif redis.call('HGET', owner, 'open') then
+    tally(owner, state)
     if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end
     local f = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
     local kind = f[3] == '1' and 'batch.cancelled' or 'batch.completed'
@@ -158,6 +163,7 @@ local function hook(outbox, owner, state)
   end
 end
 """
+)
 """Lua: the webhook event of a response, or of a batch whose last request became final
 (APPLY and ``genq_cancel``)."""
 

@@ -147,3 +147,52 @@ def test_a_batch_can_be_cancelled(redis_url: str, queue: str, tmp_path: Path) ->
     out = tmp_path / "out.jsonl"
     genq("results", *where, bid, "-o", str(out), "--timeout-s", "10")
     assert {json.loads(x)["error"]["code"] for x in out.read_text().splitlines()} == {"cancelled"}
+
+
+def test_a_batchs_status_reads_its_counters_the_same_at_any_size(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """#38: where each request of a batch ends, its batch's record counts it (completed, failed,
+    cancelled, tokens), so a status read is one hash at 4 lines and at 300: no request's state
+    read. The counters equal what the requests' states say, and the Batch object carries
+    ``usage`` and ``model``."""
+    from genq.producer import Client
+    from genq.producer.gateway.batches import batch_status, read_batch, submit_batch
+
+    def line(i: int, max_tokens: int = 6) -> str:
+        body = {"model": "echo", "prompt": f"line {i} " * (1 + i % 3), "max_tokens": max_tokens}
+        return json.dumps({"custom_id": f"c{i}", "url": "/v1/completions", "body": body})
+
+    worker = start_worker(queue, "--engine", "echo", "--max-new-tokens-limit", "64")
+    client = Client.from_url(redis_url, queue)
+    big = [line(i) for i in range(300)] + [line(900 + i, 500) for i in range(4)] + ["{broken"]
+    ids = {
+        size: submit_batch(client, lines, source=f"{size}.jsonl").id
+        for size, lines in (("small", [line(i) for i in range(4)]), ("big", big))
+    }
+    for bid in ids.values():
+        for rid, _ in read_batch(client, bid).items:
+            client.result(rid, timeout=60)
+    worker.stop()  # (its idle commands would blur the count)
+    reads: dict[str, dict[str, int]] = {}
+    for size, bid in ids.items():
+        r.config_resetstat()
+        status = batch_status(client, bid)
+        stats = r.info("commandstats")
+        reads[size] = {k: int(v["calls"]) for k, v in stats.items() if "config" not in k}
+        Batch.model_validate(status)
+        assert status["model"] == "echo" and status["status"] == "completed"
+        whole = read_batch(client, bid)  # the same, counted from every request's state
+        assert whole.counts is None and whole.items
+        counted = read_batch(client, bid, states=False)
+        assert counted.counts is not None and not counted.items
+        for field in ("completed", "failed", "total", "usage", "ended_ms", "finished"):
+            assert getattr(counted, field) == getattr(whole, field), field
+        prompt, cached, generated = whole.usage
+        assert status["usage"]["input_tokens"] == prompt > 0
+        assert status["usage"]["output_tokens"] == generated > 0
+        assert status["usage"]["total_tokens"] == prompt + generated
+        assert status["usage"]["input_tokens_details"]["cached_tokens"] == cached
+    assert status["request_counts"] == {"total": 305, "completed": 300, "failed": 5}
+    assert reads["small"] == reads["big"], reads  # one HGETALL, one LRANGE (refused lines)
+    assert "cmdstat_mget" not in reads["big"] and reads["big"]["cmdstat_hgetall"] == 1

@@ -118,7 +118,8 @@ def batch_results(
     """Wait for a batch (showing progress on stderr) and write its results, in input order. On
     --timeout-s, what is final is written and the command exits 1 saying how many are not."""
     from genq.producer import Client
-    from genq.producer.gateway.batches import BatchView, output_files, wait_for_batch
+    from genq.producer.gateway.batch_views import BatchView
+    from genq.producer.gateway.batches import output_files, wait_for_batch
     from rich.progress import Progress
 
     with (

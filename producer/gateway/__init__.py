@@ -50,6 +50,8 @@ module                  what it holds
                         ``response_format`` (pure)
 ``batches``             batches in Redis: submit, status as OpenAI's Batch object, cancel,
                         output files, waiting
+``batch_views``         a batch as read from Redis: its record's counters (a status in
+                        constant time) or its requests' states
 ``dead_letters``        the dead-letter stream, for people: list, retry, purge
 ``webhook_letters``     the webhook deliveries that gave up: list, retry
 ======================  ======================================================================

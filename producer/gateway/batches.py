@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from genq.common.batch_counts import usage_object
 from genq.common.connection import is_cluster
 from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout, SubmitFailed
-from genq.common.models import DEFAULT_TENANT, FINAL_STATUSES, Result, tenant_problem
+from genq.common.models import DEFAULT_TENANT, Result, tenant_problem
 from genq.common.wire import as_text
 from genq.producer.client import Client
 from genq.producer.gateway.batch_lines import (
@@ -30,8 +31,8 @@ from genq.producer.gateway.batch_lines import (
     parse_file,
     rejected_output,
 )
+from genq.producer.gateway.batch_views import BatchView, no_batch, read_batch
 from genq.producer.submitting import SUBMIT_CHUNK
-from genq.producer.waiting import parse_stored
 
 COMPLETION_WINDOW = "24h"
 """The only completion window OpenAI offers; genq runs a batch as its queue allows."""
@@ -149,6 +150,8 @@ def _record(
             "metadata": json.dumps(dict(metadata or {})),
             "cancelled": 0,
             "refused": len(rejected),
+            "counted": 1,  # its requests' ends are counted on it (common/batch_counts.py)
+            "model": next((str(i.request.model) for i in items if i.request.model), ""),
         },
     )
     for key in (keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_rejected(batch_id)):
@@ -195,104 +198,11 @@ def _refuse_rest(client: Client, batch_id: str, rest: Sequence[RejectedLine]) ->
         client.redis.xadd(keys.webhook_events, event)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True, kw_only=True)
-class BatchView:
-    """A batch as read from Redis: its record, requests (id, endpoint) in input order, their
-    current states, and the refused lines' error-file lines."""
-
-    id: str
-    record: dict[str, str]
-    items: list[tuple[str, str]]
-    states: list[Result | None]
-    rejected: list[dict[str, Any]]
-    """The error-file lines of the refused input lines kept (the first ``REFUSED_KEPT``)."""
-
-    @property
-    def refused(self) -> int:
-        """How many input lines were refused in all (kept or only counted)."""
-        return max(len(self.rejected), int(self.record.get("refused") or 0))
-
-    @property
-    def completed(self) -> int:
-        return sum(1 for s in self.states if s is not None and s.status == "succeeded")
-
-    @property
-    def failed(self) -> int:
-        ended = sum(1 for s in self.states if s is not None and s.status in FINAL_STATUSES)
-        return ended - self.completed + self.refused
-
-    @property
-    def total(self) -> int:
-        return len(self.items) + self.refused
-
-    @property
-    def finished(self) -> bool:
-        return self.completed + self.failed == self.total
-
-
-def read_batch(client: Client, batch_id: str, *, tenant: str | None = None) -> BatchView:
-    """The batch's record, requests and their states now; RequestNotFound if there is none,
-    if it is another queue's, or (with ``tenant``) if it belongs to another tenant: the same
-    error, no hint it exists."""
-    found = read_batches(client, [batch_id])
-    owner = found[0].record.get("tenant", DEFAULT_TENANT) if found else None
-    if owner is None or (tenant is not None and owner != tenant):
-        raise _no_batch(batch_id)
-    if found[0].record.get("queue", client.keys.queue) != client.keys.queue:
-        raise _no_batch(batch_id)  # another queue's batch: not this queue's to show
-    return found[0]
-
-
-def read_batches(client: Client, batch_ids: Sequence[str]) -> list[BatchView]:
-    """Several batches as ``read_batch`` reads one, in two round trips however many (those
-    that no longer exist are left out)."""
-    keys = client.keys
-    pipe = client.redis.pipeline(transaction=False)
-    for batch_id in batch_ids:
-        pipe.hgetall(keys.batch(batch_id))
-        pipe.lrange(keys.batch_items(batch_id), 0, -1)
-        pipe.lrange(keys.batch_rejected(batch_id), 0, -1)
-    replies = pipe.execute()
-    found: list[tuple[str, dict[str, str], list[tuple[str, str]], list[Any]]] = []
-    for i, batch_id in enumerate(batch_ids):
-        info, raw_items, raw_rejected = replies[3 * i : 3 * i + 3]
-        record = {as_text(k): as_text(v) for k, v in (info or {}).items()}
-        if record:
-            lines = (as_text(r).partition(" ") for r in raw_items)
-            found.append((batch_id, record, [(rid, url) for rid, _, url in lines], raw_rejected))
-    wanted = [keys.result(rid) for _, _, items, _ in found for rid, _ in items]
-    pipe = client.redis.pipeline(transaction=False)
-    if is_cluster(client.redis):  # each request's key in its own slot
-        for key in wanted:
-            pipe.get(key)
-        raws = pipe.execute()
-    else:
-        for start in range(0, len(wanted), SUBMIT_CHUNK):
-            pipe.mget(wanted[start : start + SUBMIT_CHUNK])
-        raws = [raw for chunk in pipe.execute() for raw in chunk]
-    states = iter(parse_stored(raw) for raw in raws)
-    views = []
-    for batch_id, record, items, raw_rejected in found:
-        views.append(
-            BatchView(
-                id=batch_id,
-                record=record,
-                items=items,
-                states=[next(states) for _ in items],
-                rejected=[json.loads(r) for r in raw_rejected],
-            )
-        )
-    return views
-
-
-def _no_batch(batch_id: str) -> RequestNotFound:
-    return RequestNotFound(f"no batch {batch_id!r} (never submitted, or expired)")
-
-
 def batch_status(client: Client, batch_id: str, *, tenant: str | None = None) -> dict[str, Any]:
     """The batch as OpenAI's Batch object (``openai.types.Batch`` validates it), plus genq's
-    ``queue``. With ``tenant``: only a batch of that tenant (see ``read_batch``)."""
-    return status_object(read_batch(client, batch_id, tenant=tenant))
+    ``queue``: read from its record's counters, however many lines it has. With ``tenant``:
+    only a batch of that tenant (see ``read_batch``)."""
+    return status_object(read_batch(client, batch_id, tenant=tenant, states=False))
 
 
 def status_object(view: BatchView) -> dict[str, Any]:
@@ -301,14 +211,13 @@ def status_object(view: BatchView) -> dict[str, Any]:
     created = int(rec.get("created_at", 0))
     cancelled = rec.get("cancelled") == "1"
     finished = view.finished
-    if not view.items:
+    if not view.lines:
         status = "failed"
     elif finished:
         status = "cancelled" if cancelled else "completed"
     else:
         status = "cancelling" if cancelled else "in_progress"
-    ends = [s.timings.finished_unix_ms for s in view.states if s is not None and s.is_final]
-    ended_at = max((e for e in ends if e is not None), default=created * 1000) // 1000
+    ended_at = (view.ended_ms or created * 1000) // 1000
     metadata = json.loads(rec.get("metadata") or "{}") or None
     return {
         "id": view.id,
@@ -321,9 +230,9 @@ def status_object(view: BatchView) -> dict[str, Any]:
         "output_file_id": output_file_id(view.id) if finished and view.completed else None,
         "error_file_id": error_file_id(view.id) if finished and view.failed else None,
         "created_at": created,
-        "in_progress_at": created if view.items else None,
+        "in_progress_at": created if view.lines else None,
         "expires_at": int(rec.get("expires_at", 0)) or None,
-        "finalizing_at": ended_at if finished and view.items else None,
+        "finalizing_at": ended_at if finished and view.lines else None,
         "completed_at": ended_at if status == "completed" else None,
         "failed_at": created if status == "failed" else None,
         "expired_at": None,
@@ -335,6 +244,8 @@ def status_object(view: BatchView) -> dict[str, Any]:
             "failed": view.failed,
         },
         "metadata": metadata,
+        "model": rec.get("model") or None,
+        "usage": usage_object(*view.usage),
         "queue": rec.get("queue"),
     }
 
@@ -430,7 +341,7 @@ def list_batches(
         rank: Any = r.zrevrank(keys.batches, after)
         owner: Any = r.hget(keys.batch(after), "tenant")
         if rank is None or (tenant is not None and as_text(owner or DEFAULT_TENANT) != tenant):
-            raise _no_batch(after)
+            raise no_batch(after)
         start = rank + 1
     names: list[str] = []
     page = max(limit + 1, 100)

@@ -29,7 +29,7 @@ from genq.common import history, snapshot
 from genq.common.errors import RequestNotFound
 from genq.common.models import host_now_ms
 from genq.common.wire import as_text
-from genq.producer.gateway import batches, dead_letters, webhook_letters
+from genq.producer.gateway import batch_views, batches, dead_letters, webhook_letters
 from genq.producer.gateway.completions import json_object
 from genq.producer.gateway.context import gateway
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
@@ -229,7 +229,7 @@ async def list_batches(request: Request) -> dict[str, Any]:
     def read() -> dict[str, Any]:
         c = gw.sync_client
         ids = [as_text(b) for b in c.redis.zrevrange(c.keys.batches, 0, BATCHES_SHOWN)]
-        views = batches.read_batches(c, ids[:BATCHES_SHOWN])  # expired ones are left out
+        views = batch_views.read_batches(c, ids[:BATCHES_SHOWN], states=False)  # expired: left out
         return {
             "queue": c.keys.queue,
             "data": [batches.status_object(v) for v in views],

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from genq.common.errors import RequestNotFound
 from genq.common.keys import Keys
 from genq.common.wire import as_text
-from genq.producer.gateway import batches
+from genq.producer.gateway import batch_views, batches
 from genq.producer.gateway.context import Caller, Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
 from starlette.concurrency import run_in_threadpool
@@ -102,7 +102,7 @@ def _render(gw: Gateway, who: Caller, file_id: str) -> tuple[dict[str, Any], byt
         raise _missing(file_id)
     batch_id, kind = found
     try:
-        view = batches.read_batch(
+        view = batch_views.read_batch(
             gw.sync_client, batch_id, tenant=None if who.admin else who.tenant
         )
     except RequestNotFound:
