@@ -22,8 +22,11 @@ def weights(url: str, *, workers: int, step_ms: float, n: int) -> dict[str, floa
     some workers' look-aheads while the others, work-conserving, serve the other tenant)."""
     with TenantCase(url, "weights", "fair", workers, step_ms, three={"weight": 3}) as case:
         c = case.client
-        ids = c.submit_many(["w" * 32] * n, tenant="three", max_new_tokens=16)
-        ids += c.submit_many(["w" * 32] * n, tenant="one", max_new_tokens=16)
+        # One call, both tenants: submitted one after the other, the first one's backlog could
+        # all be read into the workers' look-aheads before the second's arrived (its index
+        # empty at once: no stretch with both backlogged, a ratio of 0; CI saw it).
+        items = [{"prompt": "w" * 32, "tenant": t} for t in ("three", "one") for _ in range(n)]
+        ids = c.submit_many(items, max_new_tokens=16)
         with _DrainWatch(case, ("three", "one")) as drained:
             results = c.results(ids, timeout=900)
     begin, _ = both_waiting(results, lambda x: 0, ("three", "one"))
