@@ -359,8 +359,16 @@ class Keys:
 
     @staticmethod
     def file(file_id: str) -> str:
-        """A file uploaded to ``genq serve`` (``POST /v1/files``): its content and details."""
+        """A file uploaded to ``genq serve`` (``POST /v1/files``): its record (name, size, lines,
+        owner, queue, and where its bytes are: ``store`` and ``path`` in the file store, never in
+        Redis)."""
         return f"{PREFIX}:file:{{{file_id}}}"
+
+    @cached_property
+    def files(self) -> str:
+        """The queue's uploaded files by when they expire (a sorted set, Unix s): a gateway
+        removes the expired ones' bytes from the file store."""
+        return f"{self._base}:files"
 
     @staticmethod
     def batch_rejected(batch_id: str) -> str:

@@ -42,6 +42,15 @@ def wait_until(
         time.sleep(every_s)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def files_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The file store of every gateway and ``genq batch`` the tests start (``GENQ_FILES_DIR``,
+    inherited), so that they share one, and not the user's ``~/.local/share/genq/files``."""
+    path = tmp_path_factory.mktemp("files")
+    os.environ["GENQ_FILES_DIR"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """One real redis-server for the whole session (tests use their own queue names)."""

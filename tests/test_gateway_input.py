@@ -180,29 +180,40 @@ def test_a_file_of_junk_lines_costs_redis_a_few_kilobytes_not_a_record_each(
     assert len(lines) == 101 and "19900 more input lines were refused" in str(lines[-1])
 
 
-def test_uploads_leave_redis_room_for_requests_and_a_full_redis_is_a_503_saying_so(
+def test_uploads_cost_redis_nothing_and_batches_leave_it_room_for_requests(
     gateway: GatewayProcess, redis_url: str, queue: str, tmp_path: Path
 ) -> None:
-    """An upload that would take Redis past half its maxmemory (the default
-    ``--storage-max-redis-fraction``) is a 507 before anything is written, and chats go on;
-    with that off, the write into a full Redis is a 503 ``redis_full``, never a 500."""
+    """An upload's bytes go to the file store: a 3 MB file uploads into a Redis with 4 MB to
+    spare, and Redis' memory does not grow by it. A batch made of it, whose requests would take
+    Redis past half its maxmemory (the default ``--storage-max-redis-fraction``), is a 507
+    before anything is written, and chats go on; with that off, the write into a full Redis is
+    a 503 ``redis_full``, never a 500."""
     import redis
 
     r = redis.Redis.from_url(redis_url)
+    chat = {"model": "echo", "messages": M, "max_tokens": 2}
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": chat}
+    content = b"".join(
+        json.dumps({**line, "custom_id": f"c{i}"}).encode() + b"\n" for i in range(30_000)
+    )
+    assert len(content) > 3_000_000
     used = int(r.info("memory")["used_memory"])
-    files = {"file": ("in.jsonl", b"x" * 3_000_000)}
     r.config_set("maxmemory", used + 4_000_000)
     try:
-        kept = httpx.post(f"{gateway.url}/files", files=files, data={"purpose": "batch"})
+        files = {"file": ("in.jsonl", content)}
+        up = httpx.post(f"{gateway.url}/files", files=files, data={"purpose": "batch"}, timeout=60)
+        assert up.status_code == 200, up.text
+        assert int(r.info("memory")["used_memory"]) < used + 500_000  # the bytes are not in Redis
+        made = {"input_file_id": up.json()["id"], "endpoint": "/v1/chat/completions"}
+        kept = httpx.post(f"{gateway.url}/batches", json=made, timeout=60)
         assert kept.status_code == 507, kept.text
         assert kept.json()["error"]["code"] == "redis_storage_full"
-        chat = {"model": "echo", "messages": M, "max_tokens": 2}
         assert httpx.post(f"{gateway.url}/chat/completions", json=chat, timeout=60).is_success
-        r.config_set("maxmemory", used + 1_000_000)
+        r.config_set("maxmemory", int(r.info("memory")["used_memory"]) + 1_000_000)
         off = ["--storage-max-redis-fraction", "0"]
         bare = GatewayProcess(redis_url, queue, tmp_path / "bare.log", off)
         try:
-            full = httpx.post(f"{bare.url}/files", files=files, data={"purpose": "batch"})
+            full = httpx.post(f"{bare.url}/batches", json=made, timeout=60)
         finally:
             bare.stop()
         assert full.status_code == 503 and full.json()["error"]["code"] == "redis_full", full.text

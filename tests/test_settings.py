@@ -67,6 +67,8 @@ def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
         "tenant_max_batches",
         "tenant_max_responses",
         "max_file_bytes",
+        "files_dir",
+        "files_timeout_s",
         "storage_max_redis_fraction",
         "webhook_url",
         "webhook_secret",

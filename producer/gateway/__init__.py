@@ -22,15 +22,18 @@ module             what it holds
 ``body_limit``     ``BodyLimit``: request bodies bounded as their bytes arrive (413)
 ``quotas``         ``Quotas``: what each tenant keeps (files and their bytes, batches, stored
                    responses), claimed atomically, given back on delete
-``redis_room``     ``RedisRoom``: uploads and batches refused (507) while Redis' memory would
-                   pass its share of maxmemory, keeping room for requests
+``redis_room``     ``RedisRoom``: batches refused (507) while Redis' memory would pass its
+                   share of maxmemory, keeping room for requests
 ``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
                    past which the gateway answers 429 (pure)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE
 ``responses_routes``  ``/v1/responses``: create (background, stream), retrieve, cancel,
                    delete, input items (records in Redis; shapes in ``responses``)
 ``webhook_delivery``  the queue's webhook events delivered, signed, retried (any gateway)
-``files``          ``/v1/files``: batch input files in Redis; batch output files rendered
+``files``          ``/v1/files``: batch input files (bytes in the file store, records in
+                   Redis); batch output files rendered
+``upload_stream``  ``UploadStream``: an upload's multipart body read as it arrives, its file
+                   handed on chunk by chunk (never held whole, never spooled)
 ``batch_routes``   ``/v1/batches``: create, retrieve, list, cancel (on ``batches``)
 ``dashboard_routes``  ``/dashboard``: the page (``dashboard/``: its HTML, script, styles and
                    the vendored chart library, uPlot) and the JSON it polls; admin keys only
@@ -52,6 +55,9 @@ module                  what it holds
                         output files, waiting
 ``batch_views``         a batch as read from Redis: its record's counters (a status in
                         constant time) or its requests' states
+``file_store``          ``FileStore``: where batch files' bytes are, a directory or an object
+                        store by URL (obstore): atomic writes, streamed reads, lines from any
+                        offset, one clear error when it is full or away
 ``dead_letters``        the dead-letter stream, for people: list, retry, purge
 ``webhook_letters``     the webhook deliveries that gave up: list, retry
 ======================  ======================================================================

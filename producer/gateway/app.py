@@ -23,7 +23,8 @@ from genq.producer.gateway import (
     responses_routes,
 )
 from genq.producer.gateway.body_limit import BodyLimit, limit_for
-from genq.producer.gateway.context import Gateway, callers, check_key, gateway
+from genq.producer.gateway.context import Gateway, callers, check_key, file_store, gateway
+from genq.producer.gateway.file_store import StoreError
 from genq.producer.gateway.fleet import Fleet
 from genq.producer.gateway.guards import Guards, is_loopback
 from genq.producer.gateway.result_hub import ResultHub
@@ -88,6 +89,10 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
     OpenAI routes, no webhook deliveries)."""
     keys = callers(settings)
     open_gateway = _is_open(settings, keys)
+    try:  # a bad file store (an unknown URL scheme, a directory it may not make): one line
+        _ = file_store(settings).store
+    except StoreError as err:
+        raise ConfigError(f"--files-dir: {err}") from None
     if settings.webhook_url or settings.webhook_secret:  # a bad one: one line at start
         webhooks.endpoint(webhooks.GLOBAL_ENDPOINT, settings.webhook_url, settings.webhook_secret)
 

@@ -11,8 +11,9 @@ from genq.producer.gateway import batches
 from genq.producer.gateway.batch_lines import ENDPOINTS
 from genq.producer.gateway.completions import json_object
 from genq.producer.gateway.context import caller, gateway
-from genq.producer.gateway.files import stored_file
-from genq.producer.gateway.openai_errors import invalid
+from genq.producer.gateway.file_store import StoredFileMissing, StoreError
+from genq.producer.gateway.files import store_failed, stored_file
+from genq.producer.gateway.openai_errors import invalid, not_found
 from starlette.concurrency import run_in_threadpool
 
 router = APIRouter()
@@ -38,17 +39,15 @@ async def create(request: Request) -> dict[str, Any]:
     ):
         raise invalid("metadata must be an object of strings", param="metadata")
     who = caller(request)
-    info, content = await stored_file(gw, who, file_id, content=True)
+    info = await stored_file(gw, who, file_id)
     if info["purpose"] != "batch":
         raise invalid(f"file {file_id!r} is not a batch input file", param="input_file_id")
-    try:
-        lines = content.decode("utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise invalid(f"file {file_id!r} is not UTF-8 text", param="input_file_id") from None
-    await gw.room.check(len(content), "a batch's requests")
+    await gw.room.check(int(info["bytes"]), "a batch's requests")
     await gw.quotas.claim(who.tenant, "batches", uuid.uuid4().hex)
 
     def submit() -> dict[str, Any]:
+        # UTF-8 was checked at upload; the store streams the lines.
+        lines = (line.decode("utf-8") for _, line in gw.files.lines(info["path"]))
         done = batches.submit_batch(
             gw.sync_client,
             lines,
@@ -60,7 +59,12 @@ async def create(request: Request) -> dict[str, Any]:
         )
         return batches.batch_status(gw.sync_client, done.id)
 
-    return await run_in_threadpool(submit)
+    try:
+        return await run_in_threadpool(submit)
+    except StoredFileMissing as err:
+        raise not_found(f"file {file_id!r}: {err}", "file_missing") from None
+    except StoreError as err:
+        raise store_failed(err) from None
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -11,6 +11,7 @@ from fastapi import Request
 from genq.common.models import DEFAULT_TENANT, Result
 from genq.producer.aio import AsyncClient
 from genq.producer.client import Client
+from genq.producer.gateway.file_store import FileStore, default_files_dir
 from genq.producer.gateway.fleet import Fleet
 from genq.producer.gateway.in_flight import InFlight
 from genq.producer.gateway.openai_errors import ApiError
@@ -67,7 +68,9 @@ class Gateway:
     quotas: Quotas = field(init=False)
     """What each tenant may keep: files, batches, stored responses."""
     room: RedisRoom = field(init=False)
-    """Whether Redis has room for an upload or a batch (below its share of maxmemory)."""
+    """Whether Redis has room for a batch's requests (below its share of maxmemory)."""
+    files: FileStore = field(init=False)
+    """Where uploaded batch files' bytes are (``--files-dir``)."""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -81,6 +84,7 @@ class Gateway:
         )
         self.quotas = Quotas(self.client.redis, self.client.keys, defaults, s.result_ttl_s)
         self.room = RedisRoom(self.client.redis, s.storage_max_redis_fraction)
+        self.files = file_store(s)
 
     def follow(self, request_id: str) -> AsyncIterator[str | Result]:
         """A request's text pieces as they come, then its Result (within the request timeout:
@@ -112,6 +116,11 @@ class Gateway:
 
     def leave(self, caller: Caller) -> None:
         self.in_flight.leave(caller.tenant)
+
+
+def file_store(settings: GatewaySettings) -> FileStore:
+    """The gateway's file store (``--files-dir``, or the default directory)."""
+    return FileStore(settings.files_dir or default_files_dir(), timeout_s=settings.files_timeout_s)
 
 
 def gateway(request: Request) -> Gateway:

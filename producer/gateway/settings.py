@@ -122,9 +122,9 @@ class GatewaySettings:
         help="most uploaded files a tenant keeps (genq tenants set --max-files overrides)",
     )
     tenant_max_stored_bytes: int = _flag(
-        2_000_000_000,
+        1_000_000_000_000,
         env="GENQ_SERVE_TENANT_MAX_STORED_BYTES",
-        help="most bytes of uploaded files a tenant keeps in Redis (genq tenants set "
+        help="most bytes of uploaded files a tenant keeps in the file store (genq tenants set "
         "--max-stored-bytes overrides)",
     )
     tenant_max_batches: int = _flag(
@@ -138,9 +138,23 @@ class GatewaySettings:
         help="most stored responses a tenant keeps (genq tenants set --max-responses overrides)",
     )
     max_file_bytes: int = _flag(
-        50_000_000,
+        100_000_000_000,
         env="GENQ_SERVE_MAX_FILE_BYTES",
-        help="largest batch input file POST /v1/files takes (it is kept in Redis)",
+        help="largest batch input file POST /v1/files takes (100 GB; it goes to the file "
+        "store, not Redis)",
+    )
+    files_dir: str = _flag(
+        "",
+        env="GENQ_FILES_DIR",
+        help="the file store of uploaded batch files: a directory, or an object store's URL "
+        "(s3://bucket/prefix; AWS_* variables give its endpoint and credentials); the gateways "
+        "of a queue share one (default: $XDG_DATA_HOME/genq/files)",
+    )
+    files_timeout_s: float = _flag(
+        30.0,
+        env="GENQ_FILES_TIMEOUT_S",
+        help="longest one call to an object store may take, retries included, before the "
+        "request that made it fails (503)",
     )
     storage_max_redis_fraction: float = _flag(
         0.5,

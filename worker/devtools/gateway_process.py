@@ -15,7 +15,8 @@ from genq.worker.devtools.redis_server import free_port
 
 class GatewayProcess:
     """``genq serve`` (or ``command="dashboard"``: ``genq dashboard``) for one queue; ``url``
-    is its OpenAI base URL (``.../v1``), ``dashboard`` its dashboard's."""
+    is its OpenAI base URL (``.../v1``), ``dashboard`` its dashboard's. ``wrapper``: a command
+    that runs it (``prlimit --fsize=...``)."""
 
     def __init__(
         self,
@@ -24,6 +25,7 @@ class GatewayProcess:
         log: Path | None,
         extra_args: Sequence[str] = (),
         command: str = "serve",
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.port, self.command = free_port(), command
         self.url = f"http://127.0.0.1:{self.port}/v1"
@@ -31,7 +33,7 @@ class GatewayProcess:
         self._log = open(log or os.devnull, "w")  # noqa: SIM115 (closed in stop)
         args = ["--redis-url", redis_url, "--queue", queue, "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "genq.worker", command, *args, *extra_args],
+            [*wrapper, sys.executable, "-m", "genq.worker", command, *args, *extra_args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
