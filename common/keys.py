@@ -352,6 +352,31 @@ class Keys:
         """A batch file's requests, in input order: "REQUEST_ID ENDPOINT" per line."""
         return f"{PREFIX}:batch:{{{batch_id}}}:items"
 
+    @staticmethod
+    def batch_open(batch_id: str) -> str:
+        """A wave batch's requests fed into the queue and not yet written to its output (a hash:
+        request id -> its endpoint; at most its window; ``batch_waves.py``)."""
+        return f"{PREFIX}:batch:{{{batch_id}}}:open"
+
+    @staticmethod
+    def batch_done(batch_id: str) -> str:
+        """A wave batch's requests that ended and wait to be written out (a list of request
+        ids, pushed where each ends: ``HOOK_LUA`` builds this name from the record's,
+        ``batch(batch_id) + ":done"``)."""
+        return f"{PREFIX}:batch:{{{batch_id}}}:done"
+
+    @staticmethod
+    def batch_lease(batch_id: str) -> str:
+        """Which process runs a wave batch's rounds now (a string with a TTL: a gateway's, or a
+        ``genq batch`` command's; another takes over when it lapses)."""
+        return f"{PREFIX}:batch:{{{batch_id}}}:lease"
+
+    @cached_property
+    def batches_running(self) -> str:
+        """The queue's wave batches still being fed or written out (a set of batch ids: the
+        gateways run their rounds)."""
+        return f"{self._base}:batches:running"
+
     @cached_property
     def batches(self) -> str:
         """The queue's batches by creation time (a sorted set: ``GET /v1/batches`` lists it)."""
@@ -372,7 +397,8 @@ class Keys:
 
     @staticmethod
     def batch_rejected(batch_id: str) -> str:
-        """A batch file's lines refused at submission, as their error-file lines (JSON)."""
+        """A batch file's lines refused at submission, as their error-file lines (JSON); for a
+        wave batch, the error-file lines waiting to be written to the file store."""
         return f"{PREFIX}:batch:{{{batch_id}}}:rejected"
 
     @staticmethod

@@ -154,6 +154,12 @@ local function hook(outbox, owner, state)
     local id = string.match(record, '^{"id":"([^"]*)"') or ''
     local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
     redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
+  elseif redis.call('HGET', owner, 'waves') == '1' then
+    -- A wave batch: counted, and its id queued to be written out (Keys.batch_done: the
+    -- record's key and ':done'); its event comes when its output is written (batch_waves).
+    tally(owner, state)
+    local id = string.match(state, '^{"id":"([^"]*)"')
+    if id then redis.call('RPUSH', owner .. ':done', id) end
   elseif redis.call('HGET', owner, 'open') then
     tally(owner, state)
     if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end

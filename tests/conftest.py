@@ -256,7 +256,8 @@ GENQ_ACL_USERS = {
         "+eval +evalsha +fcall +time +multi +exec "
         "+xadd +xread +xreadgroup +xdel +xlen +xrange +xpending "
         "+xgroup|create +xinfo|groups +xinfo|consumers "
-        "+rpush +llen +lindex +lrange +sadd +smembers +sismember +zadd +zscore"
+        "+rpush +llen +lindex +lrange +ltrim +sadd +srem +smembers +sismember +zadd +zscore "
+        "+hlen +hkeys +hdel"
     ),
     "genq-worker": (
         f"on >genq-secret {_QUEUE_KEYS} resetchannels -@all +@connection "
@@ -273,8 +274,8 @@ GENQ_ACL_USERS = {
         "+eval +evalsha +fcall +time +info +multi +exec "
         "+xadd +xread +xreadgroup +xack +xdel +xlen +xrange +xpending +xclaim "
         "+xgroup|create +xinfo|groups +xinfo|consumers "
-        "+rpush +llen +lindex +lrange +ltrim +sadd +smembers +sismember "
-        "+zadd +zrem +zcard +zrange +zscore +zrevrange +zrevrank +zremrangebyscore"
+        "+rpush +llen +lindex +lrange +ltrim +sadd +srem +smembers +sismember "
+        "+zadd +zrem +zcard +zrange +zscore +zrevrange +zrevrank +zremrangebyscore +hlen +hkeys"
     ),
     "genq": (
         "on >genq-secret ~genq:* ~genq-secret:* resetchannels -@all +@connection "

@@ -68,6 +68,7 @@ def test_genq_serve_flags_are_generated_from_the_gateway_settings() -> None:
         "tenant_max_responses",
         "max_file_bytes",
         "files_dir",
+        "batch_window",
         "files_timeout_s",
         "storage_max_redis_fraction",
         "webhook_url",

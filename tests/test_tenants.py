@@ -108,9 +108,10 @@ def test_genq_submit_and_batch_submit_take_a_tenant(
     out = genq(*args, "--tenant", "batch-t", str(lines))
     assert out.returncode == 0, out.stderr
     client = Client.from_url(redis_url, queue)
-    view = read_batch(client, out.stdout.strip())
+    bid = out.stdout.strip()
+    view = read_batch(client, bid)
     assert view.record["tenant"] == "batch-t"
-    assert client.result(view.items[0][0], timeout=60).tenant == "batch-t"
+    assert client.result(f"{bid}-1", timeout=60).tenant == "batch-t"  # its line 1's request
     # A line's body cannot name a tenant: the key (or the flag) decides.
     named = {**line, "body": {**body, "tenant": "other"}}
     done = submit_batch(client, [json.dumps(named)], source="x", tenant="batch-t")

@@ -35,6 +35,8 @@ module             what it holds
 ``upload_stream``  ``UploadStream``: an upload's multipart body read as it arrives, its file
                    handed on chunk by chunk (never held whole, never spooled)
 ``batch_routes``   ``/v1/batches``: create, retrieve, list, cancel (on ``batches``)
+``batch_runner``   ``BatchRunner``: the rounds of the queue's running batches, run by every
+                   gateway while it serves (one process a batch at a time: its lease)
 ``dashboard_routes``  ``/dashboard``: the page (``dashboard/``: its HTML, script, styles and
                    the vendored chart library, uPlot) and the JSON it polls; admin keys only
 =================  ===========================================================================
@@ -55,6 +57,11 @@ module                  what it holds
                         output files, waiting
 ``batch_views``         a batch as read from Redis: its record's counters (a status in
                         constant time) or its requests' states
+``batch_waves``         a batch file of any size run in waves: fed as the queue drains,
+                        written out to the file store as its requests end
+``batch_scripts``       the wave batches' scripts (feed, commit a part, stop, finish)
+``wave_files``          a local file copied in as a batch, rounds run until a state, its
+                        output parts read back (``genq batch``)
 ``file_store``          ``FileStore``: where batch files' bytes are, a directory or an object
                         store by URL (obstore): atomic writes, streamed reads, lines from any
                         offset, one clear error when it is full or away

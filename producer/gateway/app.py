@@ -22,6 +22,7 @@ from genq.producer.gateway import (
     openai_errors,
     responses_routes,
 )
+from genq.producer.gateway.batch_runner import BatchRunner
 from genq.producer.gateway.body_limit import BodyLimit, limit_for
 from genq.producer.gateway.context import Gateway, callers, check_key, file_store, gateway
 from genq.producer.gateway.file_store import StoreError
@@ -30,6 +31,7 @@ from genq.producer.gateway.guards import Guards, is_loopback
 from genq.producer.gateway.result_hub import ResultHub
 from genq.producer.gateway.settings import GatewaySettings
 from genq.producer.gateway.webhook_delivery import Deliverer
+from starlette.concurrency import run_in_threadpool
 
 POOL_WAIT_S = 20.0
 """Longest a route waits for a free connection of the shared pool (then 503)."""
@@ -83,6 +85,26 @@ def _gateway(settings: GatewaySettings, keys: dict[str, Any]) -> Gateway:
     return Gateway(settings, client, sync_client, fleet, keys, hub)
 
 
+@asynccontextmanager
+async def _background(gw: Gateway, api: bool) -> AsyncIterator[None]:
+    """The gateway's own work while it serves (``api``: not ``genq dashboard``'s): webhook
+    deliveries, and the rounds of the queue's running batches."""
+    deliverer = Deliverer(gw.client.redis, gw.client.keys, gw.settings)
+    runner = BatchRunner(gw.sync_client, gw.files)
+    tasks = [asyncio.create_task(deliverer.run()), asyncio.create_task(runner.run())] if api else []
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if api:  # another gateway takes this one's batches at once
+            with contextlib.suppress(Exception):
+                await run_in_threadpool(runner.release)
+        await deliverer.close()
+
+
 def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
     """The OpenAI-compatible app for ``settings.queue``, with its dashboard. Raises ConfigError
     for a bad ``--api-key``. ``api=False``: the dashboard alone (``genq dashboard``: no
@@ -98,26 +120,16 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.gateway = _gateway(settings, keys)
-        client, sync_client, hub = (
-            app.state.gateway.client,
-            app.state.gateway.sync_client,
-            app.state.gateway.hub,
-        )
-        deliverer = Deliverer(client.redis, client.keys, settings)
-        delivering = asyncio.create_task(deliverer.run() if api else asyncio.sleep(0))
+        gw = app.state.gateway = _gateway(settings, keys)
         try:
-            yield
+            async with _background(gw, api):
+                yield
         finally:
-            delivering.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await delivering
-            await deliverer.close()
-            await app.state.gateway.submitter.close()
-            if hub is not None:
-                await hub.close()
-            await client.close()
-            sync_client.close()
+            await gw.submitter.close()
+            if gw.hub is not None:
+                await gw.hub.close()
+            await gw.client.close()
+            gw.sync_client.close()
 
     app = FastAPI(
         title="genq",

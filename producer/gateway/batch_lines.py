@@ -217,7 +217,8 @@ def _text_message(m: Any) -> dict[str, Any]:
     return {"role": m.get("role"), "content": content, **extra}
 
 
-def _custom_id(text: str) -> str | None:
+def custom_id_of(text: str) -> str | None:
+    """The ``custom_id`` of a batch line, if it has one (also of a line refused)."""
     try:
         item = json.loads(text)
     except ValueError:
@@ -247,7 +248,7 @@ def parse_file(
             seen.add(item.custom_id)
             good.append(item)
         except InvalidRequest as err:
-            bad.append(RejectedLine(line=n, custom_id=_custom_id(text), message=str(err)))
+            bad.append(RejectedLine(line=n, custom_id=custom_id_of(text), message=str(err)))
     return good, bad
 
 

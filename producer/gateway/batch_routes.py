@@ -7,7 +7,10 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from genq.producer.gateway import batches
+from genq.common.connection import is_cluster
+from genq.common.errors import InvalidRequest
+from genq.common.models import PRIORITIES
+from genq.producer.gateway import batch_waves, batches, wave_files
 from genq.producer.gateway.batch_lines import ENDPOINTS
 from genq.producer.gateway.completions import json_object
 from genq.producer.gateway.context import caller, gateway
@@ -17,6 +20,8 @@ from genq.producer.gateway.openai_errors import invalid, not_found
 from starlette.concurrency import run_in_threadpool
 
 router = APIRouter()
+CANCEL_WAIT_S = 10.0
+"""Longest a cancel waits for a wave batch's cancelled lines to be written out."""
 
 
 @router.post("/v1/batches")
@@ -30,8 +35,10 @@ async def create(request: Request) -> dict[str, Any]:
         raise invalid(
             f"endpoint must be one of {sorted(ENDPOINTS)}, got {endpoint!r}", param="endpoint"
         )
-    if window != batches.COMPLETION_WINDOW:
-        raise invalid("completion_window must be '24h'", param="completion_window")
+    try:
+        batch_waves.window_seconds(window)
+    except InvalidRequest as err:
+        raise invalid(str(err), param="completion_window") from None
     if not isinstance(file_id, str):
         raise invalid("input_file_id is required", param="input_file_id")
     if metadata is not None and not (
@@ -42,8 +49,36 @@ async def create(request: Request) -> dict[str, Any]:
     info = await stored_file(gw, who, file_id)
     if info["purpose"] != "batch":
         raise invalid(f"file {file_id!r} is not a batch input file", param="input_file_id")
-    await gw.room.check(int(info["bytes"]), "a batch's requests")
+    if priority not in PRIORITIES:
+        raise invalid(f"priority must be one of {list(PRIORITIES)}", param="priority")
     await gw.quotas.claim(who.tenant, "batches", uuid.uuid4().hex)
+    if not is_cluster(gw.sync_client.redis):  # in waves, from the file store
+        wave = batch_waves.WaveBatch(
+            id=batch_waves.new_batch_id(),
+            path=info["path"],
+            lines=int(info.get("lines") or 0),
+            source=file_id,
+            endpoint=endpoint,
+            priority=priority,
+            tenant=who.tenant,
+            window=gw.settings.batch_window,
+            completion_window=window,
+            metadata=metadata or {},
+        )
+
+        def create_wave() -> dict[str, Any]:
+            if gw.files.size(wave.path) is None:
+                raise StoredFileMissing(f"{wave.path!r} is not in the file store")
+            batch_waves.create(gw.sync_client, gw.files, wave)
+            return batches.batch_status(gw.sync_client, wave.id)
+
+        try:
+            return await run_in_threadpool(create_wave)
+        except StoredFileMissing as err:
+            raise not_found(f"file {file_id!r}: {err}", "file_missing") from None
+    # A Redis Cluster: every line enqueued at once (a batch's keys and its requests' are in
+    # different slots, which the wave scripts need together).
+    await gw.room.check(int(info["bytes"]), "a batch's requests")
 
     def submit() -> dict[str, Any]:
         # UTF-8 was checked at upload; the store streams the lines.
@@ -83,6 +118,16 @@ async def cancel(batch_id: str, request: Request) -> dict[str, Any]:
 
     def run() -> dict[str, Any]:
         batches.cancel_batch(gw.sync_client, batch_id, tenant=tenant)
+        # A wave batch's cancelled lines written out (a moment: they are at most its window),
+        # so that the answer says "cancelled" with its error file whole; "cancelling" if not.
+        wave_files.run_until(
+            gw.sync_client,
+            gw.files,
+            batch_id,
+            lambda rec: rec.get("waves") != "1" or bool(rec.get("finished_at_ms")),
+            timeout_s=CANCEL_WAIT_S,
+            pause_s=0.05,
+        )
         return batches.batch_status(gw.sync_client, batch_id)
 
     return await run_in_threadpool(run)

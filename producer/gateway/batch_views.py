@@ -18,6 +18,11 @@ from genq.producer.client import Client
 from genq.producer.submitting import SUBMIT_CHUNK
 from genq.producer.waiting import parse_stored
 
+REFUSED_KEPT = 100
+"""Refused input lines kept one by one (``Keys.batch_rejected``): the first ones, with their
+messages cut short; the rest are only counted (the record's ``refused``). A file of junk lines
+costs Redis ~30 KB, not a record per line (a 1 MB file of junk used to become 110 MB)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class BatchView:
@@ -63,7 +68,14 @@ class BatchView:
         return self.lines + self.refused
 
     @property
+    def waves(self) -> bool:
+        """Whether it runs in waves from the file store (``batch_waves.py``)."""
+        return self.record.get("waves") == "1"
+
+    @property
     def finished(self) -> bool:
+        if self.waves:  # every line it will run has ended and is written out
+            return bool(self.record.get("finished_at_ms"))
         return self.completed + self.failed == self.total
 
     @property
@@ -114,14 +126,17 @@ def read_batches(
     pipe = client.redis.pipeline(transaction=False)
     for batch_id in batch_ids:
         pipe.hgetall(keys.batch(batch_id))
-        pipe.lrange(keys.batch_rejected(batch_id), 0, -1)
-    replies = pipe.execute()
-    records: list[tuple[str, dict[str, str], list[Any]]] = []
-    for i, batch_id in enumerate(batch_ids):
-        info, raw_rejected = replies[2 * i : 2 * i + 2]
-        record = {as_text(k): as_text(v) for k, v in (info or {}).items()}
-        if record:
-            records.append((batch_id, record, raw_rejected))
+    read = [
+        (b, {as_text(k): as_text(v) for k, v in (info or {}).items()})
+        for b, info in zip(batch_ids, pipe.execute(), strict=True)
+    ]
+    # Refused lines kept one by one: a wave batch's are in its error file instead.
+    older = [b for b, rec in read if rec and rec.get("waves") != "1"]
+    pipe = client.redis.pipeline(transaction=False)
+    for batch_id in older:
+        pipe.lrange(keys.batch_rejected(batch_id), 0, REFUSED_KEPT - 1)
+    kept = dict(zip(older, pipe.execute() if older else [], strict=True))
+    records = [(b, rec, kept.get(b, [])) for b, rec in read if rec]
     counted = not states and not is_cluster(client.redis)
     counts = {b: counts_of(rec) if counted else None for b, rec, _ in records}
     items = _items(client, [b for b, _, _ in records if counts[b] is None])

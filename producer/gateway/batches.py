@@ -24,6 +24,7 @@ from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout, S
 from genq.common.models import DEFAULT_TENANT, Result, tenant_problem
 from genq.common.wire import as_text
 from genq.producer.client import Client
+from genq.producer.gateway import batch_waves
 from genq.producer.gateway.batch_lines import (
     BatchLine,
     RejectedLine,
@@ -31,19 +32,15 @@ from genq.producer.gateway.batch_lines import (
     parse_file,
     rejected_output,
 )
-from genq.producer.gateway.batch_views import BatchView, no_batch, read_batch
+from genq.producer.gateway.batch_views import REFUSED_KEPT, BatchView, no_batch, read_batch
 from genq.producer.submitting import SUBMIT_CHUNK
 
 COMPLETION_WINDOW = "24h"
 """The only completion window OpenAI offers; genq runs a batch as its queue allows."""
 WAIT_ROUND_S = 2.0
-REFUSED_KEPT = 100
-"""Refused input lines kept one by one (``Keys.batch_rejected``): the first ones, with their
-messages cut to ``REFUSED_MESSAGE_CHARS``; the rest are only counted (the record's
-``refused``). A file of junk lines costs Redis ~30 KB, not a record per line (a 1 MB file of
-junk used to become 110 MB)."""
-REFUSED_MESSAGE_CHARS = 300
 """How long one round of waiting for a batch lasts before progress is reported again."""
+REFUSED_MESSAGE_CHARS = 300
+"""How much of a refused line's message is kept."""
 
 
 def new_batch_id() -> str:
@@ -210,11 +207,14 @@ def status_object(view: BatchView) -> dict[str, Any]:
     rec = view.record
     created = int(rec.get("created_at", 0))
     cancelled = rec.get("cancelled") == "1"
+    expired = rec.get("expired") == "1"
     finished = view.finished
-    if not view.lines:
+    if not view.lines or (finished and rec.get("failed_reason")):
         status = "failed"
     elif finished:
-        status = "cancelled" if cancelled else "completed"
+        status = "expired" if expired else "cancelled" if cancelled else "completed"
+    elif expired:
+        status = "finalizing"  # what ran is written out; the rest goes to the error file
     else:
         status = "cancelling" if cancelled else "in_progress"
     ended_at = (view.ended_ms or created * 1000) // 1000
@@ -225,7 +225,7 @@ def status_object(view: BatchView) -> dict[str, Any]:
         "endpoint": rec.get("endpoint", "/v1/completions"),
         "errors": _errors(view) if status == "failed" else None,
         "input_file_id": rec.get("input", ""),
-        "completion_window": COMPLETION_WINDOW,
+        "completion_window": rec.get("completion_window", COMPLETION_WINDOW),
         "status": status,
         "output_file_id": output_file_id(view.id) if finished and view.completed else None,
         "error_file_id": error_file_id(view.id) if finished and view.failed else None,
@@ -234,8 +234,8 @@ def status_object(view: BatchView) -> dict[str, Any]:
         "expires_at": int(rec.get("expires_at", 0)) or None,
         "finalizing_at": ended_at if finished and view.lines else None,
         "completed_at": ended_at if status == "completed" else None,
-        "failed_at": created if status == "failed" else None,
-        "expired_at": None,
+        "failed_at": (int(rec.get("failed_at", 0)) or created) if status == "failed" else None,
+        "expired_at": int(rec.get("expired_at", 0)) or None,
         "cancelling_at": int(rec.get("cancelled_at", 0)) or None,
         "cancelled_at": ended_at if status == "cancelled" else None,
         "request_counts": {
@@ -251,7 +251,11 @@ def status_object(view: BatchView) -> dict[str, Any]:
 
 
 def _errors(view: BatchView) -> dict[str, Any]:
-    """OpenAI's ``errors`` of a batch none of whose lines could be enqueued."""
+    """OpenAI's ``errors`` of a batch that failed: none of its lines could be enqueued, or (a
+    wave batch) it could not go on."""
+    why = view.record.get("failed_reason")
+    if why:
+        return {"object": "list", "data": [{"code": "batch_failed", "message": why, "line": None}]}
     data = [
         {"code": "invalid_request", "message": r["error"]["message"], "line": None}
         for r in view.rejected[:100]
@@ -262,8 +266,12 @@ def _errors(view: BatchView) -> dict[str, Any]:
 
 
 def cancel_batch(client: Client, batch_id: str, *, tenant: str | None = None) -> int:
-    """Cancel every request of the batch that is not final yet; return how many. With
-    ``tenant``: only a batch of that tenant (see ``read_batch``)."""
+    """Cancel every request of the batch that is not final yet (a wave batch: and feed no
+    more of it); return how many. With ``tenant``: only a batch of that tenant (see
+    ``read_batch``)."""
+    view = read_batch(client, batch_id, tenant=tenant, states=False)
+    if view.waves:
+        return batch_waves.cancel(client, batch_id)
     view = read_batch(client, batch_id, tenant=tenant)
     client.redis.hset(
         client.keys.batch(batch_id), mapping={"cancelled": 1, "cancelled_at": int(time.time())}

@@ -73,13 +73,18 @@ def _first_line(err: BaseException) -> str:
 
 class LineCheck:
     """Checks an upload's bytes as they pass: UTF-8, and no line over ``max_line_bytes``;
-    counts its bytes and lines. ``feed`` raises ``UploadRefused`` at the first problem."""
+    counts its bytes and its lines (those that are not blank: ``lines``). ``feed`` raises
+    ``UploadRefused`` at the first problem."""
 
     def __init__(self, *, max_bytes: int, max_line_bytes: int) -> None:
         self.max_bytes, self.max_line_bytes = max_bytes, max_line_bytes
         self.bytes = 0
         self.lines = 0
+        """Its lines that are not blank (a batch's lines: each one a request, or refused)."""
+        self.number = 0
+        """Its lines, blank ones included (the last line's number)."""
         self._line_bytes = 0
+        self._text = False
         self._tail = b""  # an unfinished UTF-8 sequence at a chunk's end
 
     def feed(self, chunk: bytes) -> None:
@@ -95,33 +100,37 @@ class LineCheck:
         except UnicodeDecodeError as err:
             if err.start < len(data) - 3 or err.reason != "unexpected end of data":
                 raise UploadRefused(
-                    f"the file is not UTF-8 text (line {self.lines + 1}): a batch input file "
+                    f"the file is not UTF-8 text (line {self.number + 1}): a batch input file "
                     "is JSON Lines"
                 ) from None
             self._tail = data[err.start :]
         start = 0
         while True:
             end = chunk.find(b"\n", start)
-            length = (len(chunk) if end < 0 else end) - start
-            self._line_bytes += length
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            self._line_bytes += len(piece)
+            self._text = self._text or bool(piece.strip())
             if self._line_bytes > self.max_line_bytes:
                 raise UploadRefused(
-                    f"line {self.lines + 1} is over {self.max_line_bytes} bytes (genq serve "
+                    f"line {self.number + 1} is over {self.max_line_bytes} bytes (genq serve "
                     "--max-body-bytes: one line is one request's body)"
                 )
             if end < 0:
                 return
-            self.lines += 1
-            self._line_bytes = 0
+            self._end_line()
             start = end + 1
+
+    def _end_line(self) -> None:
+        self.number += 1
+        self.lines += self._text
+        self._line_bytes, self._text = 0, False
 
     def finish(self) -> None:
         """The upload ended: a last line without its newline counts too."""
         if self._tail:
             raise UploadRefused("the file is not UTF-8 text (it ends inside a character)")
         if self._line_bytes:
-            self.lines += 1
-            self._line_bytes = 0
+            self._end_line()
 
 
 class FileStore:
@@ -282,6 +291,10 @@ class FileStore:
 
     def names(self, prefix: str) -> list[str]:
         """The names under ``prefix`` (a folder), sorted."""
+        return [name for name, _ in self.listing(prefix)]
+
+    def listing(self, prefix: str) -> list[tuple[str, int]]:
+        """The names under ``prefix`` (a folder) with their sizes, sorted by name."""
         import obstore
 
         try:
@@ -290,4 +303,4 @@ class FileStore:
             return []
         except Exception as err:
             raise self._error(err, prefix) from None
-        return sorted(str(meta["path"]) for meta in found)
+        return sorted((str(meta["path"]), int(meta["size"])) for meta in found)

@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from genq.common.errors import InvalidRequest, RequestNotFound
 from genq.common.keys import Keys
 from genq.common.wire import as_text
-from genq.producer.gateway import batch_views, batches
+from genq.producer.gateway import batch_views, batches, wave_files
 from genq.producer.gateway.context import Caller, Gateway, caller, gateway
 from genq.producer.gateway.file_store import (
     FileTooLarge,
@@ -32,7 +32,7 @@ from genq.producer.gateway.file_store import (
 )
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
 from genq.producer.gateway.upload_stream import UploadStream
-from starlette.concurrency import run_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 router = APIRouter()
 OUTPUT_SUFFIXES = {"-output": "output", "-errors": "errors"}
@@ -163,13 +163,20 @@ def _missing(file_id: str) -> ApiError:
     return not_found(f"no file {file_id!r} (never uploaded, or expired)")
 
 
-def _render(gw: Gateway, who: Caller, file_id: str) -> tuple[dict[str, Any], bytes]:
-    """A batch output or error file: its details and content, from the batch's results now."""
+def _render(gw: Gateway, who: Caller, file_id: str) -> tuple[dict[str, Any], Any]:
+    """A batch output or error file: its details and content (a wave batch's: the names of its
+    parts in the store, written so far; another's: rendered from its results now)."""
     found = _output_of(file_id)
     if found is None:
         raise _missing(file_id)
     batch_id, kind = found
     try:
+        view = batch_views.read_batch(
+            gw.sync_client, batch_id, tenant=None if who.admin else who.tenant, states=False
+        )
+        if view.waves:
+            names = wave_files.parts(gw.files, batch_id, kind)
+            return _output_info(view, batch_id, kind, sum(n for _, n in names)), names
         view = batch_views.read_batch(
             gw.sync_client, batch_id, tenant=None if who.admin else who.tenant
         )
@@ -178,14 +185,19 @@ def _render(gw: Gateway, who: Caller, file_id: str) -> tuple[dict[str, Any], byt
     ok, failed, _ = batches.output_files(view)
     lines = ok if kind == "output" else failed
     content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    info = {
-        "bytes": len(content),
+    return _output_info(view, batch_id, kind, len(content)), content
+
+
+def _output_info(
+    view: batch_views.BatchView, batch_id: str, kind: str, size: int
+) -> dict[str, Any]:
+    return {
+        "bytes": size,
         "created_at": int(view.record.get("created_at", 0)),
         "expires_at": int(view.record.get("expires_at", 0)) or None,
         "filename": f"{batch_id}_{kind}.jsonl",
         "purpose": "batch_output",
     }
-    return info, content
 
 
 async def stored_file(gw: Gateway, who: Caller, file_id: str) -> dict[str, Any]:
@@ -225,6 +237,12 @@ async def retrieve(file_id: str, request: Request) -> dict[str, Any]:
 async def file_content(file_id: str, request: Request) -> Response:
     gw = gateway(request)
     info = await stored_file(gw, caller(request), file_id)
+    if isinstance(info.get("rendered"), list):  # a wave batch's parts in the store
+        parts = wave_files.read_parts(gw.files, info["rendered"])
+        headers = {"content-length": str(info["bytes"])}
+        return StreamingResponse(
+            iterate_in_threadpool(parts), media_type="application/jsonl", headers=headers
+        )
     if "rendered" in info:
         return Response(info["rendered"], media_type="application/jsonl")
     chunks = gw.files.chunks(info["path"])

@@ -150,6 +150,12 @@ class GatewaySettings:
         "(s3://bucket/prefix; AWS_* variables give its endpoint and credentials); the gateways "
         "of a queue share one (default: $XDG_DATA_HOME/genq/files)",
     )
+    batch_window: int = _flag(
+        10_000,
+        env="GENQ_BATCH_WINDOW",
+        help="most requests of one batch in Redis at once: the rest of its file is fed in as "
+        "they end (a batch's file may be millions of lines)",
+    )
     files_timeout_s: float = _flag(
         30.0,
         env="GENQ_FILES_TIMEOUT_S",

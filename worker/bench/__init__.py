@@ -15,6 +15,8 @@ module              what it measures
                     by the wrong model, texts against each model's alone
 ``adapters``        LoRA adapters mixed in batches, and swapping past ``--max-loras``,
                     against the base model alone (static or vLLM)
+``batch``           a batch file of a million lines run in waves: Redis' peak memory,
+                    lines/s against plain requests, the status read's p50
 ``gateway``         ``genq serve`` against the client library, per request and streamed
 ``flood``           one tenant's thousands of waiting chats at one ``genq serve`` against
                     another's single requests and ``/health``; connections and memory

@@ -34,6 +34,7 @@ SELF_RUN = (
     "gateway",
     "models",
     "adapters",
+    "batch",
 )  # run_and_print
 SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
 

@@ -1,0 +1,141 @@
+"""A wave batch's files and a command's part in its rounds (``batch_waves.py``): a local file
+copied into the file store as a new batch (``genq batch submit``), the rounds run until a
+batch reaches a state (``genq batch submit``, ``results``, ``cancel``), and its output and
+error parts read back (``GET /v1/files/{id}/content``, ``genq batch results``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
+
+from genq.common.errors import InvalidRequest
+from genq.common.models import tenant_problem
+from genq.common.wire import as_text
+from genq.producer.client import Client
+from genq.producer.gateway.batch_waves import (
+    MAX_LINE_BYTES,
+    Round,
+    WaveBatch,
+    create,
+    new_batch_id,
+    record_of,
+    run_round,
+    window_seconds,
+)
+from genq.producer.gateway.file_store import (
+    READ_CHUNK_BYTES,
+    FileStore,
+    LineCheck,
+    default_files_dir,
+)
+
+
+def run_until(
+    client: Client,
+    store: FileStore,
+    batch_id: str,
+    done: Callable[[Mapping[str, str]], bool],
+    *,
+    timeout_s: float | None = None,
+    every: Callable[[Round, Mapping[str, str]], None] | None = None,
+    pause_s: float = 0.2,
+) -> dict[str, str]:
+    """Run the batch's rounds (while this process holds its lease; else wait) until
+    ``done(record)`` or ``timeout_s``; the record then."""
+    owner = f"cli-{uuid.uuid4().hex[:12]}"
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        did = run_round(client, store, batch_id, owner) or Round()
+        rec = record_of(client, batch_id)
+        if every is not None:
+            every(did, rec)
+        if not rec or done(rec) or (deadline is not None and time.monotonic() >= deadline):
+            if _holds(client, batch_id, owner):  # let a gateway go on at once
+                client.redis.delete(client.keys.batch_lease(batch_id))
+            return rec
+        if not did.fed and not did.written:
+            time.sleep(pause_s)
+
+
+def _holds(client: Client, batch_id: str, owner: str) -> bool:
+    return as_text(client.redis.get(client.keys.batch_lease(batch_id)) or "") == owner
+
+
+def parts(store: FileStore, batch_id: str, kind: str) -> list[tuple[str, int]]:
+    """A wave batch's output (``kind`` 'output') or error parts, in order, with their sizes."""
+    return store.listing(f"batches/{batch_id}/{kind}")
+
+
+def read_parts(store: FileStore, names: list[tuple[str, int]]) -> Iterator[bytes]:
+    """The parts' content, one after another, a chunk at a time."""
+    for name, size in names:
+        start = 0
+        while start < size:
+            chunk = store.read(name, start)
+            if not chunk:
+                break
+            start += len(chunk)
+            yield chunk
+
+
+def store_of(files_dir: str | None) -> FileStore:
+    """The file store at ``files_dir`` (None: the default directory)."""
+    return FileStore(files_dir or default_files_dir())
+
+
+def upload_and_create(
+    client: Client,
+    store: FileStore,
+    path: str,
+    *,
+    batch_id: str | None,
+    source: str,
+    priority: str,
+    tenant: str,
+    endpoint: str | None,
+    window: int,
+    completion_window: str,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> str:
+    """Copy the local file ``path`` ('-': stdin) to the store, a chunk at a time, and record
+    its wave batch; the batch's id. A ``batch_id`` already recorded is not made again (its
+    rounds go on where they stopped)."""
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        raise InvalidRequest(problem)
+    window_seconds(completion_window)
+    bid = batch_id or new_batch_id()
+    if client.redis.exists(client.keys.batch(bid)):
+        return bid
+    name = f"uploads/{bid}.jsonl"
+    check = LineCheck(max_bytes=1 << 62, max_line_bytes=max_line_bytes)
+    with click_open(path) as f:
+
+        async def chunks() -> AsyncIterator[bytes]:
+            while chunk := f.read(READ_CHUNK_BYTES):  # this loop runs nothing else meanwhile
+                yield chunk
+
+        asyncio.run(store.upload(name, chunks(), check))
+    wave = WaveBatch(
+        id=bid,
+        path=name,
+        lines=check.lines,
+        source=source,
+        endpoint=endpoint or "",
+        priority=priority,
+        tenant=tenant,
+        window=window,
+        completion_window=completion_window,
+    )
+    create(client, store, wave)
+    return bid
+
+
+def click_open(path: str) -> Any:
+    """``path`` opened for binary reading ('-': stdin)."""
+    import sys
+
+    return open(sys.stdin.fileno(), "rb", closefd=False) if path == "-" else open(path, "rb")

@@ -1,0 +1,203 @@
+"""``genq bench --scenario batch``: a batch file of any size, run in waves (#38).
+
+Each case runs on its own fresh redis-server (so that ``used_memory_peak`` is the case's),
+with echo workers (``WORKERS``, steps of 0 ms: the queue's own cost) and one ``genq serve``
+on a shared file store. Measured, in one run:
+
+- **Size**: a batch of ``lines`` lines (1,000,000; ``--quick``: 20,000) and one of
+  ``small`` lines (10,000; quick: 2,000), each end to end (``genq batch``'s upload and rounds,
+  from the file to its last output line written): Redis' peak memory (goal: <= 100 MB, and
+  within 1.5x of the small batch's), lines/s, and the output file checked to hold every
+  ``custom_id`` exactly once.
+- **Plain requests**: the same work submitted as plain requests (``submit_many`` in chunks of
+  ``PLAIN_CHUNK``, results read as they come): lines/s and Redis' peak memory. Goal: the batch's
+  lines/s >= 0.9x the plain requests'.
+- **Status**: ``GET /v1/batches/{id}`` timed while each batch runs (p50; goal: the big batch's
+  within 2x of a 1,000-line batch's).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import redis
+from genq.producer import Client
+from genq.producer.gateway import wave_files
+from genq.producer.gateway.file_store import FileStore
+
+WORKERS = 2
+BATCH_SIZE = 256
+WINDOW = 10_000
+PLAIN_CHUNK = 10_000
+BODY = {"model": "echo", "prompt": "a line of a big batch", "max_tokens": 2}
+
+
+def write_file(path: Path, n: int) -> None:
+    with path.open("w") as f:
+        for i in range(n):
+            line = {"custom_id": f"c{i}", "url": "/v1/completions", "body": BODY}
+            f.write(json.dumps(line) + "\n")
+
+
+def _status_times(base: str, batch_id: str, stop: threading.Event, out: list[float]) -> None:
+    """``GET /v1/batches/{id}``, timed, every 50 ms until ``stop``."""
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(f"{base}/batches/{batch_id}", timeout=30) as answer:
+            answer.read()
+        out.append((time.perf_counter() - t0) * 1000)
+        stop.wait(0.05)
+
+
+def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
+    """One batch of ``n`` lines end to end on a fresh Redis; what it measured."""
+    from genq.worker.bench.fleet import Fleet
+    from genq.worker.devtools.gateway_process import GatewayProcess
+    from genq.worker.devtools.redis_server import RedisServer
+
+    src = files / f"{name}.jsonl"
+    write_file(src, n)
+    store = FileStore(str(files / "store"))
+    with RedisServer() as server:
+        queue = f"batch-{name}"
+        r = redis.Redis.from_url(server.url)
+        gateway = GatewayProcess(server.url, queue, None, ["--files-dir", store.where])
+        times: list[float] = []
+        stop = threading.Event()
+        try:
+            with Fleet(server.url, queue, [0.0] * WORKERS, BATCH_SIZE), Client(r, queue) as c:
+                t0 = time.perf_counter()
+                bid = wave_files.upload_and_create(
+                    c,
+                    store,
+                    str(src),
+                    batch_id=None,
+                    source=src.name,
+                    priority="normal",
+                    tenant="default",
+                    endpoint=None,
+                    window=WINDOW,
+                    completion_window="24h",
+                )
+                probe = threading.Thread(
+                    target=_status_times, args=(gateway.url, bid, stop, times), daemon=True
+                )
+                probe.start()
+                wave_files.run_until(c, store, bid, lambda rec: bool(rec.get("finished_at_ms")))
+                seconds = time.perf_counter() - t0
+                stop.set()
+                probe.join()
+                peak = int(r.info("memory")["used_memory_peak"])
+        finally:
+            stop.set()
+            gateway.stop()
+        ids = [
+            json.loads(line)["custom_id"]
+            for line in b"".join(
+                wave_files.read_parts(store, wave_files.parts(store, bid, "output"))
+            ).splitlines()
+        ]
+    return {
+        "lines": n,
+        "seconds": seconds,
+        "lines_per_s": n / seconds,
+        "redis_peak_mb": peak / 1e6,
+        "status_p50_ms": statistics.median(times) if times else None,
+        "status_reads": len(times),
+        "every_custom_id_once": len(ids) == n and len(set(ids)) == n,
+    }
+
+
+def run_plain_case(n: int) -> dict[str, Any]:
+    """The same ``n`` requests as plain requests, in chunks, their results read as they come."""
+    from genq.worker.bench.fleet import Fleet
+    from genq.worker.devtools.redis_server import RedisServer
+
+    with RedisServer() as server:
+        queue = "batch-plain"
+        r = redis.Redis.from_url(server.url)
+        with Fleet(server.url, queue, [0.0] * WORKERS, BATCH_SIZE), Client(r, queue) as c:
+            t0 = time.perf_counter()
+            ids: list[str] = []
+            for start in range(0, n, PLAIN_CHUNK):
+                chunk = [str(BODY["prompt"])] * min(PLAIN_CHUNK, n - start)
+                ids += c.submit_many(chunk, max_new_tokens=2)
+            done = c.results(ids, timeout=3600)
+            seconds = time.perf_counter() - t0
+            peak = int(r.info("memory")["used_memory_peak"])
+    ok = sum(1 for x in done if x.status == "succeeded")
+    return {
+        "lines": n,
+        "seconds": seconds,
+        "lines_per_s": n / seconds,
+        "redis_peak_mb": peak / 1e6,
+        "succeeded": ok,
+    }
+
+
+def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
+    big, small, tiny = (20_000, 2_000, 1_000) if quick else (1_000_000, 10_000, 1_000)
+    with tempfile.TemporaryDirectory(prefix="genq-bench-batch-") as tmp:
+        files = Path(tmp)
+        cases = {
+            "small": run_batch_case(small, files, "small"),
+            "status_1000": run_batch_case(tiny, files, "tiny"),
+            "big": run_batch_case(big, files, "big"),
+        }
+        for name in ("small", "tiny", "big"):
+            (files / f"{name}.jsonl").unlink(missing_ok=True)
+    cases["plain"] = run_plain_case(big)
+    b, s, p = cases["big"], cases["small"], cases["plain"]
+    t = cases["status_1000"]
+    ratios = {
+        "peak_big_over_small": b["redis_peak_mb"] / s["redis_peak_mb"],
+        "lines_per_s_batch_over_plain": b["lines_per_s"] / p["lines_per_s"],
+        "status_p50_big_over_1000": (b["status_p50_ms"] or 0) / (t["status_p50_ms"] or 1),
+    }
+    return {"cases": cases, "ratios": ratios, "workers": WORKERS, "window": WINDOW}
+
+
+def batch_markdown(res: dict[str, Any]) -> str:
+    c, q = res["cases"], res["ratios"]
+    rows = [
+        "| case | lines | seconds | lines/s | Redis peak MB | status p50 ms | every id once |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, x in c.items():
+        p50 = x.get("status_p50_ms")
+        rows.append(
+            f"| {name} | {x['lines']:,} | {x['seconds']:.1f} | {x['lines_per_s']:,.0f} | "
+            f"{x['redis_peak_mb']:.1f} | {'' if p50 is None else f'{p50:.2f}'} | "
+            f"{x.get('every_custom_id_once', x.get('succeeded') == x['lines'])} |"
+        )
+    rows += [
+        "",
+        f"Workers: {res['workers']} echo; window {res['window']:,}.",
+        f"Redis peak, big over small: **{q['peak_big_over_small']:.2f}x** (goal <= 1.5x; big "
+        "<= 100 MB).",
+        f"Lines/s, batch over plain requests: **{q['lines_per_s_batch_over_plain']:.2f}x** "
+        "(goal >= 0.9x).",
+        f"Status p50, big over 1,000 lines: **{q['status_p50_big_over_1000']:.2f}x** (goal <= 2x).",
+    ]
+    return "\n".join(rows)
+
+
+def run_and_print(params: dict[str, Any]) -> None:
+    """``genq bench --scenario batch`` (its cases start their own redis-servers)."""
+    import click
+    from genq.worker.bench.modes import machine_info
+
+    res = run_batch_scenario(quick=params["quick"])
+    if params["as_json"]:
+        click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
+        return
+    click.echo("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
+    click.echo("")
+    click.echo(batch_markdown(res))
