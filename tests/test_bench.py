@@ -377,3 +377,16 @@ def test_attacks_scenario_refuses_each_attack_clearly_and_serves_the_other_tenan
     for name, row in rows.items():
         assert row["bob_sent"] > 0 and row["bob_served"] == row["bob_sent"], (name, row)
         assert row["redis_peak_mb"] < res["redis_limit_mb"], (name, row)
+
+
+def test_batch_scenario_runs_files_in_waves_and_reports_its_goals() -> None:
+    """``genq bench --scenario batch --quick``: each batch's output holds every custom_id once,
+    the big one's Redis peak stays far under its plain requests' (its window bounds it), and
+    its status read costs what the small one's does."""
+    rep = bench_json("--scenario", "batch", "--quick", timeout_s=300)
+    cases = rep["cases"]
+    assert all(cases[c]["every_custom_id_once"] for c in ("small", "status_1000", "big"))
+    assert cases["plain"]["succeeded"] == cases["big"]["lines"]
+    assert cases["big"]["redis_peak_mb"] < cases["plain"]["redis_peak_mb"]
+    assert set(rep["ratios"]) >= {"peak_big_over_small", "lines_per_s_batch_over_plain"}
+    assert rep["ratios"]["status_idle_p50_big_over_1000"] < 5  # one hash either way

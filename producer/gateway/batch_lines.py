@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from genq.common.errors import InvalidRequest
 from genq.common.models import DEFAULT_TENANT, Request, Result
 from genq.producer.building import build_request
@@ -176,7 +177,7 @@ def parse_line(
     """Line ``n`` of an OpenAI batch file as a request; raise InvalidRequest saying why not.
     With ``endpoint``, a line for another URL is refused (OpenAI: one endpoint per batch)."""
     try:
-        item = json.loads(text)
+        item = orjson.loads(text)
     except ValueError as err:
         raise InvalidRequest(f"not valid JSON: {err}") from None
     if not isinstance(item, dict):

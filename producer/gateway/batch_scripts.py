@@ -73,8 +73,9 @@ COMMIT_LUA = (
     FINISH_LUA
     + """
 -- KEYS: record, open hash, rejected list, outbox, running set, done list, then the result
--- keys written out. ARGV: the plan, error lines taken from the rejected list, entries taken
--- from the done list, output lines, error lines, hooks, then the request ids written out.
+-- and event keys of the requests written out. ARGV: the plan, error lines taken from the
+-- rejected list, entries taken from the done list, output lines, error lines, hooks, then the
+-- request ids written out.
 local rec, open, rejected, done = KEYS[1], KEYS[2], KEYS[3], KEYS[6]
 if redis.call('HGET', rec, 'plan') ~= ARGV[1] then return 0 end
 for i = 7, #KEYS do redis.call('DEL', KEYS[i]) end
@@ -83,7 +84,7 @@ local taken = tonumber(ARGV[2])
 if taken > 0 then redis.call('LTRIM', rejected, taken, -1) end
 if tonumber(ARGV[3]) > 0 then redis.call('LTRIM', done, ARGV[3], -1) end
 redis.call('HINCRBY', rec, 'parts', 1)
-redis.call('HINCRBY', rec, 'collected', #ARGV - 6 + taken)
+redis.call('HINCRBY', rec, 'collected', #ARGV - 6 + taken)  -- ids written out, lines taken
 redis.call('HINCRBY', rec, 'output_lines', ARGV[4])
 redis.call('HINCRBY', rec, 'error_lines', ARGV[5])
 redis.call('HDEL', rec, 'plan')

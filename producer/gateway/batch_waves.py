@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from genq.common.connection import is_cluster
 from genq.common.errors import GenqError, InvalidRequest, RequestNotFound, SubmitFailed
 from genq.common.wire import as_text
@@ -52,6 +53,7 @@ from genq.producer.gateway.batch_lines import (
 )
 from genq.producer.gateway.batch_scripts import COMMIT_LUA, FEED_LUA, STOP_LUA
 from genq.producer.gateway.file_store import (
+    READ_CHUNK_BYTES,
     FileStore,
     StoredFileMissing,
 )
@@ -61,7 +63,12 @@ DEFAULT_WINDOW = 10_000
 """A batch's requests in Redis at once, by default (``--batch-window``): enough to keep a big
 fleet busy, few enough that a million-line batch costs Redis megabytes, not gigabytes."""
 PART_LINES = 2_000
-"""Most lines one output (or error) part holds."""
+"""Most lines one output (or error) part holds: a round writes one part."""
+MIN_READ_BYTES = 64 << 10
+"""The least a round reads of its file at a time (about what its lines take, else)."""
+FEED_STEP = 2_000
+"""Most lines a round feeds: feeding and writing out take turns, so that the queue is fed
+while earlier waves are written (one round: a wave of up to this, then a part)."""
 LEASE_MS = 15_000
 """How long a process holds a batch's rounds without renewing its lease."""
 CHECK_FILE_EVERY_S = 5.0
@@ -198,7 +205,7 @@ def feed(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, str]
     pipe.hlen(keys.batch_open(batch_id))
     pipe.llen(keys.batch_rejected(batch_id))
     waiting = sum(int(n) for n in pipe.execute())
-    room = int(rec.get("window") or DEFAULT_WINDOW) - waiting
+    room = min(int(rec.get("window") or DEFAULT_WINDOW) - waiting, FEED_STEP)
     if room <= 0:  # nothing to read now; but a file deleted meanwhile is noticed
         if _due(batch_id) and store.size(rec["path"]) is None:
             raise StoredFileMissing(f"{rec['path']!r} is not in the file store {store.where!r}")
@@ -247,7 +254,10 @@ def _read(store: FileStore, batch_id: str, rec: Mapping[str, str], room: int) ->
     out = _Lines(end=int(rec.get("offset") or 0), number=int(rec.get("line") or 0))
     expired, endpoint = rec.get("expired") == "1", rec.get("endpoint") or None
     priority, tenant = rec.get("priority", "normal"), rec.get("tenant", "default")
-    for at, raw in store.lines(rec["path"], out.end):
+    fed = int(rec.get("fed") or 0)
+    per_line = out.end / fed if fed else 1024  # the file's lines so far, on average
+    chunk = max(MIN_READ_BYTES, min(READ_CHUNK_BYTES, int(per_line * room * 1.1)))
+    for at, raw in store.lines(rec["path"], out.end, chunk):
         out.end, out.number = at, out.number + 1
         text = raw.decode("utf-8", "replace")
         if not text.strip():
@@ -351,7 +361,7 @@ def collect(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, s
     expired = rec.get("expired") == "1"
     for (rid, url), raw in zip(pairs, raws, strict=True):
         line = _output(rid, url, raw, expired)
-        (errors if line["error"] else ok).append(json.dumps(line))
+        (errors if line["error"] else ok).append(orjson.dumps(line).decode())
     if taken:
         kept: Any = r.lrange(keys.batch_rejected(batch_id), 0, taken - 1)
         errors += [as_text(x) for x in kept]
@@ -360,7 +370,8 @@ def collect(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, s
             content = "".join(x + "\n" for x in lines).encode()
             store.put(part_name(batch_id, kind, seq), content, create=True)
     args = [plan, taken, int(p["done"]), len(ok), len(errors), _hooks(client), *ids]
-    script_keys = _batch_keys(client, batch_id) + [keys.result(i) for i in ids]
+    states = [k for i in ids for k in (keys.result(i), keys.events(i))]
+    script_keys = _batch_keys(client, batch_id) + states
     r.eval(COMMIT_LUA, len(script_keys), *script_keys, *args)
     return len(ids) + taken
 
@@ -434,7 +445,8 @@ def _cancel_open(client: Client, batch_id: str) -> int:
 
 
 def run_round(client: Client, store: FileStore, batch_id: str, owner: str) -> Round | None:
-    """One round of the batch (feed, then collect what ended) if ``owner`` holds its lease
+    """One round of the batch (feed a wave, then write out a part of what ended) if ``owner``
+    holds its lease
     (taken if free); None if another process does. A batch that is gone or finished leaves the
     running set."""
     r, keys = client.redis, client.keys
@@ -458,10 +470,6 @@ def run_round(client: Client, store: FileStore, batch_id: str, owner: str) -> Ro
         _stop(client, batch_id, f"its input file is gone from the file store: {err}")
         _cancel_open(client, batch_id)
         done = Round()
-    while True:
-        written = collect(client, store, batch_id, record_of(client, batch_id))
-        done.written += written
-        if not written:
-            break
+    done.written = collect(client, store, batch_id, record_of(client, batch_id))
     done.finished = bool(record_of(client, batch_id).get("finished_at_ms"))
     return done

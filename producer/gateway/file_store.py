@@ -259,12 +259,15 @@ class FileStore:
                 return b""
             raise self._error(err, name) from None
 
-    def lines(self, name: str, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    def lines(
+        self, name: str, start: int = 0, chunk_bytes: int = READ_CHUNK_BYTES
+    ) -> Iterator[tuple[int, bytes]]:
         """The lines of ``name`` from byte ``start`` (a line's first byte), each with the byte
-        offset just after it (where to start again to read on from the next one)."""
+        offset just after it (where to start again to read on from the next one); read
+        ``chunk_bytes`` at a time (a reader that wants a few lines reads little)."""
         offset, rest = start, b""
         while True:
-            chunk = self.read(name, offset)
+            chunk = self.read(name, offset, chunk_bytes)
             if not chunk:
                 if rest:
                     yield offset, rest

