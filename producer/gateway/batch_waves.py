@@ -69,7 +69,7 @@ MIN_READ_BYTES = 64 << 10
 FEED_STEP = 2_000
 """Most lines a round feeds: feeding and writing out take turns, so that the queue is fed
 while earlier waves are written (one round: a wave of up to this, then a part)."""
-LEASE_MS = 15_000
+LEASE_MS = 5_000
 """How long a process holds a batch's rounds without renewing its lease."""
 CHECK_FILE_EVERY_S = 5.0
 """How often a batch whose window is full checks that its file is still in the store."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -36,6 +37,9 @@ WORKERS = 2
 BATCH_SIZE = 256
 WINDOW = 10_000
 PLAIN_CHUNK = 10_000
+PLAIN_IN_FLIGHT = 50_000
+"""Plain requests a bench client keeps submitted and not yet read (the queue's default depth
+is 100,000)."""
 BODY = {"model": "echo", "prompt": "a line of a big batch", "max_tokens": 2}
 
 
@@ -139,11 +143,15 @@ def run_plain_case(n: int) -> dict[str, Any]:
         r = redis.Redis.from_url(server.url)
         with Fleet(server.url, queue, [0.0] * WORKERS, BATCH_SIZE), Client(r, queue) as c:
             t0 = time.perf_counter()
-            ids: list[str] = []
+            pending: list[str] = []
+            done = []
             for start in range(0, n, PLAIN_CHUNK):
+                if len(pending) >= PLAIN_IN_FLIGHT:  # as a client under --max-queue-depth would
+                    done += c.results(pending[:PLAIN_CHUNK], timeout=3600)
+                    pending = pending[PLAIN_CHUNK:]
                 chunk = [str(BODY["prompt"])] * min(PLAIN_CHUNK, n - start)
-                ids += c.submit_many(chunk, max_new_tokens=2)
-            done = c.results(ids, timeout=3600)
+                pending += c.submit_many(chunk, max_new_tokens=2)
+            done += c.results(pending, timeout=3600)
             seconds = time.perf_counter() - t0
             peak = int(r.info("memory")["used_memory_peak"])
     ok = sum(1 for x in done if x.status == "succeeded")
@@ -160,12 +168,11 @@ def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
     big, small, tiny = (20_000, 2_000, 1_000) if quick else (1_000_000, 10_000, 1_000)
     with tempfile.TemporaryDirectory(prefix="genq-bench-batch-") as tmp:
         files = Path(tmp)
-        cases = {
-            "small": run_batch_case(small, files, "small"),
-            "status_1000": run_batch_case(tiny, files, "tiny"),
-            "big": run_batch_case(big, files, "big"),
-        }
-        for name in ("small", "tiny", "big"):
+        cases = {}
+        for name, n in (("small", small), ("status_1000", tiny), ("big", big)):
+            cases[name] = run_batch_case(n, files, name)
+            print(json.dumps({name: cases[name]}), file=sys.stderr)  # kept if a later case fails
+        for name in cases:
             (files / f"{name}.jsonl").unlink(missing_ok=True)
     cases["plain"] = run_plain_case(big)
     b, s, p = cases["big"], cases["small"], cases["plain"]
