@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 log = logging.getLogger(__name__)
 
-IDLE_S = 0.25
+IDLE_S = 0.5
 """Pause between rounds when no batch had anything to do."""
 
 

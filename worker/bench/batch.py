@@ -165,7 +165,7 @@ def run_plain_case(n: int) -> dict[str, Any]:
 
 
 def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
-    big, small, tiny = (20_000, 2_000, 1_000) if quick else (1_000_000, 10_000, 1_000)
+    big, small, tiny = (10_000, 2_000, 1_000) if quick else (1_000_000, 10_000, 1_000)
     with tempfile.TemporaryDirectory(prefix="genq-bench-batch-") as tmp:
         files = Path(tmp)
         cases = {}
