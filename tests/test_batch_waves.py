@@ -159,7 +159,7 @@ def test_killed_feeders_and_a_killed_worker_lose_nothing_and_run_nothing_twice(
     over when its lease lapses; that gateway and a worker killed (-9) in turn; ``submit
     --batch-id`` run again feeds the rest and ``results`` writes the rest out: each line ran
     and was counted once, and the output has each custom_id once."""
-    n = 3000
+    n = 2000
     src = write_file(tmp_path / "in.jsonl", n)
     worker = ["--engine", "echo", "--echo-step-ms", "20", "--max-batch-size", "16"]
     fleet = [start_worker(queue, *worker, "--claim-idle-ms", "2000") for _ in range(2)]
@@ -181,7 +181,7 @@ def test_killed_feeders_and_a_killed_worker_lose_nothing_and_run_nothing_twice(
     gateway = GatewayProcess(redis_url, queue, tmp_path / "gw.log")
     try:
         at = fed()
-        wait_until(lambda: fed() >= at + 500, timeout_s=60)  # the gateway feeds it now
+        wait_until(lambda: fed() >= at + 300, timeout_s=60)  # the gateway feeds it now
     finally:
         gateway.proc.send_signal(signal.SIGKILL)
         gateway.stop()

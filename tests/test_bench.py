@@ -358,8 +358,8 @@ def test_flood_scenario_serves_every_chat_and_reports_connections_and_memory() -
 
 
 def test_attacks_scenario_refuses_each_attack_clearly_and_serves_the_other_tenant() -> None:
-    """Each of #40's attacks by alice at a gateway's defaults: a 4xx (507: Redis' room kept
-    for requests) for what must be refused, bob's chats all served meanwhile, and Redis under
+    """Each of #40's attacks by alice at a gateway's defaults: a 4xx (429 for the uploads: her
+    quota of files) for what must be refused, bob's chats all served meanwhile, and Redis under
     its maxmemory."""
     res = bench_json("--scenario", "attacks", "--quick", timeout_s=300)
     rows = res["attacks"]
@@ -372,7 +372,7 @@ def test_attacks_scenario_refuses_each_attack_clearly_and_serves_the_other_tenan
     }
     for name, codes in refused.items():
         assert set(rows[name]["alice"]) == codes, (name, rows[name])
-    assert "507" in rows["uploads until refused"]["alice"]
+    assert "429" in rows["uploads until refused"]["alice"]  # the tenant's quota of files
     assert set(rows["junk batches"]["alice"]) == {"200"}  # accepted, and cheap (Redis peak)
     for name, row in rows.items():
         assert row["bob_sent"] > 0 and row["bob_served"] == row["bob_sent"], (name, row)

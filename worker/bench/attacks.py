@@ -6,7 +6,8 @@ keys (alice attacks, bob chats). Bob sends chats one after another for the whole
 reads Redis' memory and the gateway's RSS every 50 ms. Alice, one attack after another:
 
 - **junk batches**: files of junk lines (``JUNK_LINES`` each) made into batches;
-- **uploads until refused**: files of ``UPLOAD_MB`` until the gateway says no;
+- **uploads until refused**: small files until the gateway says no (the tenant's quota of
+  1,000 files: 429; their bytes are in the file store, not Redis);
 - **huge body**: a chat body of ``HUGE_MB`` (counted as it arrives);
 - **tool schemas**: chats with 4 tools of 100 KB each (the issue's: 6.2 s of frozen ``/health``);
 - **tool arguments**: 2,000,000 characters of tool-call arguments;
@@ -109,9 +110,11 @@ def _junk_batches(base: str, http: Any, quick: bool) -> list[int]:
 
 
 def _uploads(base: str, http: Any, quick: bool) -> list[int]:
-    content = b'{"x": 1}\n' * ((1 if quick else 8) * 2**20 // 9)
+    """Files until the tenant's quota says no (its 1,000 files: they go to the file store, not
+    Redis, and cost Redis a record each)."""
+    content = b'{"x": 1}\n' * ((1 if quick else 64) * 2**10 // 9)
     codes: list[int] = []
-    for _ in range(200):
+    for _ in range(1_100):
         files = {"file": ("big.jsonl", content)}
         up = http.post(f"{base}/files", files=files, data={"purpose": "batch"}, headers=ALICE)
         codes.append(up.status_code)
@@ -198,7 +201,9 @@ def run_attacks(redis_url: str, *, quick: bool) -> dict[str, Any]:
     r.config_set("maxmemory-policy", "noeviction")
     tenants.update(r, Keys(QUEUE), "alice", max_priority="normal")
     worker = start_worker(redis_url=redis_url, queue=QUEUE, engine="echo", max_queue_depth=0)
-    gateway = GatewayProcess(redis_url, QUEUE, Path(tempfile.mkdtemp()) / "gateway.log", KEYS)
+    tmp = Path(tempfile.mkdtemp())  # its log, and its file store (the uploads go there)
+    files = ["--files-dir", str(tmp / "files")]
+    gateway = GatewayProcess(redis_url, QUEUE, tmp / "gateway.log", [*KEYS, *files])
     rows: dict[str, dict[str, Any]] = {}
     try:
         deadline = time.monotonic() + 60
