@@ -56,18 +56,7 @@ def store() -> FileStore:
 
 def new_batch(client: Client, src: Path, *, window: int) -> str:
     """A wave batch of ``src`` (copied to the store), recorded; no round run yet."""
-    return wave_files.upload_and_create(
-        client,
-        store(),
-        str(src),
-        batch_id=None,
-        source=src.name,
-        priority="normal",
-        tenant="default",
-        endpoint=None,
-        window=window,
-        completion_window="24h",
-    )
+    return wave_files.upload_and_create(client, store(), str(src), source=src.name, window=window)
 
 
 def output_lines(batch_id: str, kind: str = "output") -> list[dict[str, object]]:

@@ -116,6 +116,7 @@ class WaveBatch:
 
 
 def new_batch_id() -> str:
+    """A fresh batch id (usable in request ids and key names): wave batches' and the others'."""
     return "batch_" + uuid.uuid4().hex[:20]
 
 

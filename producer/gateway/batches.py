@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,11 +40,6 @@ WAIT_ROUND_S = 2.0
 """How long one round of waiting for a batch lasts before progress is reported again."""
 REFUSED_MESSAGE_CHARS = 300
 """How much of a refused line's message is kept."""
-
-
-def new_batch_id() -> str:
-    """A fresh batch id (usable in request ids and key names)."""
-    return "batch_" + uuid.uuid4().hex[:20]
 
 
 def output_file_id(batch_id: str) -> str:
@@ -88,7 +82,7 @@ def submit_batch(
     problem = tenant_problem(tenant)
     if problem is not None:
         raise InvalidRequest(problem)
-    bid = batch_id or new_batch_id()
+    bid = batch_id or batch_waves.new_batch_id()
     good, bad = parse_file(lines, bid, priority, endpoint, tenant)
     url = endpoint or (good[0].url if good else "/v1/completions")
     _record(client, bid, good, bad, source=source, endpoint=url, metadata=metadata, tenant=tenant)

@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from genq.common.errors import InvalidRequest
-from genq.common.models import tenant_problem
+from genq.common.models import DEFAULT_TENANT, tenant_problem
 from genq.common.wire import as_text
 from genq.producer.client import Client
 from genq.producer.gateway.batch_waves import (
+    DEFAULT_WINDOW,
     MAX_LINE_BYTES,
     Round,
     WaveBatch,
@@ -91,13 +92,13 @@ def upload_and_create(
     store: FileStore,
     path: str,
     *,
-    batch_id: str | None,
     source: str,
-    priority: str,
-    tenant: str,
-    endpoint: str | None,
-    window: int,
-    completion_window: str,
+    batch_id: str | None = None,
+    priority: str = "normal",
+    tenant: str = DEFAULT_TENANT,
+    endpoint: str | None = None,
+    window: int = DEFAULT_WINDOW,
+    completion_window: str = "24h",
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> str:
     """Copy the local file ``path`` ('-': stdin) to the store, a chunk at a time, and record

@@ -91,16 +91,7 @@ def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
             with Fleet(server.url, queue, [0.0] * WORKERS, BATCH_SIZE), Client(r, queue) as c:
                 t0 = time.perf_counter()
                 bid = wave_files.upload_and_create(
-                    c,
-                    store,
-                    str(src),
-                    batch_id=None,
-                    source=src.name,
-                    priority="normal",
-                    tenant="default",
-                    endpoint=None,
-                    window=WINDOW,
-                    completion_window="24h",
+                    c, store, str(src), source=src.name, window=WINDOW
                 )
                 probe = threading.Thread(
                     target=_status_times, args=(gateway.url, bid, stop, times), daemon=True
