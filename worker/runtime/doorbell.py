@@ -96,9 +96,13 @@ class DoorbellListener:
         return self._rung.is_set()
 
     def stop(self) -> None:
-        """Stop listening; the thread ends after its current blocked read (it is a daemon)."""
+        """Stop listening, and wait for the thread to end (after its current blocked read, at
+        most ``LISTEN_BLOCK_MS``): a daemon thread still inside a Redis read while the
+        interpreter shuts down can crash the process (a worker exited -11 on SIGTERM in CI)."""
         self._stopping = True
         self._armed.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=LISTEN_BLOCK_MS / 1000 + AWAY_PAUSE_S + 1.0)
 
     def _run(self) -> None:
         last_id = dict.fromkeys(self._doorbells, "$")
