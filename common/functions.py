@@ -69,10 +69,11 @@ doc['timings']['finished_unix_ms'] = tonumber(t[1]) * 1000 + math.floor(tonumber
 local state = '{{"id":' .. cjson.encode(id) .. ',"status":"cancelled",'
   .. string.sub(cjson.encode(doc), 2)
 redis.call('SET', res, state, 'EX', ttl)
-redis.call('XADD', ev, '*', '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
-redis.call('EXPIRE', ev, ttl)
 redis.call('DEL', att)
-if KEYS[5] then hook(KEYS[5], KEYS[4], state) end
+if not (KEYS[5] and hook(KEYS[5], KEYS[4], state)) then  -- a wave batch's line: none
+  redis.call('XADD', ev, '*', '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
+  redis.call('EXPIRE', ev, ttl)
+end
 return 1
 """
 )

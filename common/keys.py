@@ -66,7 +66,9 @@ key                    type    written by                  read by             T
                                worker (running, final):
                                JSON
 ``genq:ev:{ID}``       stream  worker (deltas if           client (XREAD       result_ttl_s
-                               streaming, final event)     BLOCK)
+                               streaming, final event;     BLOCK)
+                               none for a wave batch's
+                               line)
 ``genq:att:{ID}``      string  worker (``STARTS P/E        worker (poison      result_ttl_s;
                                TOKEN``: +1 at each start,  check, duplicate    deleted at end
                                the entry owning the id,    entries)

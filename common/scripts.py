@@ -353,11 +353,12 @@ for i = 1, (#KEYS - ns - (outbox and 1 or 0)) / 4 do
       out[i] = {Applied.NOT_FOUND:d}
     else
       if mode == 'cancel' then redis.call('SET', res, state, 'EX', ttl) end
-      redis.call('XADD', ev, '*',
-        '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
-      redis.call('EXPIRE', ev, ttl)
       redis.call('DEL', att)
-      if outbox then hook(outbox, record, state) end
+      if not (outbox and hook(outbox, record, state)) then  -- a wave batch's line: none
+        redis.call('XADD', ev, '*',
+          '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
+        redis.call('EXPIRE', ev, ttl)
+      end
       out[i] = {Applied.WRITTEN:d}
     end
     ack = out[i] >= {Applied.ALREADY_FINAL:d}

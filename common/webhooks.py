@@ -138,9 +138,10 @@ HOOK_LUA = (
 -- event to OUTBOX, its type from the final STATE; if OWNER is a batch's record (a hash with
 -- 'open', the requests not yet final), add it to the batch's counters, count one down, and at
 -- zero add the batch's event. (genq writes these records and states: their fields are where
--- it put them.)
+-- it put them.) Returns true for a line of a wave batch: its result is read from the batch's
+-- output file, so the caller writes no final event stream for it (no one waits on one).
 local function hook(outbox, owner, state)
-  if redis.call('EXISTS', owner) == 0 then return end
+  if redis.call('EXISTS', owner) == 0 then return false end
   local record = redis.pcall('GET', owner)  -- a batch's record is a hash: WRONGTYPE
   if type(record) == 'string' then
     local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
@@ -160,6 +161,7 @@ local function hook(outbox, owner, state)
     tally(owner, state)
     local id = string.match(state, '^{"id":"([^"]*)"')
     if id then redis.call('RPUSH', owner .. ':done', id) end
+    return true
   elseif redis.call('HGET', owner, 'open') then
     tally(owner, state)
     if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end
@@ -167,6 +169,7 @@ local function hook(outbox, owner, state)
     local kind = f[3] == '1' and 'batch.cancelled' or 'batch.completed'
     redis.call('XADD', outbox, '*', 'type', kind, 'id', f[1] or '', 'tenant', f[2] or 'default')
   end
+  return false
 end
 """
 )

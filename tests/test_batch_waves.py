@@ -121,6 +121,32 @@ def test_a_batch_is_fed_in_waves_and_written_out_as_it_goes(
     assert not r.sismember(keys.batches_running, bid)
 
 
+def test_a_wave_line_ends_with_its_state_and_no_event_stream(
+    redis_url: str,
+    queue: str,
+    r: redis.Redis,
+    tmp_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """A wave batch's lines write their final state (run or cancelled) but no final event
+    stream, which no one reads (their results go to the output file) and which cost Redis most
+    of what a request in flight took; a plain request beside them still gets its stream."""
+    src = write_file(tmp_path / "in.jsonl", 6)
+    with Client.from_url(redis_url, queue) as client:
+        bid = new_batch(client, src, window=3)
+        fed = batch_waves.run_round(client, store(), bid, "test")
+        assert fed is not None and fed.fed == 3
+        assert client.cancel(f"{bid}-1")  # cancelled: final, no stream either
+        start_worker(queue, "--engine", "echo")
+        plain = client.submit("beside the batch", max_new_tokens=2)
+        assert client.result(plain, timeout=30).status == "succeeded"
+        wait_until(lambda: r.llen(Keys.batch_done(bid)) == 3)
+        states = [client.status(f"{bid}-{n}") for n in (1, 2, 3)]
+        assert [s.status for s in states] == ["cancelled", "succeeded", "succeeded"]
+        assert not any(r.exists(Keys.events(f"{bid}-{n}")) for n in (1, 2, 3))
+        assert r.exists(Keys.events(plain))
+
+
 def test_a_batch_waits_for_room_in_a_full_queue_instead_of_failing(
     redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
 ) -> None:
