@@ -42,9 +42,10 @@ COUNT_FIELDS = (
 
 TALLY_LUA = """
 -- A batch's request became final (STATE): add it to the batch's record OWNER's counters,
--- when the record keeps them ('counted'; batch_counts.py).
-local function tally(owner, state)
-  if redis.call('HGET', owner, 'counted') ~= '1' then return end
+-- when the record keeps them (COUNTED is its 'counted' field, ENDED its 'ended_at_ms': the
+-- caller read them; batch_counts.py).
+local function tally(owner, state, counted, ended)
+  if counted ~= '1' then return end
   local ok, doc = pcall(cjson.decode, state)
   if not ok or type(doc) ~= 'table' then return end
   local field = 'failed'
@@ -58,7 +59,7 @@ local function tally(owner, state)
     if n and n > 0 then redis.call('HINCRBY', owner, name, n) end
   end
   local t = type(doc.timings) == 'table' and tonumber(doc.timings.finished_unix_ms) or nil
-  if t and t > tonumber(redis.call('HGET', owner, 'ended_at_ms') or '0') then
+  if t and t > tonumber(ended or '0') then
     redis.call('HSET', owner, 'ended_at_ms', string.format('%.0f', t))
   end
 end

@@ -141,33 +141,35 @@ HOOK_LUA = (
 -- it put them.) Returns true for a line of a wave batch: its result is read from the batch's
 -- output file, so the caller writes no final event stream for it (no one waits on one).
 local function hook(outbox, owner, state)
-  if redis.call('EXISTS', owner) == 0 then return false end
-  local record = redis.pcall('GET', owner)  -- a batch's record is a hash: WRONGTYPE
-  if type(record) == 'string' then
+  -- A batch's record (a hash): the fields this needs, in one call (waves, open, then tally's:
+  -- batch_counts); a response's record is a string (WRONGTYPE); no record: all nil.
+  local f = redis.pcall('HMGET', owner, 'waves', 'open', 'counted', 'ended_at_ms')
+  if f.err then
+    local record = redis.call('GET', owner)
     local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
-    local kind = 'response.failed'
+    local event = 'response.failed'
     if status == 'succeeded' then
-      kind = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
+      event = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
         or 'response.completed'
     elseif status == 'cancelled' then
-      kind = 'response.cancelled'
+      event = 'response.cancelled'
     end
     local id = string.match(record, '^{"id":"([^"]*)"') or ''
     local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
-    redis.call('XADD', outbox, '*', 'type', kind, 'id', id, 'tenant', tenant)
-  elseif redis.call('HGET', owner, 'waves') == '1' then
+    redis.call('XADD', outbox, '*', 'type', event, 'id', id, 'tenant', tenant)
+  elseif f[1] == '1' then
     -- A wave batch: counted, and its id queued to be written out (Keys.batch_done: the
     -- record's key and ':done'); its event comes when its output is written (batch_waves).
-    tally(owner, state)
+    tally(owner, state, f[3], f[4])
     local id = string.match(state, '^{"id":"([^"]*)"')
     if id then redis.call('RPUSH', owner .. ':done', id) end
     return true
-  elseif redis.call('HGET', owner, 'open') then
-    tally(owner, state)
-    if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return end
-    local f = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
-    local kind = f[3] == '1' and 'batch.cancelled' or 'batch.completed'
-    redis.call('XADD', outbox, '*', 'type', kind, 'id', f[1] or '', 'tenant', f[2] or 'default')
+  elseif f[2] then
+    tally(owner, state, f[3], f[4])
+    if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return false end
+    local g = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
+    local event = g[3] == '1' and 'batch.cancelled' or 'batch.completed'
+    redis.call('XADD', outbox, '*', 'type', event, 'id', g[1] or '', 'tenant', g[2] or 'default')
   end
   return false
 end

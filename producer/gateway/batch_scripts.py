@@ -73,7 +73,7 @@ COMMIT_LUA = (
     FINISH_LUA
     + """
 -- KEYS: record, open hash, rejected list, outbox, running set, done list, then the result
--- and event keys of the requests written out. ARGV: the plan, error lines taken from the
+-- keys of the requests written out. ARGV: the plan, error lines taken from the
 -- rejected list, entries taken from the done list, output lines, error lines, hooks, then the
 -- request ids written out.
 local rec, open, rejected, done = KEYS[1], KEYS[2], KEYS[3], KEYS[6]

@@ -35,6 +35,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -371,7 +372,7 @@ def collect(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, s
             content = "".join(x + "\n" for x in lines).encode()
             store.put(part_name(batch_id, kind, seq), content, create=True)
     args = [plan, taken, int(p["done"]), len(ok), len(errors), _hooks(client), *ids]
-    states = [k for i in ids for k in (keys.result(i), keys.events(i))]
+    states = [keys.result(i) for i in ids]  # (a wave line writes no event stream)
     script_keys = _batch_keys(client, batch_id) + states
     r.eval(COMMIT_LUA, len(script_keys), *script_keys, *args)
     return len(ids) + taken
@@ -465,12 +466,25 @@ def run_round(client: Client, store: FileStore, batch_id: str, owner: str) -> Ro
             f"batch {batch_id!r} reads its file from the store {rec.get('store')!r}, and this "
             f"process's is {store.where!r} (--files-dir)"
         )
+    # Feeding and writing out are independent atomic steps (each script checks the record it
+    # changes), so a round runs them at once: one waits on Redis or the store while the other
+    # parses. Not when the round may stop the batch (its window passed): what it writes out
+    # must then see the batch expired.
+    at_once = time.time() < int(rec.get("window_ends_at") or 0) or rec.get("feeding") != "1"
+    writing = _ROUNDS.submit(collect, client, store, batch_id, rec) if at_once else None
     try:
         done = feed(client, store, batch_id, rec)
     except StoredFileMissing as err:  # deleted while it ran: it fails, saying so
         _stop(client, batch_id, f"its input file is gone from the file store: {err}")
         _cancel_open(client, batch_id)
         done = Round()
-    done.written = collect(client, store, batch_id, record_of(client, batch_id))
+    if writing is None:
+        done.written = collect(client, store, batch_id, record_of(client, batch_id))
+    else:
+        done.written = writing.result()
     done.finished = bool(record_of(client, batch_id).get("finished_at_ms"))
     return done
+
+
+_ROUNDS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="genq-batch-write")
+"""Threads that write out a round's part while the round feeds its wave."""
