@@ -14,6 +14,7 @@ from genq.common.models import MAX_PROMPT_CHARS, Result
 from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
 from genq.producer import AsyncClient, Client
 from genq.producer.building import build_request, prepare, prepare_many
+from genq.producer.gateway.batch_lines import parse_line
 
 from tests.conftest import ROOT
 
@@ -109,6 +110,52 @@ def test_submit_many_fast_path_writes_what_build_request_would(options: dict[str
         assert prepared == slow
     ids = [p.id for p in prepare_many(["a"] * 1000, {})]
     assert len(set(ids)) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+BATCH_BODIES: list[dict[str, object]] = [
+    {"model": "echo", "prompt": "plain", "max_tokens": 2},
+    {"prompt": ["ünïcode ✓ in a list"], "temperature": 0.5, "seed": 1, "stop": "\n"},
+    {"model": "org/chat-8b", "prompt": 'quotes " \\', "prompt_cache_key": "k", "priority": "low"},
+    {"prompt": "x" * MAX_PROMPT_CHARS, "response_format": {"type": "json_object"}},
+    {"prompt": "p", "n": 3, "logprobs": 2, "deadline_in_s": 30},
+]
+
+
+@pytest.mark.parametrize("body", BATCH_BODIES)
+def test_batch_lines_sharing_options_are_the_entries_each_would_be_alone(
+    body: dict[str, object],
+) -> None:
+    """A batch reader prepares completion lines that share their options on one validation
+    (``PromptTemplate``); each entry equals the full path's, whatever the custom_id."""
+    templates: dict[str, object] = {}
+    for n, custom_id in enumerate(["a", 'ü ✓ "', "z" * 1024], start=1):
+        text = json.dumps({"custom_id": custom_id, "url": "/v1/completions", "body": body})
+        fast = parse_line(n, text, "batch_x", templates=templates)  # type: ignore[arg-type]
+        slow = parse_line(n, text, "batch_x")
+        assert templates, "the fast path was not taken"
+        if "deadline_in_s" in body:
+            assert _deadline(fast.prepared.body) == _deadline(slow.prepared.body)
+        assert fast == slow
+
+
+@pytest.mark.parametrize(
+    ("body", "custom_id", "message"),
+    [
+        ({"prompt": "", "max_tokens": 2}, "a", "prompt"),
+        ({"prompt": "lone \ud800 surrogate"}, "a", "JSON"),
+        ({"prompt": "ok", "max_tokens": 0}, "a", "max_new_tokens"),
+        ({"prompt": "ok", "priority": "urgent"}, "a", "priority"),
+        ({"prompt": "ok"}, "z" * 1025, "metadata"),
+    ],
+)
+def test_batch_lines_fast_path_refuses_what_the_full_path_refuses(
+    body: dict[str, object], custom_id: str, message: str
+) -> None:
+    text = json.dumps({"custom_id": custom_id, "url": "/v1/completions", "body": body})
+    templates: dict[str, object] = {}
+    for _ in range(2):  # the second time with the template (or its failure) kept
+        with pytest.raises(InvalidRequest, match=message):
+            parse_line(1, text, "batch_x", templates=templates)  # type: ignore[arg-type]
 
 
 def _deadline(body: str) -> int:

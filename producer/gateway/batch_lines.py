@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 from genq.common.errors import InvalidRequest
-from genq.common.models import DEFAULT_TENANT, Request, Result
-from genq.producer.building import build_request
+from genq.common.models import DEFAULT_TENANT, Result
+from genq.producer.building import Prepared, PromptTemplate, build_request, prepare
 from genq.producer.gateway.structured_outputs import FIELDS, response_format_arg
 
 COMPLETIONS = "/v1/completions"
@@ -77,7 +77,9 @@ class BatchLine:
     line: int
     custom_id: str
     url: str
-    request: Request
+    prepared: Prepared
+    """Its request in the form SUBMIT takes (id ``BATCH-LINE``)."""
+    model: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,9 +175,13 @@ def parse_line(
     priority: str = "normal",
     endpoint: str | None = None,
     tenant: str = DEFAULT_TENANT,
+    templates: dict[str, PromptTemplate | None] | None = None,
 ) -> BatchLine:
     """Line ``n`` of an OpenAI batch file as a request; raise InvalidRequest saying why not.
-    With ``endpoint``, a line for another URL is refused (OpenAI: one endpoint per batch)."""
+    With ``endpoint``, a line for another URL is refused (OpenAI: one endpoint per batch).
+    ``templates``, kept by the caller from line to line: completion lines that share their
+    options are prepared on one validation of them (``PromptTemplate``), with the same
+    entries."""
     try:
         item = orjson.loads(text)
     except ValueError as err:
@@ -197,10 +203,47 @@ def parse_line(
         raise InvalidRequest("stream = true is not supported in a batch")
     body = {k: v for k, v in body.items() if k != "stream"}
     args = {"priority": priority, "tenant": tenant, **request_args(url, body)}
-    request = build_request(
-        **args, request_id=f"{batch_id}-{n}", metadata={"custom_id": custom_id, "batch": batch_id}
+    request_id, metadata = f"{batch_id}-{n}", {"custom_id": custom_id, "batch": batch_id}
+    model = args.get("model")
+    done: Prepared | None = None
+    if templates is not None and isinstance(args.get("prompt"), str):
+        template = _template(templates, args, batch_id)
+        if template is not None:
+            done = template.prepare(args["prompt"], request_id, metadata)
+    if done is None:
+        done = prepare(build_request(**args, request_id=request_id, metadata=metadata))
+    return BatchLine(
+        line=n,
+        custom_id=custom_id,
+        url=url,
+        prepared=done,
+        model=None if model is None else str(model),
     )
-    return BatchLine(line=n, custom_id=custom_id, url=url, request=request)
+
+
+MAX_TEMPLATES = 64
+"""Most distinct option sets a batch's reader keeps validated (``parse_line``'s templates)."""
+
+
+def _template(
+    templates: dict[str, PromptTemplate | None], args: Mapping[str, Any], batch_id: str
+) -> PromptTemplate | None:
+    """The validated template of a completion line's options (all but its prompt), made once
+    per distinct set; None when they are not valid (the full path then says why)."""
+    options = {k: v for k, v in args.items() if k != "prompt"}
+    try:
+        name = orjson.dumps(options, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return None
+    if name not in templates:
+        if len(templates) >= MAX_TEMPLATES:
+            templates.clear()
+        try:
+            meta = {"custom_id": "-", "batch": batch_id}
+            templates[name] = PromptTemplate({**options, "metadata": meta})
+        except InvalidRequest:
+            templates[name] = None
+    return templates[name]
 
 
 def _text_message(m: Any) -> dict[str, Any]:
@@ -239,11 +282,12 @@ def parse_file(
     good: list[BatchLine] = []
     bad: list[RejectedLine] = []
     seen: set[str] = set()
+    templates: dict[str, PromptTemplate | None] = {}
     for n, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            item = parse_line(n, text, batch_id, priority, endpoint, tenant)
+            item = parse_line(n, text, batch_id, priority, endpoint, tenant, templates)
             if item.custom_id in seen:
                 raise InvalidRequest(f"custom_id {item.custom_id!r} appears twice")
             seen.add(item.custom_id)

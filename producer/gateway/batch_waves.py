@@ -43,6 +43,7 @@ import orjson
 from genq.common.connection import is_cluster
 from genq.common.errors import GenqError, InvalidRequest, RequestNotFound, SubmitFailed
 from genq.common.wire import as_text
+from genq.producer.building import PromptTemplate
 from genq.producer.client import Client
 from genq.producer.gateway.batch_lines import (
     BatchLine,
@@ -215,8 +216,8 @@ def feed(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, str]
     read = _read(store, batch_id, rec, room)
     done.refused = read.refused
     good = read.good
-    if good and not rec.get("model") and good[0].request.model:
-        r.hset(keys.batch(batch_id), "model", str(good[0].request.model))
+    if good and not rec.get("model") and good[0].model:
+        r.hset(keys.batch(batch_id), "model", good[0].model)
     if good and not rec.get("endpoint"):  # a file of several endpoints: its first one's
         r.hset(keys.batch(batch_id), "endpoint", good[0].url)
     fits = _submit_what_fits(client, read)
@@ -224,8 +225,8 @@ def feed(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, str]
         return Round()
     offset = int(rec.get("offset") or 0)
     args: list[Any] = [offset, fits.end, fits.number, fits.fed, int(fits.ended), _hooks(client)]
-    args += [x for g in fits.good for x in (g.request.id, g.url)] + fits.errors
-    states = [keys.result(g.request.id) for g in fits.good]
+    args += [x for g in fits.good for x in (g.prepared.id, g.url)] + fits.errors
+    states = [keys.result(g.prepared.id) for g in fits.good]
     script_keys = _batch_keys(client, batch_id) + states
     if not client.redis.eval(FEED_LUA, len(script_keys), *script_keys, *args):
         return Round()  # another process fed these lines first
@@ -257,6 +258,7 @@ def _read(store: FileStore, batch_id: str, rec: Mapping[str, str], room: int) ->
     expired, endpoint = rec.get("expired") == "1", rec.get("endpoint") or None
     priority, tenant = rec.get("priority", "normal"), rec.get("tenant", "default")
     fed = int(rec.get("fed") or 0)
+    templates: dict[str, PromptTemplate | None] = {}
     per_line = out.end / fed if fed else 1024  # the file's lines so far, on average
     chunk = max(MIN_READ_BYTES, min(READ_CHUNK_BYTES, int(per_line * room * 1.1)))
     for at, raw in store.lines(rec["path"], out.end, chunk):
@@ -269,7 +271,8 @@ def _read(store: FileStore, batch_id: str, rec: Mapping[str, str], room: int) ->
             out.errors.append(_expired_line(batch_id, out.number, text))
         else:
             try:
-                out.good.append(parse_line(out.number, text, batch_id, priority, endpoint, tenant))
+                line = parse_line(out.number, text, batch_id, priority, endpoint, tenant, templates)
+                out.good.append(line)
                 out.marks.append((out.number, out.end, out.fed, len(out.errors)))
             except InvalidRequest as err:
                 bad = RejectedLine(line=out.number, custom_id=custom_id_of(text), message=str(err))
@@ -288,7 +291,7 @@ def _submit_what_fits(client: Client, read: _Lines) -> _Lines | None:
     k = len(read.good)
     while k:
         try:
-            client.submit_requests([g.request for g in read.good[:k]])
+            client.submit_prepared([g.prepared for g in read.good[:k]])
         except SubmitFailed:
             k //= 2
             continue

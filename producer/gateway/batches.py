@@ -90,7 +90,7 @@ def submit_batch(
     for start in range(0, len(good), SUBMIT_CHUNK):
         part = good[start : start + SUBMIT_CHUNK]
         try:
-            client.submit_requests([item.request for item in part])
+            client.submit_prepared([item.prepared for item in part])
         except SubmitFailed as err:  # the queue is full, or Redis is
             why = f"not enqueued: {err}"
             rest = [
@@ -121,7 +121,7 @@ def _record(
     pipe = client.redis.pipeline(transaction=True)
     pipe.delete(keys.batch_items(batch_id), keys.batch_rejected(batch_id))
     for start in range(0, len(items), SUBMIT_CHUNK):
-        ids = [f"{i.request.id} {i.url}" for i in items[start : start + SUBMIT_CHUNK]]
+        ids = [f"{i.prepared.id} {i.url}" for i in items[start : start + SUBMIT_CHUNK]]
         pipe.rpush(keys.batch_items(batch_id), *ids)
     _keep_refused(pipe, keys.batch_rejected(batch_id), batch_id, rejected, room=REFUSED_KEPT)
     # The requests not yet final: APPLY counts it down, and its last adds the batch's
@@ -142,7 +142,7 @@ def _record(
             "cancelled": 0,
             "refused": len(rejected),
             "counted": 1,  # its requests' ends are counted on it (common/batch_counts.py)
-            "model": next((str(i.request.model) for i in items if i.request.model), ""),
+            "model": next((i.model for i in items if i.model), ""),
         },
     )
     for key in (keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_rejected(batch_id)):
