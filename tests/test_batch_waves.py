@@ -1,13 +1,14 @@
 """#38: batch files of any size, run in waves. Fed into the queue as it drains (never more than
 the window in Redis), results appended to the file store as they end (each line once, across
 crashes), the window's room waited for instead of a full queue's refusal, the completion
-window honoured, a file deleted under a running batch a failure that says so."""
+window honoured, a file deleted under a running batch a failure that says so. (Kills of the
+submitting command, a gateway and a worker mid-feed: the batch scenario of `genq bench`, run by
+test_bench.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +23,6 @@ from genq.producer import Client
 from genq.producer.gateway import batch_waves, wave_files
 from genq.producer.gateway.batches import batch_status
 from genq.producer.gateway.file_store import FileStore
-from genq.worker.devtools.gateway_process import GatewayProcess
 from openai.types import Batch
 
 from tests.conftest import WorkerProcess, wait_until
@@ -161,56 +161,6 @@ def test_a_batch_waits_for_room_in_a_full_queue_instead_of_failing(
     res = genq("results", *where, bid, "-o", str(tmp_path / "out.jsonl"), "--timeout-s", "120")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == {"id": bid, "completed": 300, "failed": 0}
-
-
-def test_killed_feeders_and_a_killed_worker_lose_nothing_and_run_nothing_twice(
-    redis_url: str,
-    queue: str,
-    r: redis.Redis,
-    tmp_path: Path,
-    start_worker: Callable[..., WorkerProcess],
-) -> None:
-    """``genq batch submit`` killed (-9) mid-feed; a gateway on the same store takes the batch
-    over when its lease lapses; that gateway and a worker killed (-9) in turn; ``submit
-    --batch-id`` run again feeds the rest and ``results`` writes the rest out: each line ran
-    and was counted once, and the output has each custom_id once."""
-    n = 2000
-    src = write_file(tmp_path / "in.jsonl", n)
-    worker = ["--engine", "echo", "--echo-step-ms", "20", "--max-batch-size", "16"]
-    fleet = [start_worker(queue, *worker, "--claim-idle-ms", "2000") for _ in range(2)]
-    where = ["--redis-url", redis_url, "--queue", queue]
-    feeding = ["--batch-window", "50", "--batch-id", "batch_killed0"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "genq.worker", "batch", "submit", *where, str(src), *feeding],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    rec = Keys.batch("batch_killed0")
-
-    def fed() -> int:
-        return int(r.hget(rec, "fed") or 0)
-
-    wait_until(lambda: fed() >= 200, timeout_s=60)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    gateway = GatewayProcess(redis_url, queue, tmp_path / "gw.log")
-    try:
-        at = fed()
-        wait_until(lambda: fed() >= at + 300, timeout_s=60)  # the gateway feeds it now
-    finally:
-        gateway.proc.send_signal(signal.SIGKILL)
-        gateway.stop()
-    fleet[0].kill()  # its requests in flight are claimed by the other worker
-    assert fed() < n  # all this happened mid-feed
-    again = genq("submit", *where, str(src), "--batch-id", "batch_killed0")
-    assert again.returncode == 0 and again.stdout.strip() == "batch_killed0", again.stderr
-    res = genq("results", *where, "batch_killed0", "-o", str(tmp_path / "out.jsonl"))
-    assert res.returncode == 0, res.stderr
-    ids = [str(x["custom_id"]) for x in output_lines("batch_killed0")]
-    assert len(ids) == n and sorted(ids) == sorted(f"c{i}" for i in range(n))
-    assert int(r.hget(rec, "completed") or 0) == n  # counted once each where they ended
-    assert output_lines("batch_killed0", "errors") == []
-    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == n
 
 
 def test_a_part_written_before_a_crash_is_not_written_twice(

@@ -390,3 +390,10 @@ def test_batch_scenario_runs_files_in_waves_and_reports_its_goals() -> None:
     assert cases["big"]["redis_peak_mb"] < cases["plain"]["redis_peak_mb"]
     assert set(rep["ratios"]) >= {"peak_big_over_small", "lines_per_s_batch_over_plain"}
     assert rep["ratios"]["status_idle_p50_big_over_1000"] < 5  # one hash either way
+    # Three kills (-9) mid-feed: nothing lost, nothing twice, the counters equal the output.
+    faults = rep["faults"]
+    assert len(faults["kills"]) == 3 and faults["commands_ok"], faults
+    assert faults["every_custom_id_once"] and faults["counters_equal_output"], faults
+    assert faults["error_lines"] == 0
+    # Another tenant's requests ran beside the big batch (their waits are the bench's report).
+    assert rep["online"]["requests"] > 0

@@ -17,6 +17,8 @@ module              what it measures
                     against the base model alone (static or vLLM)
 ``batch``           a batch file of a million lines run in waves: Redis' peak memory,
                     lines/s against plain requests, the status read's p50
+``batch_faults``    the same scenario's company: another tenant's requests beside the
+                    big batch, and a 200,000-line batch through three kills (-9)
 ``gateway``         ``genq serve`` against the client library, per request and streamed
 ``flood``           one tenant's thousands of waiting chats at one ``genq serve`` against
                     another's single requests and ``/health``; connections and memory

@@ -18,6 +18,7 @@ on a shared file store. Measured, in one run:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -72,8 +73,10 @@ def _idle_status_times(base: str, batch_id: str, n: int = 200) -> list[float]:
     return out
 
 
-def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
-    """One batch of ``n`` lines end to end on a fresh Redis; what it measured."""
+def run_batch_case(n: int, files: Path, name: str, *, online: bool = False) -> dict[str, Any]:
+    """One batch of ``n`` lines end to end on a fresh Redis; what it measured. ``online``:
+    another tenant's requests trickle in while it runs (``batch_faults.Trickle``)."""
+    from genq.worker.bench.batch_faults import Trickle, trickle_report
     from genq.worker.bench.fleet import Fleet
     from genq.worker.devtools.gateway_process import GatewayProcess
     from genq.worker.devtools.redis_server import RedisServer
@@ -89,6 +92,8 @@ def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
         stop = threading.Event()
         try:
             with Fleet(server.url, queue, [0.0] * WORKERS, BATCH_SIZE), Client(r, queue) as c:
+                trickle = Trickle(server.url, queue) if online else None
+                idle_waits = trickle.idle() if trickle else []
                 t0 = time.perf_counter()
                 bid = wave_files.upload_and_create(
                     c, store, str(src), source=src.name, window=WINDOW
@@ -97,7 +102,8 @@ def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
                     target=_status_times, args=(gateway.url, bid, stop, times), daemon=True
                 )
                 probe.start()
-                wave_files.run_until(c, store, bid, lambda rec: bool(rec.get("finished_at_ms")))
+                with trickle or contextlib.nullcontext():
+                    wave_files.run_until(c, store, bid, lambda rec: bool(rec.get("finished_at_ms")))
                 seconds = time.perf_counter() - t0
                 stop.set()
                 probe.join()
@@ -112,6 +118,7 @@ def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
                 wave_files.read_parts(store, wave_files.parts(store, bid, "output"))
             ).splitlines()
         ]
+    turn_ms = 1000 * BATCH_SIZE * WORKERS * seconds / n  # a worker's turn over a full batch
     return {
         "lines": n,
         "seconds": seconds,
@@ -121,6 +128,7 @@ def run_batch_case(n: int, files: Path, name: str) -> dict[str, Any]:
         "status_reads": len(times),
         "status_idle_p50_ms": statistics.median(idle),
         "every_custom_id_once": len(ids) == n and len(set(ids)) == n,
+        **({"online": trickle_report(idle_waits, trickle, turn_ms)} if trickle else {}),
     }
 
 
@@ -156,15 +164,21 @@ def run_plain_case(n: int) -> dict[str, Any]:
 
 
 def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
+    from genq.worker.bench.batch_faults import run_faults_case
+
     big, small, tiny = (10_000, 2_000, 1_000) if quick else (1_000_000, 10_000, 1_000)
     with tempfile.TemporaryDirectory(prefix="genq-bench-batch-") as tmp:
         files = Path(tmp)
         cases = {}
         for name, n in (("small", small), ("status_1000", tiny), ("big", big)):
-            cases[name] = run_batch_case(n, files, name)
+            cases[name] = run_batch_case(n, files, name, online=name == "big")
             print(json.dumps({name: cases[name]}), file=sys.stderr)  # kept if a later case fails
         for name in cases:
             (files / f"{name}.jsonl").unlink(missing_ok=True)
+        n = 3_000 if quick else 200_000
+        write_file(files / "faults.jsonl", n)
+        faults = run_faults_case(files / "faults.jsonl", n, files)
+        print(json.dumps({"faults": faults}), file=sys.stderr)
     cases["plain"] = run_plain_case(big)
     b, s, p = cases["big"], cases["small"], cases["plain"]
     t = cases["status_1000"]
@@ -174,7 +188,14 @@ def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
         "status_p50_big_over_1000": (b["status_p50_ms"] or 0) / (t["status_p50_ms"] or 1),
         "status_idle_p50_big_over_1000": b["status_idle_p50_ms"] / t["status_idle_p50_ms"],
     }
-    return {"cases": cases, "ratios": ratios, "workers": WORKERS, "window": WINDOW}
+    return {
+        "cases": cases,
+        "ratios": ratios,
+        "faults": faults,
+        "online": cases["big"]["online"],
+        "workers": WORKERS,
+        "window": WINDOW,
+    }
 
 
 def batch_markdown(res: dict[str, Any]) -> str:
@@ -202,8 +223,33 @@ def batch_markdown(res: dict[str, Any]) -> str:
         f"Status p50, big over 1,000 lines: **{q['status_idle_p50_big_over_1000']:.2f}x** read "
         f"after each finished (goal <= 2x); {q['status_p50_big_over_1000']:.2f}x read while "
         "each ran (the machine's load: the small one ran for under a second).",
+        "",
+        _online_line(res["online"]),
+        _faults_line(res["faults"]),
     ]
     return "\n".join(rows)
+
+
+def _online_line(o: dict[str, Any]) -> str:
+    return (
+        f"Beside the big batch, tenant `online`'s {o['requests']} requests (one every 50 ms) "
+        f"waited p50 {o['wait_p50_ms']:.0f} / p99 **{o['wait_p99_ms']:.0f} ms** (on the idle "
+        f"fleet before it: {o['idle_wait_p50_ms']:.0f} / {o['idle_wait_p99_ms']:.0f} ms; a "
+        f"worker's turn over a full batch of {BATCH_SIZE} lines took {o['turn_ms']:.0f} ms, "
+        f"{o['engine_ms']:.0f} ms of it in the engine): goal p99 <= 2 x idle p99 + one batch = "
+        f"{o['goal_ms']:.0f} ms, {'met' if o['met'] else 'NOT met'}."
+    )
+
+
+def _faults_line(f: dict[str, Any]) -> str:
+    return (
+        f"Faults, a {f['lines']:,}-line batch killed (-9) in turn: {'; '.join(f['kills'])}; "
+        f"`submit --batch-id` again and `results`: {f['output_lines']:,} output lines, every "
+        f"custom_id once: **{f['every_custom_id_once']}**, error lines {f['error_lines']}, "
+        f"counters equal the output: **{f['counters_equal_output']}** "
+        f"({f['counters']['completed']:,} completed, {f['counters']['failed']} failed), "
+        f"{f['seconds']:.0f} s in all."
+    )
 
 
 def run_and_print(params: dict[str, Any]) -> None:
