@@ -74,6 +74,7 @@ if not (KEYS[5] and hook(KEYS[5], KEYS[4], state)) then  -- a wave batch's line:
   redis.call('XADD', ev, '*', '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
   redis.call('EXPIRE', ev, ttl)
 end
+flush_tallies()
 return 1
 """
 )

@@ -368,6 +368,7 @@ for i = 1, (#KEYS - ns - (outbox and 1 or 0)) / 4 do
     table.insert(done[s], eid)
   end
 end
+flush_tallies()
 for s, eids in pairs(done) do  -- one XACK and one XDEL per stream (in slices: unpack's limit)
   for j = 1, #eids, 1000 do
     local slice = {{unpack(eids, j, math.min(j + 999, #eids))}}

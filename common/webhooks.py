@@ -139,7 +139,8 @@ HOOK_LUA = (
 -- 'open', the requests not yet final), add it to the batch's counters, count one down, and at
 -- zero add the batch's event. (genq writes these records and states: their fields are where
 -- it put them.) Returns true for a line of a wave batch: its result is read from the batch's
--- output file, so the caller writes no final event stream for it (no one waits on one).
+-- output file, so the caller writes no final event stream for it (no one waits on one). The
+-- caller runs flush_tallies() at its end (TALLY_LUA: the counts are written once a call).
 local function hook(outbox, owner, state)
   -- A batch's record (a hash): the fields this needs, in one call (waves, open, then tally's:
   -- batch_counts); a response's record is a string (WRONGTYPE); no record: all nil.
@@ -162,7 +163,7 @@ local function hook(outbox, owner, state)
     -- record's key and ':done'); its event comes when its output is written (batch_waves).
     tally(owner, state, f[3], f[4])
     local id = string.match(state, '^{"id":"([^"]*)"')
-    if id then redis.call('RPUSH', owner .. ':done', id) end
+    if id then queue_done(owner, id) end
     return true
   elseif f[2] then
     tally(owner, state, f[3], f[4])

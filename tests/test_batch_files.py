@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import redis
 from genq.common.keys import Keys
 from openai.types import Batch
@@ -197,3 +198,60 @@ def test_a_batchs_status_reads_its_counters_the_same_at_any_size(
     assert status["request_counts"] == {"total": 305, "completed": 300, "failed": 5}
     assert reads["small"] == reads["big"], reads  # one HGETALL, one LRANGE (refused lines)
     assert "cmdstat_mget" not in reads["big"] and reads["big"]["cmdstat_hgetall"] == 1
+
+
+def _succeeded(**over: object) -> str:
+    from genq.common import states
+
+    args: dict[str, object] = {
+        "request_id": "batch_x-7",
+        "priority": "normal",
+        "tenant": "default",
+        "metadata": {"custom_id": 'c ✓ "7"', "batch": "batch_x"},
+        "text": 'ünïcode and "quotes"\n',
+        "finish_reason": "length",
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "cached_tokens": 2,
+        "queued_ms": 1_700_000_000_000,
+        "started_ms": 1_700_000_000_100,
+        "finished_ms": 1_700_000_001_999,
+        "generation_ms": 50,
+        "worker": "w0",
+        "model": "org/chat-8b",
+        "batch_size": 4,
+    }
+    return states.succeeded(**{**args, **over})  # type: ignore[arg-type]
+
+
+CALL = {"name": "f", "arguments": "{}"}
+
+
+@pytest.mark.parametrize("url", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(
+    "over", [{}, {"text": "", "finish_reason": "stop", "cached_tokens": 0}, {"model": ""}]
+)
+def test_an_output_line_read_as_json_equals_the_one_built_from_the_result(
+    url: str, over: dict[str, object]
+) -> None:
+    """A wave batch writes its usual output lines from the state's JSON (no ``Result``
+    built): the same line as ``output_line``; anything unusual takes ``output_line``."""
+    from genq.common import states
+    from genq.producer.gateway.batch_lines import output_line, plain_output_line
+    from genq.producer.waiting import parse_stored
+
+    raw = _succeeded(**over)
+    res = parse_stored(raw)
+    assert res is not None
+    assert plain_output_line("batch_x-7", url, raw) == output_line("batch_x-7", url, res)
+    unusual = [
+        _succeeded(logprobs=[{"token": "a", "logprob": -0.1, "top_logprobs": []}]),
+        _succeeded(choices=[{"index": 0, "text": "a", "finish_reason": "stop"}]),
+        _succeeded(
+            tool_calls=[
+                {"id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ]
+        ),
+        states.cancelled(res, finished_ms=1),
+    ]
+    assert [plain_output_line("batch_x-7", url, u) for u in unusual] == [None] * 4

@@ -175,13 +175,13 @@ def parse_line(
     priority: str = "normal",
     endpoint: str | None = None,
     tenant: str = DEFAULT_TENANT,
-    templates: dict[str, PromptTemplate | None] | None = None,
+    templates: dict[str, LineTemplate | None] | None = None,
 ) -> BatchLine:
     """Line ``n`` of an OpenAI batch file as a request; raise InvalidRequest saying why not.
     With ``endpoint``, a line for another URL is refused (OpenAI: one endpoint per batch).
-    ``templates``, kept by the caller from line to line: completion lines that share their
-    options are prepared on one validation of them (``PromptTemplate``), with the same
-    entries."""
+    ``templates``, kept by the caller from line to line: completion lines whose bodies differ
+    only in their prompt are prepared on one validation of the rest (``PromptTemplate``), with
+    the same entries."""
     try:
         item = orjson.loads(text)
     except ValueError as err:
@@ -202,16 +202,17 @@ def parse_line(
     if body.get("stream"):
         raise InvalidRequest("stream = true is not supported in a batch")
     body = {k: v for k, v in body.items() if k != "stream"}
-    args = {"priority": priority, "tenant": tenant, **request_args(url, body)}
     request_id, metadata = f"{batch_id}-{n}", {"custom_id": custom_id, "batch": batch_id}
+    if templates is not None and url == COMPLETIONS and isinstance(body.get("prompt"), str):
+        found = _template(templates, body, priority, tenant, batch_id)
+        done = (
+            None if found is None else found.template.prepare(body["prompt"], request_id, metadata)
+        )
+        if found is not None and done is not None:
+            return BatchLine(line=n, custom_id=custom_id, url=url, prepared=done, model=found.model)
+    args = {"priority": priority, "tenant": tenant, **request_args(url, body)}
     model = args.get("model")
-    done: Prepared | None = None
-    if templates is not None and isinstance(args.get("prompt"), str):
-        template = _template(templates, args, batch_id)
-        if template is not None:
-            done = template.prepare(args["prompt"], request_id, metadata)
-    if done is None:
-        done = prepare(build_request(**args, request_id=request_id, metadata=metadata))
+    done = prepare(build_request(**args, request_id=request_id, metadata=metadata))
     return BatchLine(
         line=n,
         custom_id=custom_id,
@@ -225,22 +226,40 @@ MAX_TEMPLATES = 64
 """Most distinct option sets a batch's reader keeps validated (``parse_line``'s templates)."""
 
 
+@dataclass(frozen=True)
+class LineTemplate:
+    """The options that completion lines share, validated once, and their model."""
+
+    template: PromptTemplate
+    model: str | None
+
+
 def _template(
-    templates: dict[str, PromptTemplate | None], args: Mapping[str, Any], batch_id: str
-) -> PromptTemplate | None:
-    """The validated template of a completion line's options (all but its prompt), made once
-    per distinct set; None when they are not valid (the full path then says why)."""
-    options = {k: v for k, v in args.items() if k != "prompt"}
+    templates: dict[str, LineTemplate | None],
+    body: Mapping[str, Any],
+    priority: str,
+    tenant: str,
+    batch_id: str,
+) -> LineTemplate | None:
+    """The validated template of a completion line's body (all but its prompt), made once per
+    distinct body; None when it is not valid (the full path then says why)."""
+    rest = {k: v for k, v in body.items() if k != "prompt"}
     try:
-        name = orjson.dumps(options, option=orjson.OPT_SORT_KEYS).decode()
+        name = orjson.dumps([priority, tenant, rest], option=orjson.OPT_SORT_KEYS).decode()
     except TypeError:
         return None
     if name not in templates:
         if len(templates) >= MAX_TEMPLATES:
             templates.clear()
         try:
+            args = request_args(COMPLETIONS, {**rest, "prompt": "-"})
+            del args["prompt"]
             meta = {"custom_id": "-", "batch": batch_id}
-            templates[name] = PromptTemplate({**options, "metadata": meta})
+            options = {"priority": priority, "tenant": tenant, **args, "metadata": meta}
+            model = args.get("model")
+            templates[name] = LineTemplate(
+                PromptTemplate(options), None if model is None else str(model)
+            )
         except InvalidRequest:
             templates[name] = None
     return templates[name]
@@ -282,7 +301,7 @@ def parse_file(
     good: list[BatchLine] = []
     bad: list[RejectedLine] = []
     seen: set[str] = set()
-    templates: dict[str, PromptTemplate | None] = {}
+    templates: dict[str, LineTemplate | None] = {}
     for n, text in enumerate(lines, start=1):
         if not text.strip():
             continue
@@ -371,6 +390,44 @@ def _legacy_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "token_logprobs": [e["logprob"] for e in entries],
         "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
         "text_offset": offsets,
+    }
+
+
+def plain_output_line(request_id: str, url: str, raw: bytes | str) -> dict[str, Any] | None:
+    """``output_line`` of a stored state read as JSON, without building its ``Result``, for
+    the usual case (succeeded, one choice, no log-probabilities, no tool calls: a batch's
+    output is mostly these); None for any other, which takes ``output_line``."""
+    state = orjson.loads(raw)
+    if state.get("status") != "succeeded" or any(
+        state.get(k) is not None for k in ("choices", "logprobs", "tool_calls")
+    ):
+        return None
+    usage, timings = state.get("usage") or {}, state.get("timings") or {}
+    prompt, generated = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": state.get("finish_reason")}
+    if url == CHAT:
+        choice["message"] = {"role": "assistant", "content": state.get("text") or ""}
+    else:
+        choice["text"] = state.get("text") or ""
+    choice["logprobs"] = None
+    body = {
+        "id": state.get("id"),
+        "object": ENDPOINTS[url],
+        "created": (timings.get("finished_unix_ms") or 0) // 1000,
+        "model": state.get("model") or "unknown",
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": generated,
+            "total_tokens": prompt + generated,
+            "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)},
+        },
+    }
+    return {
+        "id": f"batch_req_{request_id}",
+        "custom_id": (state.get("metadata") or {}).get("custom_id"),
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
+        "error": None,
     }
 
 

@@ -43,14 +43,15 @@ import orjson
 from genq.common.connection import is_cluster
 from genq.common.errors import GenqError, InvalidRequest, RequestNotFound, SubmitFailed
 from genq.common.wire import as_text
-from genq.producer.building import PromptTemplate
 from genq.producer.client import Client
 from genq.producer.gateway.batch_lines import (
     BatchLine,
+    LineTemplate,
     RejectedLine,
     custom_id_of,
     output_line,
     parse_line,
+    plain_output_line,
     rejected_output,
 )
 from genq.producer.gateway.batch_scripts import COMMIT_LUA, FEED_LUA, STOP_LUA
@@ -260,7 +261,7 @@ def _read(store: FileStore, batch_id: str, rec: Mapping[str, str], room: int) ->
     expired, endpoint = rec.get("expired") == "1", rec.get("endpoint") or None
     priority, tenant = rec.get("priority", "normal"), rec.get("tenant", "default")
     fed = int(rec.get("fed") or 0)
-    templates: dict[str, PromptTemplate | None] = {}
+    templates: dict[str, LineTemplate | None] = {}
     per_line = out.end / fed if fed else 1024  # the file's lines so far, on average
     chunk = max(MIN_READ_BYTES, min(READ_CHUNK_BYTES, int(per_line * room * 1.1)))
     for at, raw in store.lines(rec["path"], out.end, chunk):
@@ -404,6 +405,9 @@ def _plan(client: Client, batch_id: str, seq: int) -> str | None:
 
 
 def _output(rid: str, url: str, raw: Any, expired: bool) -> dict[str, Any]:
+    fast = None if raw is None else plain_output_line(rid, url, raw)
+    if fast is not None:
+        return fast
     state = parse_stored(raw)
     if state is None:
         return {
