@@ -167,15 +167,7 @@ def run_faults_case(src: Path, n: int, files: Path) -> dict[str, Any]:
             fleet[0].wait()
             kills.append(f"a worker at {fed():,} fed")
             fleet[0] = worker("w2")
-            again = subprocess.run(
-                _genq("submit", *where, str(src), "--batch-id", bid),
-                check=False,
-                capture_output=True,
-            )
-            out = files / "faults-out.jsonl"
-            res = subprocess.run(
-                _genq("results", *where, bid, "-o", str(out)), check=False, capture_output=True
-            )
+            ok = _resume(where, src, bid, files / "faults-out.jsonl")
             seconds = time.perf_counter() - t0
             counters = {k: int(r.hget(rec, k) or 0) for k in ("completed", "failed", "fed")}
         finally:
@@ -188,13 +180,25 @@ def run_faults_case(src: Path, n: int, files: Path) -> dict[str, Any]:
         "lines": n,
         "seconds": seconds,
         "kills": kills,
-        "commands_ok": again.returncode == 0 and res.returncode == 0,
+        "commands_ok": ok,
         "output_lines": len(ids),
         "every_custom_id_once": len(ids) == n and len(set(ids)) == n,
         "error_lines": errors,
         "counters": counters,
         "counters_equal_output": counters["completed"] == len(ids) and counters["failed"] == 0,
     }
+
+
+def _resume(where: list[str], src: Path, batch_id: str, out: Path) -> bool:
+    """``genq batch submit --batch-id`` again (it feeds the rest), then ``genq batch results``
+    (it writes the rest out); whether both ended well."""
+    again = subprocess.run(
+        _genq("submit", *where, str(src), "--batch-id", batch_id), check=False, capture_output=True
+    )
+    res = subprocess.run(
+        _genq("results", *where, batch_id, "-o", str(out)), check=False, capture_output=True
+    )
+    return again.returncode == 0 and res.returncode == 0
 
 
 def _written(store: FileStore, batch_id: str) -> tuple[list[str], int]:
