@@ -81,7 +81,7 @@ local function tally(owner, state, counted, ended)
   local at = tonumber(string.match(state, '"finished_unix_ms":(%d+)'))
   if at and at > t.last then t.last = at end
 end
-local function queue_done(owner, id)
+local function queue_done(owner, id)  -- (after tally: it made the record's entry)
   table.insert(tally_of(owner, nil).ids, id)
 end
 local function flush_tallies()

@@ -205,11 +205,9 @@ def parse_line(
     request_id, metadata = f"{batch_id}-{n}", {"custom_id": custom_id, "batch": batch_id}
     if templates is not None and url == COMPLETIONS and isinstance(body.get("prompt"), str):
         found = _template(templates, body, priority, tenant, batch_id)
-        done = (
-            None if found is None else found.template.prepare(body["prompt"], request_id, metadata)
-        )
-        if found is not None and done is not None:
-            return BatchLine(line=n, custom_id=custom_id, url=url, prepared=done, model=found.model)
+        fast = found.template.prepare(body["prompt"], request_id, metadata) if found else None
+        if found and fast:
+            return BatchLine(line=n, custom_id=custom_id, url=url, prepared=fast, model=found.model)
     args = {"priority": priority, "tenant": tenant, **request_args(url, body)}
     model = args.get("model")
     done = prepare(build_request(**args, request_id=request_id, metadata=metadata))
