@@ -30,9 +30,11 @@ from tests.conftest import WorkerProcess, wait_until
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-def write_file(path: Path, n: int, bad_every: int = 0) -> Path:
+def write_file(path: Path, n: int, bad_every: int = 0, repeat: tuple[int, ...] = ()) -> Path:
+    """``n`` lines, every ``bad_every``-th not JSON; then lines that repeat the custom_ids of
+    lines ``repeat`` (0-based)."""
     with path.open("w") as f:
-        for i in range(n):
+        for i in [*range(n), *repeat]:
             if bad_every and i % bad_every == bad_every - 1:
                 f.write("{not json\n")
                 continue
@@ -73,9 +75,9 @@ def test_a_batch_is_fed_in_waves_and_written_out_as_it_goes(
     start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """1,500 lines through a window of 100: Redis never holds more than the window of them,
-    every custom_id is in the output exactly once, the refused lines in the error file, and the
-    record's counters equal the files."""
-    src = write_file(tmp_path / "in.jsonl", 1500, bad_every=100)
+    every custom_id is in the output exactly once, the refused lines in the error file (two of
+    them repeat an earlier line's custom_id), and the record's counters equal the files."""
+    src = write_file(tmp_path / "in.jsonl", 1500, bad_every=100, repeat=(5, 1200))
     start_worker(queue, "--engine", "echo", "--echo-step-ms", "1")
     keys, most = Keys(queue), [0]
     seen_open = threading.Event()
@@ -95,7 +97,7 @@ def test_a_batch_is_fed_in_waves_and_written_out_as_it_goes(
     sub = genq("submit", *where, str(src), "--batch-window", "100")
     assert sub.returncode == 0, sub.stderr
     bid = sub.stdout.strip()
-    assert "1485 submitted, 15 refused" in sub.stderr
+    assert "1485 submitted, 17 refused" in sub.stderr
     res = genq("results", *where, bid, "-o", str(tmp_path / "out.jsonl"), "--timeout-s", "120")
     stop.set()
     watcher.join()
@@ -106,15 +108,17 @@ def test_a_batch_is_fed_in_waves_and_written_out_as_it_goes(
         f"c{i}" for i in range(1500) if i % 100 != 99
     )
     errors = output_lines(bid, "errors")
-    assert len(errors) == 15 and all(e["custom_id"] is None for e in errors)
+    assert len(errors) == 17 and [e["custom_id"] for e in errors[-2:]] == ["c5", "c1200"]
+    assert all(e["custom_id"] is None for e in errors[:-2])
+    assert "line 1502: custom_id 'c1200' appears twice (line 1201 first)" in str(errors[-1])
     # The command wrote both, output then errors, in one file.
     written = (tmp_path / "out.jsonl").read_text().splitlines()
-    assert len(written) == 1500
+    assert len(written) == 1502
     with Client.from_url(redis_url, queue) as client:
         status = batch_status(client, bid)
     Batch.model_validate(status)
     assert status["status"] == "completed"
-    assert status["request_counts"] == {"total": 1500, "completed": 1485, "failed": 15}
+    assert status["request_counts"] == {"total": 1502, "completed": 1485, "failed": 17}
     assert status["output_file_id"] and status["error_file_id"]
     # Nothing of it is left in Redis but its record: no states, no open requests.
     assert r.hlen(Keys.batch_open(bid)) == 0 and not r.exists(Keys.result(f"{bid}-1"))

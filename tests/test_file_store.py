@@ -25,7 +25,9 @@ from genq.producer.gateway.file_store import (
     LineCheck,
     StoredFileMissing,
     UploadRefused,
+    repeats_of,
 )
+from genq.producer.gateway.repeated_ids import MAX_REPEATS, CustomIds, custom_id, repeats
 from genq.producer.gateway.upload_stream import UploadStream
 from genq.worker.devtools.gateway_process import GatewayProcess
 from genq.worker.devtools.redis_server import free_port
@@ -89,6 +91,44 @@ def _read(body: bytes, content_type: str, size: int) -> tuple[bytes, UploadStrea
         return got, form
 
     return asyncio.run(run())
+
+
+def test_an_uploads_check_finds_the_lines_that_repeat_a_custom_id(tmp_path: Path) -> None:
+    """Each line's custom_id is hashed as the upload passes (any chunking, any key order, any
+    JSON escape); the lines whose hashes meet are read back, and only exact repeats count."""
+    rows = [
+        b'{"custom_id": "a", "body": {}}',
+        b'{"body": {"custom_id": "x"}, "custom_id": "b"}',
+        b'{"custom_id": "\\u0061", "body": {}}',  # "a" again, escaped
+        b"",
+        b"{not json",
+        b'{"custom_id": 5}',
+        b'{"url": "/v1/completions", "custom_id": "b"}',
+        b'{"custom_id": "a\\"b"}',
+    ]
+    text = b"\n".join(rows) + b"\n"
+    ids = CustomIds()
+    check = LineCheck(max_bytes=10**6, max_line_bytes=100, ids=ids)
+    for i in range(len(text)):  # one byte at a time: lines across chunks
+        check.feed(text[i : i + 1])
+    check.finish()
+    assert ids.candidates() == {1, 2, 3, 7}
+    numbered_rows = list(enumerate(rows, start=1))
+    assert repeats(numbered_rows, ids.candidates()) == {3: 1, 7: 2}
+    # A candidate whose hash met another's by chance is read back and is not a repeat.
+    assert repeats(numbered_rows, {1, 2, 3, 7, 8}) == {3: 1, 7: 2}
+    assert custom_id(rows[7]) == 'a"b'
+    # Too many repeats: the stored file is refused and removed.
+    store = FileStore(str(tmp_path / "files"))
+    many = b'{"custom_id": "same"}\n' * (MAX_REPEATS + 2)
+    store.put("uploads/many.jsonl", many)
+    ids = CustomIds()
+    check = LineCheck(max_bytes=10**9, max_line_bytes=100, ids=ids)
+    check.feed(many)
+    check.finish()
+    with pytest.raises(UploadRefused, match=f"{MAX_REPEATS + 1} lines repeat .* line 2 repeats"):
+        repeats_of(store, "uploads/many.jsonl", ids)
+    assert store.size("uploads/many.jsonl") is None
 
 
 def test_a_multipart_upload_is_read_as_it_arrives_whatever_its_pieces() -> None:
@@ -251,13 +291,14 @@ def test_a_batch_runs_from_a_file_in_the_store_and_redis_keeps_only_its_record(
     try:
         start_worker(queue, "--engine", "echo")
         client = openai.OpenAI(base_url=gateway.url, api_key="x", max_retries=0, timeout=60)
-        content = batch_lines(50)
+        repeated = [json.loads(x) for x in batch_lines(8).splitlines()[3::4]]  # c3, c7 again
+        content = batch_lines(50) + b"".join(json.dumps(x).encode() + b"\n" for x in repeated)
         uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
         assert uploaded.bytes == len(content)
         assert client.files.content(uploaded.id).content == content
         record = redis.Redis.from_url(redis_url).hgetall(Keys.file(uploaded.id))
         assert b"content" not in record and record[b"store"].decode() == where
-        assert record[b"lines"] == b"50"
+        assert record[b"lines"] == b"52"
         store = FileStore(where)
         assert store.size(record[b"path"].decode()) == len(content)
         batch = client.batches.create(
@@ -271,6 +312,16 @@ def test_a_batch_runs_from_a_file_in_the_store_and_redis_keeps_only_its_record(
         assert batch.output_file_id is not None
         out = client.files.content(batch.output_file_id).text.splitlines()
         assert sorted(json.loads(x)["custom_id"] for x in out) == sorted(f"c{i}" for i in range(50))
+        # The lines that repeat a custom_id are error lines; the first of each ran.
+        assert batch.error_file_id is not None and batch.request_counts is not None
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (50, 2)
+        errors = [
+            json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()
+        ]
+        assert [(e["custom_id"], e["error"]["message"]) for e in errors] == [
+            ("c3", "line 51: custom_id 'c3' appears twice (line 4 first)"),
+            ("c7", "line 52: custom_id 'c7' appears twice (line 8 first)"),
+        ]
         client.files.delete(uploaded.id)
         assert store.names("uploads") == []
         assert _left_in_redis(redis_url, queue) == []

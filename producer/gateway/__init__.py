@@ -65,6 +65,8 @@ module                  what it holds
 ``file_store``          ``FileStore``: where batch files' bytes are, a directory or an object
                         store by URL (obstore): atomic writes, streamed reads, lines from any
                         offset, one clear error when it is full or away
+``repeated_ids``        the lines of an upload that repeat a ``custom_id``, found on the
+                        upload's pass in ~12 bytes a line (pure)
 ``dead_letters``        the dead-letter stream, for people: list, retry, purge
 ``webhook_letters``     the webhook deliveries that gave up: list, retry
 ======================  ======================================================================

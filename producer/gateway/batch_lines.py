@@ -324,6 +324,22 @@ def rejected_output(batch_id: str, bad: RejectedLine) -> dict[str, Any]:
     }
 
 
+def expired_line(batch_id: str, number: int, text: str) -> str:
+    """The error-file line of an input line never fed: its batch expired first."""
+    return json.dumps(
+        {
+            "id": f"batch_req_{batch_id}-{number}",
+            "custom_id": custom_id_of(text),
+            "response": None,
+            "error": {
+                "code": "batch_expired",
+                "message": "this request could not be executed before the completion window "
+                "expired",
+            },
+        }
+    )
+
+
 def usage_of(res: Result) -> dict[str, Any]:
     """OpenAI's usage object of a result (chat, completions, batch output lines), with the
     prompt tokens the engine took from its prefix cache."""

@@ -17,6 +17,7 @@ from genq.producer.gateway.context import caller, gateway
 from genq.producer.gateway.file_store import StoredFileMissing, StoreError
 from genq.producer.gateway.files import store_failed, stored_file
 from genq.producer.gateway.openai_errors import invalid, not_found
+from genq.producer.gateway.repeated_ids import parse_repeats
 from starlette.concurrency import run_in_threadpool
 
 router = APIRouter()
@@ -64,6 +65,7 @@ async def create(request: Request) -> dict[str, Any]:
             window=gw.settings.batch_window,
             completion_window=window,
             metadata=metadata or {},
+            repeats=parse_repeats(info.get("repeats") or ""),
         )
 
         def create_wave() -> dict[str, Any]:

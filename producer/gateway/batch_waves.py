@@ -49,6 +49,7 @@ from genq.producer.gateway.batch_lines import (
     LineTemplate,
     RejectedLine,
     custom_id_of,
+    expired_line,
     output_line,
     parse_line,
     plain_output_line,
@@ -60,6 +61,7 @@ from genq.producer.gateway.file_store import (
     FileStore,
     StoredFileMissing,
 )
+from genq.producer.gateway.repeated_ids import parse_repeats
 from genq.producer.waiting import parse_stored
 
 DEFAULT_WINDOW = 10_000
@@ -118,6 +120,9 @@ class WaveBatch:
     completion_window: str = "24h"
     metadata: Mapping[str, str] = field(default_factory=dict)
     model: str = ""
+    repeats: Mapping[int, int] = field(default_factory=dict)
+    """Its lines that repeat an earlier line's ``custom_id`` (``repeated_ids.py``): each one's
+    first line. They are error lines; the first ones run."""
 
 
 def new_batch_id() -> str:
@@ -160,6 +165,8 @@ def create(client: Client, store: FileStore, batch: WaveBatch) -> bool:
         "parts": 0,
         "feeding": 1 if batch.lines else 0,
     }
+    if batch.repeats:
+        record["repeats"] = json.dumps(dict(batch.repeats))
     if not client.redis.hsetnx(rec, "id", batch.id):
         return False
     pipe = client.redis.pipeline(transaction=True)
@@ -262,6 +269,7 @@ def _read(store: FileStore, batch_id: str, rec: Mapping[str, str], room: int) ->
     priority, tenant = rec.get("priority", "normal"), rec.get("tenant", "default")
     fed = int(rec.get("fed") or 0)
     templates: dict[str, LineTemplate | None] = {}
+    twice = parse_repeats(rec.get("repeats", ""))
     per_line = out.end / fed if fed else 1024  # the file's lines so far, on average
     chunk = max(MIN_READ_BYTES, min(READ_CHUNK_BYTES, int(per_line * room * 1.1)))
     for at, raw in store.lines(rec["path"], out.end, chunk):
@@ -271,9 +279,12 @@ def _read(store: FileStore, batch_id: str, rec: Mapping[str, str], room: int) ->
             continue
         out.fed += 1
         if expired:
-            out.errors.append(_expired_line(batch_id, out.number, text))
+            out.errors.append(expired_line(batch_id, out.number, text))
         else:
             try:
+                if out.number in twice:
+                    cid, first = custom_id_of(text), twice[out.number]
+                    raise InvalidRequest(f"custom_id {cid!r} appears twice (line {first} first)")
                 line = parse_line(out.number, text, batch_id, priority, endpoint, tenant, templates)
                 out.good.append(line)
                 out.marks.append((out.number, out.end, out.fed, len(out.errors)))
@@ -334,21 +345,6 @@ def _batch_keys(client: Client, batch_id: str) -> list[str]:
         keys.batches_running,
         keys.batch_done(batch_id),
     ]
-
-
-def _expired_line(batch_id: str, number: int, text: str) -> str:
-    return json.dumps(
-        {
-            "id": f"batch_req_{batch_id}-{number}",
-            "custom_id": custom_id_of(text),
-            "response": None,
-            "error": {
-                "code": "batch_expired",
-                "message": "this request could not be executed before the completion window "
-                "expired",
-            },
-        }
-    )
 
 
 def collect(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, str]) -> int:

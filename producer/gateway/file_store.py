@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from genq.common.errors import GenqError
+from genq.producer.gateway.repeated_ids import CustomIds, numbered, repeats, too_many
 
 READ_CHUNK_BYTES = 4 << 20
 """How much of a file one read from the store brings."""
@@ -73,11 +74,16 @@ def _first_line(err: BaseException) -> str:
 
 class LineCheck:
     """Checks an upload's bytes as they pass: UTF-8, and no line over ``max_line_bytes``;
-    counts its bytes and its lines (those that are not blank: ``lines``). ``feed`` raises
-    ``UploadRefused`` at the first problem."""
+    counts its bytes and its lines (those that are not blank: ``lines``); with ``ids``, hands
+    each line to it (``repeated_ids.CustomIds``: lines that repeat a ``custom_id``). ``feed``
+    raises ``UploadRefused`` at the first problem."""
 
-    def __init__(self, *, max_bytes: int, max_line_bytes: int) -> None:
+    def __init__(
+        self, *, max_bytes: int, max_line_bytes: int, ids: CustomIds | None = None
+    ) -> None:
         self.max_bytes, self.max_line_bytes = max_bytes, max_line_bytes
+        self.ids = ids
+        self._parts: list[bytes] = []  # the line so far (with ``ids`` only)
         self.bytes = 0
         self.lines = 0
         """Its lines that are not blank (a batch's lines: each one a request, or refused)."""
@@ -110,6 +116,8 @@ class LineCheck:
             piece = chunk[start:] if end < 0 else chunk[start:end]
             self._line_bytes += len(piece)
             self._text = self._text or bool(piece.strip())
+            if self.ids is not None:
+                self._parts.append(piece)
             if self._line_bytes > self.max_line_bytes:
                 raise UploadRefused(
                     f"line {self.number + 1} is over {self.max_line_bytes} bytes (genq serve "
@@ -123,6 +131,11 @@ class LineCheck:
     def _end_line(self) -> None:
         self.number += 1
         self.lines += self._text
+        if self.ids is not None:
+            if self._text:
+                line = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+                self.ids.add(self.number, line)
+            self._parts.clear()
         self._line_bytes, self._text = 0, False
 
     def finish(self) -> None:
@@ -307,3 +320,18 @@ class FileStore:
         except Exception as err:
             raise self._error(err, prefix) from None
         return sorted((str(meta["path"]), int(meta["size"])) for meta in found)
+
+
+def repeats_of(store: FileStore, name: str, ids: CustomIds) -> dict[int, int]:
+    """The lines of the stored file ``name`` that repeat an earlier line's ``custom_id``
+    (``{line: first line}``; ``ids`` saw its upload pass): the file is read back only when
+    some hashes matched. Too many: the file is deleted and ``UploadRefused``."""
+    candidates = ids.candidates()
+    if not candidates:
+        return {}
+    found = repeats(numbered(store.lines(name)), candidates)
+    why = too_many(found)
+    if why is not None:
+        store.delete(name)
+        raise UploadRefused(why)
+    return found

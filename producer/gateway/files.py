@@ -29,8 +29,10 @@ from genq.producer.gateway.file_store import (
     StoredFileMissing,
     StoreError,
     UploadRefused,
+    repeats_of,
 )
 from genq.producer.gateway.openai_errors import ApiError, invalid, not_found
+from genq.producer.gateway.repeated_ids import CustomIds
 from genq.producer.gateway.upload_stream import UploadStream
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
@@ -41,7 +43,7 @@ MAX_FIELD_BYTES = 65_536
 SWEEP_BATCH = 50
 """Expired files whose bytes one upload removes from the store, at most."""
 FIELDS = ["bytes", "lines", "created_at", "expires_at", "filename", "purpose", "tenant", "queue"]
-FIELDS += ["store", "path"]
+FIELDS += ["store", "path", "repeats"]
 
 
 def upload_path(file_id: str) -> str:
@@ -92,9 +94,11 @@ async def upload(request: Request) -> dict[str, Any]:
     file_id = "file-" + uuid.uuid4().hex[:24]
     now, path, tenant = int(time.time()), upload_path(file_id), caller(request).tenant
     await gw.quotas.claim(tenant, "files", file_id, min(declared, s.max_file_bytes))
-    check = LineCheck(max_bytes=s.max_file_bytes, max_line_bytes=s.max_body_bytes)
+    ids = CustomIds()
+    check = LineCheck(max_bytes=s.max_file_bytes, max_line_bytes=s.max_body_bytes, ids=ids)
     try:
         await gw.files.upload(path, form.file_chunks(), check)
+        twice = await run_in_threadpool(repeats_of, gw.files, path, ids)
         if form.fields.get("purpose") != "batch":
             purpose = form.fields.get("purpose")
             raise InvalidRequest(f"purpose must be 'batch', got {purpose!r}")
@@ -124,6 +128,8 @@ async def upload(request: Request) -> dict[str, Any]:
     pipe = gw.client.redis.pipeline(transaction=True)
     where: dict[str, Any] = {"store": gw.files.where, "path": path}
     stored: Any = {**info, "tenant": tenant, "queue": s.queue, **where}
+    if twice:  # the lines that repeat an earlier one's custom_id: error lines of its batch
+        stored["repeats"] = json.dumps(twice)
     pipe.hset(Keys.file(file_id), mapping=stored)
     pipe.expire(Keys.file(file_id), s.result_ttl_s)
     pipe.zadd(gw.client.keys.files, {file_id: now + s.result_ttl_s})

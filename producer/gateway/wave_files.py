@@ -31,7 +31,9 @@ from genq.producer.gateway.file_store import (
     FileStore,
     LineCheck,
     default_files_dir,
+    repeats_of,
 )
+from genq.producer.gateway.repeated_ids import CustomIds
 
 
 def run_until(
@@ -112,7 +114,8 @@ def upload_and_create(
     if client.redis.exists(client.keys.batch(bid)):
         return bid
     name = f"uploads/{bid}.jsonl"
-    check = LineCheck(max_bytes=1 << 62, max_line_bytes=max_line_bytes)
+    ids = CustomIds()
+    check = LineCheck(max_bytes=1 << 62, max_line_bytes=max_line_bytes, ids=ids)
     with click_open(path) as f:
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -121,6 +124,7 @@ def upload_and_create(
 
         asyncio.run(store.upload(name, chunks(), check))
     wave = WaveBatch(
+        repeats=repeats_of(store, name, ids),
         id=bid,
         path=name,
         lines=check.lines,
