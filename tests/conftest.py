@@ -19,6 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+
+# The README's command runs the tests two at a time (pytest -n 2, one process each): one thread
+# each for torch's CPU kernels, here and in the workers they start, or two processes of two
+# spinning threads on two cores run a model test ten times slower (4 s alone, 51 s beside another).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from genq.common.keys import GROUP, Keys
 from genq.common.settings import WorkerSettings
 from genq.worker.devtools.redis_server import RedisServer

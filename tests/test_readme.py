@@ -87,7 +87,7 @@ def test_every_setting_is_in_the_readme_configuration_table() -> None:
 def test_readme_opens_with_the_two_commands() -> None:
     blocks = re.findall(r"```bash\n(.*?)```", OPENING, re.S)
     assert blocks[0].strip() == "bash scripts/setup.sh && .venv/bin/genq demo"
-    assert blocks[1].strip() == "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+    assert blocks[1].strip() == "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2"
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

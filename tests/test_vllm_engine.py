@@ -311,9 +311,9 @@ def test_a_forced_tool_call_on_vllm_has_arguments_valid_under_its_schema(client:
 
 @needs_vllm
 def test_a_batch_file_with_one_schema_all_validate(client: Client) -> None:
-    """Every line of a batch file with one JSON schema parses and validates. (150 lines: 500
-    took 135 s of CI's 30 minutes on vLLM's CPU build; the continuous engine's twin in
-    test_structured_outputs.py keeps 500.)"""
+    """Every line of a batch file with one JSON schema parses and validates. (48 lines: 500
+    took 135 s of CI's 30 minutes on vLLM's CPU build, 150 took 60; the continuous engine's
+    twin in test_structured_outputs.py keeps 500.)"""
     from genq.producer.gateway.batches import output_files, submit_batch, wait_for_batch
 
     label = {"type": "json_schema", "json_schema": {"name": "labels", "schema": LABELS}}
@@ -330,11 +330,11 @@ def test_a_batch_file_with_one_schema_all_validate(client: Client) -> None:
                 },
             }
         )
-        for i in range(150)
+        for i in range(48)
     ]
     batch = submit_batch(client, lines, source="labels.jsonl")
     ok, errors, waiting = output_files(wait_for_batch(client, batch.id, timeout_s=900))
-    assert (len(ok), errors, waiting) == (150, [], 0)
+    assert (len(ok), errors, waiting) == (48, [], 0)
     for line in ok:
         content = line["response"]["body"]["choices"][0]["message"]["content"]
         jsonschema.validate(json.loads(content), LABELS)
@@ -351,7 +351,7 @@ def test_a_high_request_takes_a_running_low_ones_place_and_the_low_one_ends_as_a
     stats = redis.Redis.from_url(redis_server.url, decode_responses=True)
     paused_before = int(stats.hget(Keys(QUEUE).worker("v0"), "preempted") or 0)
     lows = [f"Count from {i} to 2000, separated by commas: {i}," for i in range(1, 9)]
-    ids = [client.submit(p, max_new_tokens=200, priority="low", stream=True) for p in lows]
+    ids = [client.submit(p, max_new_tokens=120, priority="low", stream=True) for p in lows]
     wait_until(lambda: all(client.status(i).status == "running" for i in ids), timeout_s=60)
     high = client.submit("The capital of France is", max_new_tokens=8, priority="high")
     pieces = {i: [p for p in client.stream(i, timeout=120) if isinstance(p, str)] for i in ids}
@@ -362,7 +362,7 @@ def test_a_high_request_takes_a_running_low_ones_place_and_the_low_one_ends_as_a
     assert done[0].timings.finished_unix_ms < min(d.timings.finished_unix_ms for d in done[1:])
     assert int(stats.hget(Keys(QUEUE).worker("v0"), "preempted") or 0) > paused_before
     alone = client.results(
-        client.submit_many([{"prompt": p, "max_new_tokens": 200} for p in lows]), timeout=120
+        client.submit_many([{"prompt": p, "max_new_tokens": 120} for p in lows]), timeout=120
     )
     assert [summary(d) for d in done[1:]] == [summary(a) for a in alone]
     assert ["".join(pieces[i]) for i in ids] == [d.text for d in done[1:]]  # nothing twice
@@ -399,7 +399,7 @@ def test_cancel_and_expiry_stop_the_request_in_the_engine_and_free_its_place(
 def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
     redis_server: RedisServer, served: WorkerProcess, client: Client, tmp_path: Path
 ) -> None:
-    ids = client.submit_many([{**spec, "max_new_tokens": 48} for spec in REQUESTS])
+    ids = client.submit_many([{**spec, "max_new_tokens": 32} for spec in REQUESTS])
     wait_until(lambda: any(client.status(i).status == "running" for i in ids), timeout_s=60)
     served.kill()  # SIGKILL mid-batch: no drain
     unfinished = [i for i in ids if client.status(i).status in ("queued", "running")]
@@ -422,12 +422,12 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_sigterm_drains(
         # With the engine core in its own process, the engine thread waits for the core's
         # output itself and hands it requests submitted mid-step: the same greedy texts again,
         # joining one by one, and a streamed one's pieces add up.
-        again = client.submit_many([{**s, "max_new_tokens": 48, "stream": True} for s in REQUESTS])
+        again = client.submit_many([{**s, "max_new_tokens": 32, "stream": True} for s in REQUESTS])
         pieces = [p for p in client.stream(again[0], timeout=180) if isinstance(p, str)]
         assert [r.text for r in client.results(again, timeout=180)] == [r.text for r in results]
         assert "".join(pieces) == results[0].text
         # SIGTERM while requests generate: they finish and are written, then it exits 0.
-        more = client.submit_many([{"prompt": COUNTING, "max_new_tokens": 64}] * 3)
+        more = client.submit_many([{"prompt": COUNTING, "max_new_tokens": 40}] * 3)
         wait_until(lambda: all(client.status(i).status == "running" for i in more), timeout_s=60)
         successor.proc.send_signal(signal.SIGTERM)
         assert successor.proc.wait(timeout=120) == 0

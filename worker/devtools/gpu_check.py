@@ -73,7 +73,7 @@ SKIPPED = (
 
 def dry_cases() -> tuple[Case, ...]:
     """The GPU cases' shape on the tiny model, small enough for a CPU."""
-    return tuple(Case("tiny", c.mode, c.queue_engine, 16, 1) for c in GPU_CASES[:2])
+    return tuple(Case("tiny", c.mode, c.queue_engine, 8, 1) for c in GPU_CASES[:2])
 
 
 def run_case(case: Case, device: str, timeout_s: float) -> dict[str, Any]:
