@@ -395,5 +395,7 @@ def test_batch_scenario_runs_files_in_waves_and_reports_its_goals() -> None:
     assert len(faults["kills"]) == 3 and faults["commands_ok"], faults
     assert faults["every_custom_id_once"] and faults["counters_equal_output"], faults
     assert faults["error_lines"] == 0
-    # Another tenant's requests ran beside the big batch (their waits are the bench's report).
-    assert rep["online"]["requests"] > 0
+    # Another tenant's requests ran beside a batch, and beside a flood (their waits are the
+    # bench's report).
+    assert rep["online"]["beside_batch"]["requests"] > 0, rep["online"]
+    assert rep["online"]["beside_flood"]["requests"] > 0, rep["online"]
