@@ -5,6 +5,7 @@ repeated."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,3 +123,18 @@ def _flushed_mid_work(own: RedisServer, r: redis.Redis, queue: str, worker: Work
             return (await aclient.generate("async after a flush", timeout=60)).text
 
     assert asyncio.run(one()) == "async after a flush"
+
+
+def test_no_module_sends_a_scripts_source_itself() -> None:
+    """Every script call goes through ``script_calls`` (by its hash): a module's own EVAL would
+    send the whole source each time (the wave batches' scripts did, seen in Redis' SLOWLOG)."""
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for folder in ("common", "producer", "worker"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name == "script_calls.py":
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), start=1):
+                if re.search(r"\.eval\((?!\))", line) or '"EVAL"' in line:
+                    found.append(f"{path.relative_to(root)}:{n}")
+    assert found == []

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from genq.common import script_calls
 from genq.common.connection import is_cluster
 from genq.common.errors import GenqError, InvalidRequest, RequestNotFound, SubmitFailed
 from genq.common.wire import as_text
@@ -238,7 +239,7 @@ def feed(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, str]
     args += [x for g in fits.good for x in (g.prepared.id, g.url)] + fits.errors
     states = [keys.result(g.prepared.id) for g in fits.good]
     script_keys = _batch_keys(client, batch_id) + states
-    if not client.redis.eval(FEED_LUA, len(script_keys), *script_keys, *args):
+    if not script_calls.call(client.redis, FEED_LUA, len(script_keys), *script_keys, *args):
         return Round()  # another process fed these lines first
     done.fed = len(fits.good)
     done.refused = [x for x in read.refused if x.line <= fits.number]
@@ -376,7 +377,7 @@ def collect(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, s
     args = [plan, taken, int(p["done"]), len(ok), len(errors), _hooks(client), *ids]
     states = [keys.result(i) for i in ids]  # (a wave line writes no event stream)
     script_keys = _batch_keys(client, batch_id) + states
-    r.eval(COMMIT_LUA, len(script_keys), *script_keys, *args)
+    script_calls.call(r, COMMIT_LUA, len(script_keys), *script_keys, *args)
     return len(ids) + taken
 
 
@@ -437,7 +438,7 @@ def cancel(client: Client, batch_id: str) -> int:
 def _stop(client: Client, batch_id: str, why: str) -> None:
     keys = client.keys
     stop_keys = [keys.batch(batch_id), keys.webhook_events, keys.batches_running]
-    client.redis.eval(STOP_LUA, 3, *stop_keys, why, int(time.time()), _hooks(client))
+    script_calls.call(client.redis, STOP_LUA, 3, *stop_keys, why, int(time.time()), _hooks(client))
 
 
 def _cancel_open(client: Client, batch_id: str) -> int:
