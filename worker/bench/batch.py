@@ -161,7 +161,7 @@ def run_plain_case(n: int) -> dict[str, Any]:
 
 
 def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
-    from genq.worker.bench.batch_faults import run_faults_case, run_online_case
+    from genq.worker.bench.batch_faults import ONLINE_TOKENS, run_faults_case, run_online_case
 
     big, small, tiny = (10_000, 2_000, 1_000) if quick else (1_000_000, 10_000, 1_000)
     with tempfile.TemporaryDirectory(prefix="genq-bench-batch-") as tmp:
@@ -171,7 +171,9 @@ def run_batch_scenario(*, quick: bool) -> dict[str, Any]:
             cases[name] = run_batch_case(n, files, name)
             print(json.dumps({name: cases[name]}), file=sys.stderr)  # kept if a later case fails
             (files / f"{name}.jsonl").unlink(missing_ok=True)
-        online = run_online_case(20_000 if quick else big, files, run_s=3.0 if quick else 30.0)
+        n = 20_000 if quick else big
+        write_file(files / "online.jsonl", n, max_tokens=ONLINE_TOKENS)
+        online = run_online_case(files / "online.jsonl", n, files, run_s=3.0 if quick else 30.0)
         print(json.dumps({"online": online}), file=sys.stderr)
         (files / "online.jsonl").unlink(missing_ok=True)
         n = 3_000 if quick else 200_000

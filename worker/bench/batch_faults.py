@@ -73,16 +73,14 @@ def _waits(results: list[Result]) -> dict[str, float]:
     }
 
 
-def run_online_case(n: int, files: Path, *, run_s: float) -> dict[str, Any]:
-    """Tenant ``online``'s single requests beside another tenant's ``n``-line batch (fed in
-    waves, its rounds run here), and beside the same tenant's flood of plain requests, on the
-    tenants scenario's fleet; and on the idle fleet first. Each for ``run_s``."""
-    from genq.worker.bench.batch import write_file
+def run_online_case(src: Path, n: int, files: Path, *, run_s: float) -> dict[str, Any]:
+    """Tenant ``online``'s single requests beside another tenant's batch of the ``n`` lines of
+    ``src`` (of ``ONLINE_TOKENS`` each; fed in waves, its rounds run here), and beside the same
+    tenant's flood of plain requests, on the tenants scenario's fleet; and on the idle fleet
+    first. Each for ``run_s``."""
     from genq.worker.bench.tenant_fleet import TenantCase
     from genq.worker.devtools.redis_server import RedisServer
 
-    src = files / "online.jsonl"
-    write_file(src, n, max_tokens=ONLINE_TOKENS)
     store = FileStore(str(files / "store"))
     with RedisServer() as server:
         case = TenantCase(server.url, "online", "fair", ONLINE_WORKERS, ONLINE_STEP_MS)
