@@ -39,8 +39,8 @@ _MASK = (1 << 64) - 1
 def custom_id(line: bytes) -> str | None:
     """The ``custom_id`` of a batch line's bytes (None: not a JSON object with a string one;
     such a line is refused when it is fed, and repeats nothing)."""
-    found = _FIRST_KEY.match(line)
-    if found is not None:
+    found = _FIRST_KEY.match(line) if line.count(b'"custom_id"') == 1 else None
+    if found is not None:  # (a key given twice: parsed whole, as the feeder parses it)
         raw = found.group(1)
         if b"\\" not in raw:
             return raw.decode("utf-8", "replace")

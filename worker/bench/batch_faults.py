@@ -37,6 +37,7 @@ from genq.producer import Client
 from genq.producer.gateway import batch_waves, wave_files
 from genq.producer.gateway.file_store import FileStore
 from genq.worker.bench.modes import percentile
+from genq.worker.bench.tenants import trickle_requests
 
 ONLINE_TENANT = "online"
 FAULT_WINDOW = 2_000
@@ -44,19 +45,17 @@ FAULT_WINDOW = 2_000
 so that each kill lands mid-feed."""
 
 
-ONLINE_WORKERS, ONLINE_STEP_MS, ONLINE_BATCH, ONLINE_TOKENS = 3, 2.0, 16, 16
-"""The online case's fleet, the tenants scenario's: echo workers of 2 ms steps, batches of 16
-requests of 16 tokens (one batch: 32 ms of simulated steps)."""
+ONLINE_WORKERS, ONLINE_STEP_MS, ONLINE_TOKENS = 3, 2.0, 16
+"""The online case's fleet, the tenants scenario's (``TenantCase``: batches of 16): echo workers
+of 2 ms steps, requests of 16 tokens (one batch: 32 ms of simulated steps)."""
 EVERY_S = 0.05
 """One request of the online tenant every 50 ms."""
 
 
 def _trickle(client: Client, run_s: float) -> list[Result]:
-    """Tenant ``online``'s requests, one every ``EVERY_S``, for ``run_s``; their results."""
-    ids, until = [], time.monotonic() + run_s
-    while time.monotonic() < until:
-        ids.append(client.submit("online work", tenant=ONLINE_TENANT, max_new_tokens=ONLINE_TOKENS))
-        time.sleep(EVERY_S)
+    """Tenant ``online``'s requests (the tenants scenario's trickle), one every ``EVERY_S``,
+    for about ``run_s``; their results."""
+    ids = trickle_requests(client, int(run_s / EVERY_S), EVERY_S, ONLINE_TENANT)
     return client.results(ids, timeout=300)
 
 
@@ -88,10 +87,9 @@ def run_online_case(src: Path, n: int, files: Path, *, run_s: float) -> dict[str
             c = case.client
             idle = _waits(_trickle(c, run_s / 3))
             bid = wave_files.upload_and_create(c, store, str(src), source=src.name, tenant="a")
+            feeder = Client.from_url(server.url, case.queue)
             rounds = threading.Thread(
-                target=wave_files.run_until,
-                args=(Client.from_url(server.url, case.queue), store, bid, _finished),
-                daemon=True,
+                target=wave_files.run_until, args=(feeder, store, bid, _finished), daemon=True
             )
             rounds.start()
             full = min(batch_waves.DEFAULT_WINDOW, n // 2)  # its window filled: it runs
@@ -102,6 +100,7 @@ def run_online_case(src: Path, n: int, files: Path, *, run_s: float) -> dict[str
             fed = int(batch_waves.record_of(c, bid).get("fed") or 0)
             batch_waves.cancel(c, bid)
             rounds.join(timeout=300)
+            feeder.close()
             flood = c.submit_many(
                 ["flood"] * int(lines_per_s * run_s * 1.5), tenant="a", max_new_tokens=ONLINE_TOKENS
             )

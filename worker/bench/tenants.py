@@ -108,7 +108,8 @@ def _summary(waits: Sequence[float]) -> dict[str, float]:
     }
 
 
-def _trickle(client: Client, n: int, every_s: float, tenant: str) -> list[str]:
+def trickle_requests(client: Client, n: int, every_s: float, tenant: str) -> list[str]:
+    """``n`` requests of ``tenant`` (16 new tokens each), one every ``every_s``; their ids."""
     ids = []
     for i in range(n):
         ids.append(client.submit(f"trickle {i}", tenant=tenant, max_new_tokens=16))
@@ -127,7 +128,7 @@ def flood_vs_trickle(
         c = case.client
         calls0, _ = redis_counters(case.r)
         a_ids = c.submit_many([f"flood {i}" for i in range(flood)], tenant="a", max_new_tokens=16)
-        b_ids = _trickle(c, trickle, every_s, "b")
+        b_ids = trickle_requests(c, trickle, every_s, "b")
         b = c.results(b_ids, timeout=600)
         a = c.results(a_ids, timeout=600)
         calls1, _ = redis_counters(case.r)
@@ -149,7 +150,7 @@ def model_case(url: str, policy: str, *, model: str) -> dict[str, float]:
         a_ids = c.submit_many(
             [f"flood {i} of many" for i in range(200)], tenant="a", max_new_tokens=16
         )
-        b = c.results(_trickle(c, 8, 0.3, "b"), timeout=900)
+        b = c.results(trickle_requests(c, 8, 0.3, "b"), timeout=900)
         c.results(a_ids, timeout=900)
     return _waits(b)
 
@@ -160,7 +161,7 @@ def idle_trickle(
     """B alone on an idle fleet."""
     with TenantCase(url, "idle", "fair", workers, step_ms) as case:
         return _waits(
-            case.client.results(_trickle(case.client, trickle, every_s, "b"), timeout=600)
+            case.client.results(trickle_requests(case.client, trickle, every_s, "b"), timeout=600)
         )
 
 
@@ -252,8 +253,9 @@ def quota(
         c = case.client
         capped = c.submit_many(["q" * 32] * 2000, tenant="capped", max_new_tokens=16)
         trickle: list[str] = []
+        n = int(run_s / every_s)
         t = threading.Thread(
-            target=lambda: trickle.extend(_trickle(c, int(run_s / every_s), every_s, "other"))
+            target=lambda: trickle.extend(trickle_requests(c, n, every_s, "other"))
         )
         t.start()
         t.join()
