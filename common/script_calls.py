@@ -26,12 +26,17 @@ __all__ = ["add", "call", "call_async", "execute", "execute_async", "sha_of"]
 
 _SOURCES: dict[str, str] = {}
 """Every script sent so far, by its SHA1: what a NOSCRIPT call is sent again with."""
+_SHAS: dict[str, str] = {}
+"""Each source's SHA1, computed once (the read script is over 20 KB: hashing it on every call
+cost more than the rest of the call's Python)."""
 
 
 def sha_of(source: str) -> str:
     """The script's SHA1, as Redis names it (remembered, to send its source if needed)."""
-    sha = hashlib.sha1(source.encode()).hexdigest()
-    _SOURCES.setdefault(sha, source)
+    sha = _SHAS.get(source)
+    if sha is None:
+        sha = _SHAS[source] = hashlib.sha1(source.encode()).hexdigest()
+        _SOURCES.setdefault(sha, source)
     return sha
 
 

@@ -156,11 +156,11 @@ local function stream_of(i, priority)
 end
 -- The consumer groups exist from a lane's first submission, so a queue no worker has served
 -- yet already shows its lag (XINFO GROUPS): an autoscaler at zero workers sees the work.
-local fresh_in = {{}}  -- per lane model: its requests this call adds
+local seen_lane = {{}}
 for i = 1, n do
   local m = model_of[i]
-  if fresh_in[m] == nil then
-    fresh_in[m] = 0
+  if seen_lane[m] == nil then
+    seen_lane[m] = true
     local config = m == '' and KEYS[1] or lane_base(m) .. ':config'
     if not redis.call('HGET', config, '{GROUPS_FIELD}') then
       for _, p in ipairs(PRI) do
@@ -170,12 +170,13 @@ for i = 1, n do
       if m ~= '' then redis.call('SADD', QBASE .. ':models', m) end
     end
   end
-  if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh_in[m] = fresh_in[m] + 1 end
 end
 local max_depth = tonumber(redis.call('HGET', KEYS[1], '{MAX_QUEUE_DEPTH_FIELD}') or '0') or 0
 if max_depth > 0 then  -- the whole queue's: every lane's streams
   local depth, fresh = 0, 0
-  for _, n in pairs(fresh_in) do fresh = fresh + n end
+  for i = 1, n do  -- what this call adds: requests whose id has no state yet
+    if redis.call('EXISTS', KEYS[4 + i]) == 0 then fresh = fresh + 1 end
+  end
   for _, base in ipairs(lanes()) do
     for _, p in ipairs(PRI) do depth = depth + redis.call('XLEN', base .. ':' .. p) end
   end

@@ -98,38 +98,38 @@ def succeeded(
 ) -> str:
     """The final state of a request that generated its text (``logprobs``: asked for;
     ``choices``: all of them, for ``n`` > 1)."""
-    extra: dict[str, Any] = {} if logprobs is None else {"logprobs": logprobs}
+    state: dict[str, Any] = {
+        "id": request_id,
+        "status": "succeeded",
+        "priority": priority,
+        "tenant": tenant,
+        "text": text,
+        "finish_reason": finish_reason,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": cached_tokens,
+        },
+        "timings": {
+            "queued_unix_ms": queued_ms,
+            "started_unix_ms": started_ms,
+            "finished_unix_ms": finished_ms,
+            "queue_wait_ms": max(0, started_ms - queued_ms),
+            "generation_ms": generation_ms,
+        },
+        "worker": worker,
+        "model": model,
+        "batch_size": batch_size,
+        "metadata": metadata,
+    }
+    # After id and status: every state starts with them (``status_of`` reads them there).
+    if logprobs is not None:
+        state["logprobs"] = logprobs
     if choices is not None:
-        extra["choices"] = choices
+        state["choices"] = choices
     if tool_calls is not None:
-        extra["tool_calls"] = tool_calls
-    return _dump(
-        {
-            **extra,
-            "id": request_id,
-            "status": "succeeded",
-            "priority": priority,
-            "tenant": tenant,
-            "text": text,
-            "finish_reason": finish_reason,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "cached_tokens": cached_tokens,
-            },
-            "timings": {
-                "queued_unix_ms": queued_ms,
-                "started_unix_ms": started_ms,
-                "finished_unix_ms": finished_ms,
-                "queue_wait_ms": max(0, started_ms - queued_ms),
-                "generation_ms": generation_ms,
-            },
-            "worker": worker,
-            "model": model,
-            "batch_size": batch_size,
-            "metadata": metadata,
-        }
-    )
+        state["tool_calls"] = tool_calls
+    return _dump(state)
 
 
 def ended(

@@ -117,10 +117,11 @@ def _decode_quickly(
 def _validated(
     body: dict[str, object], request_id: str, priority: Priority
 ) -> Request | UndecodableEntry:
-    try:  # one validation: the body's fields, plus id and priority from the entry
-        request: Request = _REQUEST_VALIDATOR.validate_python(
-            {**body, "id": request_id, "priority": priority}
-        )
+    # One validation: the body's fields, plus id and priority from the entry, added in place
+    # (``body`` is the caller's own, just parsed, and has neither: ``_MISPLACED``).
+    body["id"], body["priority"] = request_id, priority
+    try:
+        request: Request = _REQUEST_VALIDATOR.validate_python(body)
         return request
     except ValidationError as err:
         return UndecodableEntry(

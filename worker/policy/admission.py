@@ -100,7 +100,11 @@ def check_limits(request: Request, prompt_tokens: int, limits: Limits) -> GenqEr
             "or lower max_new_tokens"
         )
     vocab = limits.vocab_size
-    unknown = [t for t in request.logit_bias if vocab is not None and int(t) >= vocab]
+    unknown = (
+        [t for t in request.logit_bias if int(t) >= vocab]
+        if vocab is not None and request.logit_bias
+        else []
+    )
     if unknown and vocab is not None:
         return InvalidRequest(
             f"logit_bias names token {unknown[0]}; this model's tokenizer has {vocab} tokens "

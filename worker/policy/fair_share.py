@@ -52,10 +52,12 @@ def charge(body: bytes) -> tuple[int, int]:
     return len(body), new * (min(int(choices.group(1)), MAX_CHOICES_PER_REQUEST) if choices else 1)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Refund:
     """What ends one request's charge: its tenant, the estimate it was charged at the read,
-    and what it really cost (0 and 0 for one that never ran)."""
+    and what it really cost (0 and 0 for one that never ran). (Read-only by convention: two
+    are made per request on the worker's hot path, and a frozen one costs several times as
+    much to build.)"""
 
     tenant: str
     charged: tuple[int, int]
@@ -105,18 +107,31 @@ class Totals:
 
 
 def merged(refunds: list[Refund]) -> dict[str, Totals]:
-    """Per tenant: ``Totals`` of these refunds."""
-    out: dict[str, Totals] = {}
+    """Per tenant: ``Totals`` of these refunds. (The cost is linear, so each tenant's tokens
+    back are summed first and weighed once.)"""
+    sums: dict[str, list[int]] = {}
     for r in refunds:
-        t = out.setdefault(r.tenant, Totals())
-        if r.started:
-            t.served += r.weighted
-        else:
-            t.reserved += r.weighted
-        t.tokens += r.tokens
-        t.used += r.used
-        t.requests += r.used > 0
-    return out
+        s = sums.get(r.tenant)
+        if s is None:
+            s = sums[r.tenant] = [0, 0, 0, 0, 0, 0]
+        est, max_new = r.charged
+        back = 0 if r.started else 2  # to its service, or to its reserved
+        s[back] += est - r.prompt_tokens
+        s[back + 1] += max_new - r.completion_tokens
+        if r.ended:
+            used = r.prompt_tokens + r.completion_tokens
+            s[4] += used
+            s[5] += used > 0
+    return {
+        tenant: Totals(
+            served=weighted_tokens(s[0], s[1]),
+            reserved=weighted_tokens(s[2], s[3]),
+            tokens=s[0] + s[1] + s[2] + s[3],
+            used=s[4],
+            requests=s[5],
+        )
+        for tenant, s in sums.items()
+    }
 
 
 def started_charges(started: Iterable[tuple[str, tuple[int, int]]]) -> dict[str, int]:

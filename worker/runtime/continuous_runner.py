@@ -101,10 +101,13 @@ class ContinuousRunner(Runner):
             return 0.0
         return FULL_READ_PACE_S if active >= max_batch_size else queue_io.READ_PACE_S
 
-    def rebalance(self, waiting: Sequence[preemption.Waiting], max_batch_size: int) -> None:
+    def rebalance(
+        self, asks: Callable[[], Sequence[preemption.Waiting]], max_batch_size: int
+    ) -> None:
         if not self.preempts:
             return
         assert isinstance(self.engine, PausingEngine)
+        waiting = asks()
         now = now_ms()
         free = max_batch_size - len(self.active())
         for key in preemption.to_resume(self._rows(list(self.paused.values())), waiting, free):

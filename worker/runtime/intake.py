@@ -66,7 +66,7 @@ class Intake:
     ) -> Admitted:
         """The verdicts on ``delivered``."""
         out = Admitted()
-        runnable: list[tuple[str, str, Request, tuple[int, int]]] = []
+        runnable: list[tuple[str, str, Request, tuple[int, int], int]] = []
         for raw_stream, entries in delivered:
             stream = as_text(raw_stream)
             priority = self.keys.priority_of(stream)
@@ -75,10 +75,11 @@ class Intake:
                 if holding(entry_key(stream, entry_id)):
                     continue
                 decoded = decode_request(priority, fields or {})
-                verdict = judge_entry(decoded, now_ms, entry_time_ms(entry_id))
+                enqueued_ms = entry_time_ms(entry_id)
+                verdict = judge_entry(decoded, now_ms, enqueued_ms)
                 charged = charge(body_of(fields))
                 if verdict.action is Action.RUN and isinstance(decoded, Request):
-                    runnable.append((stream, entry_id, decoded, charged))
+                    runnable.append((stream, entry_id, decoded, charged, enqueued_ms))
                 elif verdict.action is Action.EXPIRE and isinstance(decoded, Request):
                     out.outcomes.append(
                         self.outcomes.expired(
@@ -118,13 +119,16 @@ class Intake:
         return constrain(fmt)
 
     def _tokenize(
-        self, runnable: list[tuple[str, str, Request, tuple[int, int]]], out: Admitted
+        self, runnable: list[tuple[str, str, Request, tuple[int, int], int]], out: Admitted
     ) -> None:
         """Cost each runnable request in the engine's tokenizer (one call for all), then check
         it against the limits. A chat the model's template cannot render fails alone."""
         texts = []
         for item in list(runnable):
-            stream, entry_id, request, charged = item
+            stream, entry_id, request, charged, _ = item
+            if request.messages is None:  # a prompt: the text itself (``prompt_text``)
+                texts.append(request.prompt or "")
+                continue
             try:
                 texts.append(prompt_text(request, self._tokenizer))
             except Exception as err:  # a template's own error (jinja), about these messages
@@ -143,12 +147,14 @@ class Intake:
                         charge=charged,
                     )
                 )
-        for (stream, entry_id, request, charged), ids in zip(
+        for (stream, entry_id, request, charged, enqueued_ms), ids in zip(
             runnable, self.engine.tokenize(texts), strict=True
         ):
             verdict = judge_prompt(request, len(ids), self.limits)
             constraint = None
-            fmt = request.response_format or forced_format(request.tools, request.tool_choice)
+            fmt = request.response_format or (
+                forced_format(request.tools, request.tool_choice) if request.tools else None
+            )
             if verdict.action is Action.RUN and fmt is not None:
                 try:
                     constraint = self._constrain(fmt)
@@ -172,7 +178,7 @@ class Intake:
                     entry_id=entry_id,
                     request=request,
                     prompt_ids=ids,
-                    enqueued_ms=entry_time_ms(entry_id),
+                    enqueued_ms=enqueued_ms,
                     constraint=constraint,
                     charge=charged,
                 )

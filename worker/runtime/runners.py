@@ -115,10 +115,12 @@ class Runner:
         the pace: the paced read is for what rings nothing)."""
         return queue_io.READ_PACE_S if self.busy else 0.0
 
-    def rebalance(self, waiting: Sequence[preemption.Waiting], max_batch_size: int) -> None:
+    def rebalance(
+        self, asks: Callable[[], Sequence[preemption.Waiting]], max_batch_size: int
+    ) -> None:
         """Give the places of running requests to the higher-priority (or, past a time slice,
-        shorter) ones that wait, and run paused ones again where room allows (an
-        iteration-level runner that preempts only)."""
+        shorter) ones that wait (``asks()``: built only by a runner that preempts), and run
+        paused ones again where room allows (an iteration-level runner that preempts only)."""
 
     def read_limit(self, max_batch_size: int) -> int | None:
         """How many requests this runner should hold waiting, at most (None: a full candidate

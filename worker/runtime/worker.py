@@ -174,7 +174,7 @@ class Worker:
         self.heartbeat()
         if reading:
             self.read()
-        self.runner.rebalance(self.lookahead.asks(), self.settings.max_batch_size)
+        self.runner.rebalance(self.lookahead.asks, self.settings.max_batch_size)
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         self.launch(decision)
         self.advance(listening=reading and self.listens())
