@@ -175,6 +175,15 @@ local function pick_items(idx, n)
   -- pass-over, not from the submission, so a backlog is not "late" merely for being long).
   if AFF_WAIT_MS <= 0 then return redis.call('LPOP', idx, n) or {{}}, false end
   local items = redis.call('LRANGE', idx, 0, math.max({WINDOW}, n) - 1)
+  local keyed = false  -- an item with a key holds a space ('ID KEY'); work with no prefix has none
+  for _, it in ipairs(items) do
+    if string.find(it, ' ', 1, true) then keyed = true break end
+  end
+  if not keyed then  -- nothing in sight has a prefix: the first n, in order (as below, cheaper)
+    local out = {{unpack(items, 1, math.min(n, #items))}}
+    if #out > 0 then redis.call('LPOP', idx, #out) end
+    return out, false
+  end
   local late, mine, free, cold, left = {{}}, {{}}, {{}}, {{}}, false
   local me_ok = nil  -- looked up at the first keyed item (keyless work needs no load view)
   for j, it in ipairs(items) do

@@ -69,9 +69,11 @@ class EchoEngine:
             rows, counts = expand_choices(batch)
             report = self.generate(rows)
             return replace(report, outputs=gather_choices(report.outputs, counts))
-        cached = [self.cache.lookup(r.prompt_ids) for r in batch]
-        for r in batch:
-            self.cache.insert(r.prompt_ids)
+        cached = [0] * len(batch)
+        if self.cache.capacity_blocks:  # --echo-cache-tokens: a simulated prefix cache
+            cached = [self.cache.lookup(r.prompt_ids) for r in batch]
+            for r in batch:
+                self.cache.insert(r.prompt_ids)
         computed = sum(len(r.prompt_ids) for r in batch) - sum(cached)
         wait_s = self.prefill_us_per_token * computed / 1e6
         if self.step_ms > 0 and batch:

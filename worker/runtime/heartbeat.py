@@ -1,7 +1,8 @@
 """What a worker has done, and the stats hash it publishes (``genq stats``, ``genq top``).
 
-The loop owns the counters; the writer thread publishes a copy of the latest stats fields with
-each batch of results, and the loop refreshes them at most once a second otherwise.
+The loop owns the counters; the writer thread publishes the stats fields with a batch of results
+when the loop built them for it (the worker drained, or a heartbeat due: ``refresh``), and the
+loop refreshes them at most once a second otherwise.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class Identity:
 
 class Heartbeat:
     """Publishes a worker's stats hash: from the loop at most every ``HEARTBEAT_S``, and with
-    every batch of results the writer writes (``latest``, a copy the writer thread reads).
+    a batch of results the writer writes (``latest``, built by ``refresh`` for the writer).
     Each publication also adds what the worker did since the last one to the queue's history
     (``genq.common.history``): the loop gathers it when it builds the fields, the thread that
     publishes takes it (under a lock: the loop and the writer both publish)."""
@@ -206,7 +207,7 @@ class Heartbeat:
         self.holdings = holdings
         """``() -> (waiting, in flight)``: what the worker holds now."""
         self.latest: dict[str, Any] = {}
-        """The fields as of the last results handed to the writer."""
+        """Fields built for the writer to publish with its next write ({}: none new)."""
         self._last_s = 0.0
         self._published: dict[str, Any] = {}  # the last fields published, less the time
         self._lock = threading.Lock()
@@ -254,10 +255,21 @@ class Heartbeat:
         self.queue.publish_stats(fields, self.recent())
         return True
 
+    def refresh(self, *, drained: bool) -> None:
+        """The loop's call with each batch of results: build the fields the writer publishes
+        with them when the worker holds nothing more (``drained``: whoever reads the hash right
+        after its last result sees it counted) or a heartbeat is due; a busy worker's hash is
+        then at most ``HEARTBEAT_S`` old, and the loop does not rebuild it for every batch."""
+        if drained or time.monotonic() - self._last_s >= HEARTBEAT_S:
+            self.latest = self.fields()
+
     def add_latest(self, pipe: Any) -> None:
-        """The writer thread's call: add ``latest`` to its round trip."""
-        self._last_s = time.monotonic()
-        self.queue.add_stats(pipe, self.latest, self.recent())
+        """The writer thread's call: add ``latest`` to its round trip, if the loop built new
+        fields since the last time."""
+        latest, self.latest = self.latest, {}
+        if latest:
+            self._last_s = time.monotonic()
+            self.queue.add_stats(pipe, latest, self.recent())
 
 
 def stats_fields(

@@ -344,14 +344,15 @@ class Worker:
     def write(self, outcomes: Sequence[Outcome]) -> None:
         """Count final results and hand them to the writer (``writer.py``), which writes them
         with their events, acknowledges and deletes their entries (one atomic script: no entry
-        is acknowledged without its result) and publishes the stats, while the loop goes on.
+        is acknowledged without its result) and publishes the stats when they were refreshed
+        for it (``Heartbeat.refresh``), while the loop goes on.
         Blocks while the writer is behind by more than two batches."""
         self.account_written()
         if not outcomes:
             return
         self.counters.ended(outcomes)
         self.prefixes.finished(outcomes)
-        self.stats.latest = self.stats.fields()
+        self.stats.refresh(drained=not (self.lookahead.waiting or self.runner.busy))
         self.writer.put(list(outcomes))
 
     def account_written(self) -> None:
