@@ -344,9 +344,8 @@ class Worker:
     def write(self, outcomes: Sequence[Outcome]) -> None:
         """Count final results and hand them to the writer (``writer.py``), which writes them
         with their events, acknowledges and deletes their entries (one atomic script: no entry
-        is acknowledged without its result) and publishes the stats when they were refreshed
-        for it (``Heartbeat.refresh``), while the loop goes on.
-        Blocks while the writer is behind by more than two batches."""
+        is acknowledged without its result) and the stats refreshed for it, while the loop
+        goes on. Blocks while the writer is behind by more than two batches."""
         self.account_written()
         if not outcomes:
             return
