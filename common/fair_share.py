@@ -337,7 +337,7 @@ local function take(s, p, score, got, room, given)
       redis.call('SREM', active, best)
       score[best] = nil
     elseif limit > 0 and not affordable(KEYS[s], id, best, limit) then
-      redis.call('LPUSH', idx, item)  -- it waits for its bucket to refill
+      unpicked(idx, item)  -- it waits for its bucket to refill
       score[best] = nil
       held_back[best] = true
     else

@@ -165,6 +165,7 @@ local function available(w)  -- live, and not above the load bound
   local held = v.live[w]
   return held ~= nil and held <= v.mean * AFF_FACTOR + 1
 end
+local seen = {{}}  -- per index: {{its first items this call read, all with no key; whole list?}}
 local function pick_items(idx, n)
   -- Up to n items of the index idx for this reader, and whether it left some for another
   -- worker: first those whose key this reader holds (unless it is above the load bound), then
@@ -174,16 +175,34 @@ local function pick_items(idx, n)
   -- (its third field), and from then on the bound runs (delay scheduling: measured from the
   -- pass-over, not from the submission, so a backlog is not "late" merely for being long).
   if AFF_WAIT_MS <= 0 then return redis.call('LPOP', idx, n) or {{}}, false end
-  local items = redis.call('LRANGE', idx, 0, math.max({WINDOW}, n) - 1)
+  local sight = math.max({WINDOW}, n)  -- how far this pick looks
+  local known = seen[idx]
+  if known and (known[2] or known[1] >= sight) then
+    -- This call read that far already and found no key, and the index only lost items from
+    -- its front since: the pick below would take the first n (the reads of a tenant's
+    -- entries one by one, ``take``, read the window once).
+    local out = redis.call('LPOP', idx, n) or {{}}
+    known[1] = known[1] - #out
+    return out, false
+  end
+  local ask = sight + {WINDOW}  -- and a window more, for the picks after this one
+  local items = redis.call('LRANGE', idx, 0, ask - 1)
   local keyed = false  -- an item with a key holds a space ('ID KEY'); work with no prefix has none
-  for _, it in ipairs(items) do
-    if string.find(it, ' ', 1, true) then keyed = true break end
+  for j = 1, math.min(#items, sight) do
+    if string.find(items[j], ' ', 1, true) then keyed = true break end
   end
   if not keyed then  -- nothing in sight has a prefix: the first n, in order (as below, cheaper)
     local out = {{unpack(items, 1, math.min(n, #items))}}
     if #out > 0 then redis.call('LPOP', idx, #out) end
+    local clear = #items  -- how many of the items read have no key
+    for j = sight + 1, #items do
+      if string.find(items[j], ' ', 1, true) then clear = j - 1 break end
+    end
+    seen[idx] = {{clear - #out, clear == #items and #items < ask}}
     return out, false
   end
+  seen[idx] = nil
+  if #items > sight then items = {{unpack(items, 1, sight)}} end
   local late, mine, free, cold, left = {{}}, {{}}, {{}}, {{}}, false
   local me_ok = nil  -- looked up at the first keyed item (keyless work needs no load view)
   for j, it in ipairs(items) do
@@ -243,6 +262,10 @@ local function pick_items(idx, n)
     for _, it in ipairs(out) do redis.call('LREM', idx, 1, it) end
   end
   return out, left and #out < n
+end
+local function unpicked(idx, item)  -- an item picked, put back in front of its index
+  redis.call('LPUSH', idx, item)
+  seen[idx] = nil
 end
 """
 
