@@ -261,12 +261,15 @@ class Heartbeat:
         after its last result sees it counted) or a heartbeat is due; a busy worker's hash is
         then at most ``HEARTBEAT_S`` old, and the loop does not rebuild it for every batch."""
         if drained or time.monotonic() - self._last_s >= HEARTBEAT_S:
-            self.latest = self.fields()
+            fields = self.fields()
+            with self._lock:  # not lost to the writer taking the last ones at that moment
+                self.latest = fields
 
     def add_latest(self, pipe: Any) -> None:
         """The writer thread's call: add ``latest`` to its round trip, if the loop built new
         fields since the last time."""
-        latest, self.latest = self.latest, {}
+        with self._lock:
+            latest, self.latest = self.latest, {}
         if latest:
             self._last_s = time.monotonic()
             self.queue.add_stats(pipe, latest, self.recent())
