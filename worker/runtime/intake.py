@@ -126,9 +126,6 @@ class Intake:
         texts = []
         for item in list(runnable):
             stream, entry_id, request, charged, _ = item
-            if request.messages is None:  # a prompt: the text itself (``prompt_text``)
-                texts.append(request.prompt or "")
-                continue
             try:
                 texts.append(prompt_text(request, self._tokenizer))
             except Exception as err:  # a template's own error (jinja), about these messages
@@ -152,9 +149,7 @@ class Intake:
         ):
             verdict = judge_prompt(request, len(ids), self.limits)
             constraint = None
-            fmt = request.response_format or (
-                forced_format(request.tools, request.tool_choice) if request.tools else None
-            )
+            fmt = request.response_format or forced_format(request.tools, request.tool_choice)
             if verdict.action is Action.RUN and fmt is not None:
                 try:
                     constraint = self._constrain(fmt)
