@@ -113,9 +113,17 @@ local function raw_key(body, doc)  -- a body's prefix key: its first field (afte
   if type(cache) == 'string' and #cache > 0 then return cache_key_of(cache) end
   return nil
 end
+local adapter_lanes = {{}}
 local function item_of(id, t, raw)
-  if not raw then return id end
-  return id .. ' ' .. scoped(t, raw, settings(t)[4], LANE)
+  -- An entry with no prefix key in a LoRA adapter's lane carries its adapter's key: the read
+  -- places it where the adapter is loaded, by the prefixes' rule (prefixes.py: adapter_key).
+  if raw then return id .. ' ' .. scoped(t, raw, settings(t)[4], LANE) end
+  if LANE == '' then return id end
+  if adapter_lanes[LANE] == nil then
+    adapter_lanes[LANE] = redis.call('SISMEMBER', QBASE .. ':adapters', LANE) == 1
+  end
+  if adapter_lanes[LANE] then return id .. ' ' .. adapter_key(LANE) end
+  return id
 end
 local function waiting_of(t)  -- a tenant's requests waiting for a worker, in every lane
   local n = 0
@@ -425,6 +433,9 @@ for t, level in pairs(buckets) do
   redis.call('EXPIRE', QBASE .. ':bucket:' .. t, 120)
 end
 for base, n in pairs(popped) do redis.call('LPOP', base .. ':waiting', n) end
+for base in pairs(PASSED) do  -- wake an idle worker of the lane: the holder, if it is idle
+  redis.call('XADD', base .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', 1)
+end
 return out
 """
 )

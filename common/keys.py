@@ -42,6 +42,10 @@ key                    type    written by                  read by             T
 ``genq:{Q}:models``    set     SUBMIT (a lane's first      ``genq stats``,     none
                                request), workers at start  the dashboard
                                (the names they serve)
+``genq:{Q}:adapters``  set     workers at start (their     SUBMIT, PULL,       none
+                               ``--lora`` names)           GIVE_BACK (an
+                                                           adapter's entries
+                                                           are keyed by it)
 ``genq:{Q}:m<M>:...``  -       the work keys of model M's  see the rows above  as above
                                lane: ``high``, ``normal``,
                                ``low``, ``doorbell``,
@@ -52,6 +56,9 @@ key                    type    written by                  read by             T
 ``genq:{Q}:holders``   hash    workers (HOLD: prefix key   PULL (affinity)     1 day after its
                                -> the workers holding it,                      last write
                                most recent first)
+``genq:{Q}:slots``     hash    workers with ``--lora``     PULL (affinity: a   1 day after its
+                               (HOLD: consumer -> free     cold adapter's      last write
+                               adapter slots)              entries)
 ``genq:{Q}:load``      hash    workers at each heartbeat   PULL (affinity:     1 day after its
                                (consumer -> requests held) the load bound;     last write
                                                            drops dead ones)
@@ -200,6 +207,13 @@ class Keys:
         return f"{self._base}:models"
 
     @cached_property
+    def adapters(self) -> str:
+        """The names workers serve as LoRA adapters (a set, added at their start): an entry
+        for one that carries no prefix key is indexed with its adapter's key
+        (``prefixes.adapter_key``), so the read places it as it places a prefix."""
+        return f"{self._base}:adapters"
+
+    @cached_property
     def lane_config(self) -> str:
         """A lane's own small hash (``groups``: the submit script made its consumer groups);
         the unnamed lane's is the queue's ``config``."""
@@ -323,6 +337,12 @@ class Keys:
         consumers, most recent first; ``genq.common.prefixes``): the read prefers entries whose
         key the reader holds and leaves another holder's to it for ``--prefix-wait-ms``."""
         return f"{self._base}:holders"
+
+    @cached_property
+    def adapter_slots(self) -> str:
+        """Each worker's free LoRA adapter slots (a hash: consumer -> ``--max-loras`` less the
+        adapters it holds): a cold adapter goes to a reader with one (``common/prefixes.py``)."""
+        return f"{self._base}:slots"
 
     @cached_property
     def load(self) -> str:

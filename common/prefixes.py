@@ -20,6 +20,9 @@ tenant (``scoped``), so a cache hit never tells one tenant what another sent, un
 tenant's setting ``share_prefixes`` says its prompts may share cache with other sharing tenants.
 ``SCOPED_LUA`` is ``scoped``'s twin in the scripts (a test compares them).
 
+A LoRA adapter's requests without a prefix key carry the adapter's key (``adapter_key``): the
+workers that have the adapter loaded hold it, so the read places them as it places prefixes.
+
 The worker also holds the key of what comes next: a chat's conversation with the reply it just
 generated appended (``continuation_key``) is the key of the next turn's request.
 """
@@ -118,11 +121,27 @@ def scoped(tenant: str, key: str, shared: bool = False, model: str | None = None
     return _sha(f"{scope}\x1e{key}".encode())
 
 
+ADAPTER_RAW = "lora"
+"""What an adapter's key is made of beside its name: not hex, so no prefix key meets it."""
+
+
+def adapter_key(adapter: str) -> str:
+    """The key an entry for the LoRA adapter ``adapter`` carries when it has no prefix key:
+    the workers holding the adapter hold it, so the read places the entry where the adapter
+    is loaded, by the prefixes' rule and bound. One per adapter, whoever sent the request (an
+    adapter is a model every tenant may name: ``/v1/models`` lists it). ``adapter_key`` in
+    ``SCOPED_LUA`` is its twin."""
+    return scoped("", ADAPTER_RAW, True, adapter)
+
+
 SCOPED_LUA = f"""
 local function scoped(tenant, key, shared, model)  -- prefixes.py: scoped(); a test compares them
   local scope = shared and '*' or tenant
   if model and model ~= '' then scope = model .. '\\31' .. scope end
   return string.sub(redis.sha1hex(scope .. '\\30' .. key), 1, {KEY_CHARS})
+end
+local function adapter_key(m)  -- prefixes.py: adapter_key()
+  return scoped('', '{ADAPTER_RAW}', true, m)
 end
 local function cache_key_of(k)  -- prefixes.py: cache_key_of()
   return string.sub(redis.sha1hex('k\\30' .. k), 1, {KEY_CHARS})
@@ -140,6 +159,9 @@ AFFINITY_LUA = f"""
 -- Affinity (prefixes.py): which of a tenant's waiting items this reader takes. Needs me and
 -- now_ms; AFF_WAIT_MS (0: off, plain LPOP) and AFF_FACTOR are set by the read from its ARGV.
 local AFF_WAIT_MS, AFF_FACTOR = 0, 1.5
+-- Lanes (their BASE) where this call passed items over for the first time: the read rings
+-- their doorbells once (an idle holder blocks on it, and would not read for seconds).
+local PASSED = {{}}
 local loads = nil
 local function load_view()
   -- The live workers' loads (genq:{{Q}}:load, published with their heartbeats; a worker is
@@ -164,6 +186,25 @@ local function available(w)  -- live, and not above the load bound
   local v = load_view()
   local held = v.live[w]
   return held ~= nil and held <= v.mean * AFF_FACTOR + 1
+end
+-- LoRA adapters: an item of an adapter's lane whose key is the adapter's (adapter_key) is
+-- taken while nobody holds the adapter only by a reader with a free adapter slot (its
+-- --max-loras less the adapters it holds, told by HOLD's '#N': genq:{{Q}}:slots), a slot each
+-- new adapter it takes: adapters spread over the fleet instead of every worker loading all.
+local lane_adapter, free_slots, slot_of = {{}}, nil, {{}}
+local function adapter_item(k)  -- whether key k is the current lane's adapter's
+  if LANE == '' then return false end
+  lane_adapter[LANE] = lane_adapter[LANE] or adapter_key(LANE)
+  return k == lane_adapter[LANE]
+end
+local function has_slot(k)  -- this reader may load adapter key k (and counts the slot)
+  if slot_of[k] then return true end
+  if free_slots == nil then
+    free_slots = tonumber(redis.call('HGET', QBASE .. ':slots', me) or '') or math.huge
+  end
+  if free_slots <= 0 then return false end
+  free_slots, slot_of[k] = free_slots - 1, true
+  return true
 end
 local seen = {{}}  -- per index: {{its first items this call read, all with no key; whole list?}}
 local function pick_items(idx, n)
@@ -224,6 +265,7 @@ local function pick_items(idx, n)
         if not since then  -- passed over for the first time: the bound starts now
           items[j] = item_id(it) .. ' ' .. k .. ' ' .. now_ms
           redis.call('LSET', idx, j - 1, items[j])
+          PASSED[BASE] = true
         end
       end
     end
@@ -233,13 +275,17 @@ local function pick_items(idx, n)
   -- own takes them, after it anyone with room), so workers keep to their prefixes instead of
   -- each taking a little of every new one.
   for _, j in ipairs(cold) do
-    if #mine == 0 then table.insert(free, j)
+    local k = item_key(items[j])
+    local ok
+    if adapter_item(k) then ok = has_slot(k) else ok = #mine == 0 end
+    if ok then table.insert(free, j)
     else
       left = true
       local it = items[j]
       if not string.match(it, '^%S+ %x+ %d+$') then
         items[j] = it .. ' ' .. now_ms
         redis.call('LSET', idx, j - 1, items[j])
+        PASSED[BASE] = true
       end
     end
   end
@@ -271,13 +317,14 @@ end
 
 HOLD = f"""
 -- KEYS: the queue's config key (genq:{{Q}}:config: the base of the others)
--- ARGV: this worker, then keys: '+KEY' it holds now, '-KEY' it no longer holds
--- Which prefixes this worker holds (genq:{{Q}}:holders: key -> its holders, the most recent
--- first, at most {MAX_HOLDERS}). Its load goes with its heartbeat (genq:{{Q}}:load).
+-- ARGV: this worker, then keys: '+KEY' it holds now, '-KEY' it no longer holds; '#N': it
+--       has N free adapter slots (genq:{{Q}}:slots)
+-- Which prefixes (and adapters) this worker holds (genq:{{Q}}:holders: key -> its holders,
+-- the most recent first, at most {MAX_HOLDERS}). Its load goes with its heartbeat
+-- (genq:{{Q}}:load).
 local base = string.sub(KEYS[1], 1, #KEYS[1] - #':config')
 local me = ARGV[1]
-for j = 2, #ARGV do
-  local op, k = string.sub(ARGV[j], 1, 1), string.sub(ARGV[j], 2)
+local function hold(op, k)
   local list = {{}}
   if op == '+' then table.insert(list, me) end
   for w in string.gmatch(redis.call('HGET', base .. ':holders', k) or '', '%S+') do
@@ -287,6 +334,15 @@ for j = 2, #ARGV do
     redis.call('HSET', base .. ':holders', k, table.concat(list, ' '))
   else
     redis.call('HDEL', base .. ':holders', k)
+  end
+end
+for j = 2, #ARGV do
+  local op, k = string.sub(ARGV[j], 1, 1), string.sub(ARGV[j], 2)
+  if op == '#' then
+    redis.call('HSET', base .. ':slots', me, k)
+    redis.call('EXPIRE', base .. ':slots', {HOLDINGS_TTL_S})
+  else
+    hold(op, k)
   end
 end
 redis.call('EXPIRE', base .. ':holders', {HOLDINGS_TTL_S})

@@ -165,13 +165,14 @@ class WorkerSettings(BaseModel):
         True,
         description="place requests where their prefix is cached: the read prefers entries "
         "whose prefix this worker holds and leaves those another live worker holds to it for "
-        "--prefix-wait-ms (--no-prefix-aware: any worker takes any request, in order)",
+        "--prefix-wait-ms; so too for a LoRA adapter's requests and the workers that have it "
+        "loaded (--no-prefix-aware: any worker takes any request, in order)",
         json_schema_extra={"flag_pair": True},
     )
     prefix_wait_ms: Annotated[int, Field(ge=1)] = Field(
         500,
-        description="longest a request waits for the worker that holds its prefix; then "
-        "whichever worker reads next takes it",
+        description="longest a request waits for the worker that holds its prefix (or its "
+        "adapter); then whichever worker reads next takes it",
     )
     prefix_load_factor: Annotated[float, Field(ge=1.0)] = Field(
         1.5,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from genq.common import script_calls
 from genq.common import tenants as registry
 from genq.common.errors import InvalidRequest
 from genq.common.fair_share import PULL
@@ -18,6 +19,7 @@ from genq.common.keys import Keys
 from genq.common.prefixes import (
     PREFIX_BYTES,
     SCOPED_LUA,
+    adapter_key,
     cache_key_of,
     chat_chain,
     continuation_key,
@@ -373,3 +375,170 @@ def test_a_reader_with_its_own_prefixes_leaves_unheld_ones_to_a_reader_without(
     assert [g[0] for g in read(r, keys, "w1", 3)] == ["A"]
     assert all(len(i.split(" ")) == 3 for i in index_items(r, keys, "default"))
     assert [g[0] for g in read(r, keys, "w2", 3)] == ["C", "C"]
+
+
+# -- adapters: the same placement -----------------------------------------------------------
+
+
+def test_adapter_keys_agree_with_their_lua_twin(r: redis.Redis) -> None:
+    lua = SCOPED_LUA + "return adapter_key(ARGV[1])"
+    for name in ("a1", "org/my-lora@v2"):
+        assert r.eval(lua, 0, name) == adapter_key(name).encode()
+    assert adapter_key("a1") != adapter_key("a2")
+
+
+def test_an_adapters_entries_carry_its_key_unless_they_have_a_prefix_of_their_own(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    r.sadd(keys.adapters, "a1")  # what a worker with --lora a1=PATH does at its start
+    client = Client.from_url(redis_url, queue)
+    client.submit_many(
+        [
+            {"prompt": "short", "model": "a1"},
+            {"prompt": LONG["A"], "model": "a1"},
+            {"prompt": "short", "model": "other-model"},
+        ],
+        tenant="t",
+    )
+    a1 = [i.decode() for i in r.lrange(keys.lane("a1").tenant_index("normal", "t"), 0, -1)]
+    assert [i.split(" ")[1] for i in a1] == [
+        adapter_key("a1"),
+        scoped("t", prefix_key(prompt=LONG["A"]) or "", model="a1"),
+    ]
+    other = r.lrange(keys.lane("other-model").tenant_index("normal", "t"), 0, -1)
+    assert [len(i.split(b" ")) for i in other] == [1], "a model that is no adapter: no key"
+
+
+def read_lanes(
+    r: redis.Redis, keys: Keys, me: str, lanes: tuple[str, ...] = ("a1",), *, wait_ms: int = 200
+) -> list[str]:
+    """One PULL of these adapters' lanes for ``me`` (room 4 each): the models it got."""
+    seconds, micros = r.time()
+    streams = [s for lane in lanes for s in keys.lane(lane).streams()]
+    rooms = [4 if s.endswith(":normal") else 0 for s in streams]
+    args = [me, "fair", seconds * 1000 + micros // 1000, 100_000, *rooms, 0, 0, wait_ms, 150]
+    reply: Any = r.eval(PULL, 1 + len(streams), keys.config, *streams, *args)
+    return [
+        json.loads(dict(zip(f[::2], f[1::2], strict=True))[b"body"])["model"]
+        for _stream, entries in reply or []
+        for _id, f in entries
+    ]
+
+
+def test_an_adapters_requests_wait_for_the_worker_that_has_it_loaded_then_go_to_anyone(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    r.sadd(keys.adapters, "a1")
+    Client.from_url(redis_url, queue).submit_many([{"prompt": "x", "model": "a1"}] * 2)
+    r.hset(keys.holders, adapter_key("a1"), "w1")
+    live(r, keys, "w1")
+    live(r, keys, "w2")
+    assert read_lanes(r, keys, "w2") == [], "w1 has a1 loaded"
+    assert r.xlen(keys.lane("a1").doorbell) == 1, "the read woke an idle worker: w1, if idle"
+    time.sleep(0.25)
+    assert read_lanes(r, keys, "w2") == ["a1", "a1"], "past the bound: anyone"
+
+
+def test_an_adapter_nobody_holds_goes_to_a_reader_with_a_free_adapter_slot(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    keys = Keys(queue)
+    r.sadd(keys.adapters, "a1", "a2")
+    Client.from_url(redis_url, queue).submit_many(
+        [{"prompt": "x", "model": m} for m in ("a1", "a2", "a1", "a2")]
+    )
+    live(r, keys, "w1")
+    live(r, keys, "w2")
+    r.hset(keys.adapter_slots, mapping={"w1": 1, "w2": 0})
+    assert read_lanes(r, keys, "w1", ("a1", "a2")) == ["a1", "a1"], "one slot: one adapter"
+    assert read_lanes(r, keys, "w2", ("a1", "a2")) == [], "no slot free: a2 waits for one"
+    r.hset(keys.adapter_slots, "w2", 1)
+    assert read_lanes(r, keys, "w2", ("a1", "a2")) == ["a2", "a2"]
+
+
+def adapter_holdings(queue: str, adapters: list[str], max_loras: int) -> Any:
+    """A worker's ``PrefixAffinity`` with these adapters (consumer w1)."""
+    from genq.worker.runtime.prefixes import PrefixAffinity
+
+    return PrefixAffinity(
+        keys=Keys(queue),
+        consumer="w1",
+        capacity_tokens=0,
+        enabled=True,
+        sharing=set,
+        adapters=adapters,
+        max_loras=max_loras,
+    )
+
+
+def requests_for(*models: str | None) -> list[Any]:
+    """One ``Held`` request per model (None: the base model)."""
+    from genq.common.models import Request
+    from genq.worker.policy.lookahead import Held
+
+    return [
+        Held(
+            stream="s",
+            entry_id=f"{j}-0",
+            request=Request(id=f"r{j}", prompt="x", model=m),
+            prompt_ids=[1],
+            enqueued_ms=0,
+        )
+        for j, m in enumerate(models)
+    ]
+
+
+def test_a_worker_tells_the_fleet_which_adapters_it_holds_as_its_engine_keeps_them() -> None:
+    held = adapter_holdings("q", ["a1", "a2"], max_loras=1)
+    held.started(requests_for("a1", None))  # None: the base model, no adapter
+    assert held._ops == {adapter_key("a1"): "+"}
+    held.sent(1)
+    held.started(requests_for("a2"))  # past --max-loras 1: a1 is no longer loaded
+    assert held._ops == {adapter_key("a2"): "+", adapter_key("a1"): "-"}
+
+
+def test_a_worker_tells_its_free_adapter_slots_as_it_reads_requests_for_adapters(
+    r: redis.Redis, queue: str
+) -> None:
+    keys = Keys(queue)
+    held = adapter_holdings(queue, ["a1", "a2", "a3"], max_loras=2)
+
+    def tell() -> int:
+        pipe = r.pipeline(transaction=False)
+        n = held.add_to(pipe)
+        script_calls.execute(pipe)
+        held.sent(n)
+        return int(n)
+
+    assert tell() == 1 and r.hget(keys.adapter_slots, "w1") == b"2"
+    assert tell() == 0, "nothing new: no call"
+    held.read(requests_for("a1"))
+    assert tell() == 2  # a1 held, one slot left
+    assert r.hget(keys.adapter_slots, "w1") == b"1"
+    assert r.hget(keys.holders, adapter_key("a1")) == b"w1"
+
+
+def test_the_worker_that_has_an_adapter_loaded_gets_its_requests(
+    redis_url: str,
+    queue: str,
+    r: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Any,
+) -> None:
+    from genq.worker.engines.lora_builder import build_tiny_adapter
+
+    lora = f"--lora=a1={build_tiny_adapter(tmp_path / 'a1', seed=1)}"
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    start_worker(queue, "--model", "tiny", lora)
+    first = client.generate("hello", model="a1", max_new_tokens=4, timeout=120)
+    assert first.worker == "w0"
+    wait_until(lambda: r.hget(keys.holders, adapter_key("a1")) == b"w0", timeout_s=10)
+    start_worker(queue, "--model", "tiny", lora)
+    wait_until(lambda: r.hexists(keys.load, "w1"), timeout_s=120)
+    for _ in range(3):
+        ids = client.submit_many([{"prompt": f"p{j}", "model": "a1"} for j in range(3)])
+        results = client.results(ids, timeout=60)
+        assert {x.worker for x in results} == {"w0"}, "w1 leaves a1's requests to w0"

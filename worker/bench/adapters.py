@@ -9,6 +9,10 @@ worker and queue:
 - **4 adapters, --max-loras 2**: the same, with two resident at once: the others load on
   demand (static: batches run in parts; the stats hash counts ``adapter_loads``).
 
+And a fleet (static engine): two workers with the same 4 adapters, ``--max-loras 2`` each,
+requests for all four arriving in waves, the read's placement off and on: how many adapters
+the fleet loads (on: each worker keeps two, and the read gives it their requests).
+
 Reported: generated tokens/s over the makespan (median of the rounds), the ratio to the base,
 requests served, and the loads counted. Adapters are built offline
 (``build_tiny_adapter``: random non-zero LoRA weights on the attention's projections).
@@ -87,6 +91,86 @@ def run_config(
     }
 
 
+FLEET = ("placement off (--no-prefix-aware)", "placement on")
+FLEET_WAVES, FLEET_WAVE, FLEET_TOKENS = 16, 4, 16
+"""The fleet case's traffic: FLEET_WAVES waves of FLEET_WAVE requests (the 4 adapters in
+rotation), one every FLEET_GAP_S, of FLEET_TOKENS new tokens each: a fleet with room to
+spare, where each read finds a few requests of every adapter."""
+FLEET_GAP_S = 1.0
+
+
+def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> dict[str, Any]:
+    """Two static workers serving the same 4 adapters, ``--max-loras 2`` each, fed waves of
+    requests for them in rotation: how many adapter loads the fleet makes, with the read's
+    placement (the worker that has an adapter loaded gets its requests) on or off."""
+    import redis
+    from genq.common.keys import Keys
+    from genq.producer import Client
+    from genq.worker.devtools.worker_process import start_worker, wait_until_serving
+
+    names = [f"lora{i}" for i in range(len(paths))]
+    extra: tuple[str, ...] = ("--max-batch-size", "16", "--max-batch-tokens", "4096")
+    extra += ("--max-loras", "2")
+    extra += tuple(f"--lora={n}={p}" for n, p in zip(names, paths, strict=True))
+    extra += () if placement else ("--no-prefix-aware",)
+    r = redis.Redis.from_url(redis_url)
+    consumers = [f"{queue}-w{i}" for i in range(2)]
+    procs = [
+        start_worker(
+            redis_url=redis_url,
+            queue=queue,
+            consumer=c,
+            engine="static",
+            model="smollm2-135m",
+            extra_args=extra,
+            env={"OMP_NUM_THREADS": "1"},  # two torch processes on the cores, one each
+        )
+        for c in consumers
+    ]
+    try:
+        for c, proc in zip(consumers, procs, strict=True):
+            wait_until_serving(r, queue, c, proc, timeout_s=600)
+        with Client(r, queue) as client:
+            client.generate("Warm up.", max_new_tokens=2, timeout=300)
+            loads_before = sum(
+                int(r.hget(Keys(queue).worker(c), "adapter_loads") or 0) for c in consumers
+            )
+            prompts, ids = _prompts(), []
+            t0 = time.perf_counter()
+            for w in range(FLEET_WAVES):
+                wave = [
+                    {
+                        "prompt": prompts[(w * FLEET_WAVE + j) % len(prompts)],
+                        "model": names[j % len(names)],
+                    }
+                    for j in range(FLEET_WAVE)
+                ]
+                ids += client.submit_many(wave, max_new_tokens=FLEET_TOKENS, ignore_eos=True)
+                time.sleep(max(0.0, t0 + (w + 1) * FLEET_GAP_S - time.perf_counter()))
+            results = client.results(ids, timeout=1800)
+            makespan = time.perf_counter() - t0
+        time.sleep(3.0)  # the workers' last counts reach their stats hashes
+        loads = sum(int(r.hget(Keys(queue).worker(c), "adapter_loads") or 0) for c in consumers)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=120)
+    spread = {n: len({x.worker for x in results if x.model == n}) for n in names}
+    return {
+        "served": sum(x.status == "succeeded" for x in results),
+        "makespan_s": round(makespan, 2),
+        "adapter_loads": loads - loads_before,
+        "workers_per_adapter": round(statistics.mean(spread.values()), 2),
+        "wait_p50_ms": statistics.median(_wait_ms(x) for x in results),
+    }
+
+
+def _wait_ms(result: Any) -> int:
+    timings = result.timings
+    return (timings.queue_wait_ms if timings is not None else None) or 0
+
+
 def run_adapters(redis_url: str, *, engine: str, rounds: int) -> dict[str, Any]:
     """``rounds`` of each configuration, taking turns."""
     from genq.worker.engines.lora_builder import build_tiny_adapter
@@ -97,12 +181,18 @@ def run_adapters(redis_url: str, *, engine: str, rounds: int) -> dict[str, Any]:
             str(build_tiny_adapter(Path(tmp) / f"lora{i}", seed=i + 1, base="smollm2-135m"))
             for i in range(ADAPTERS)
         ]
+        fleet: dict[str, list[dict[str, Any]]] = {c: [] for c in FLEET}
         for k in range(rounds):
             order = CONFIGS[k % 3 :] + CONFIGS[: k % 3]
             for config in order:
                 queue = f"bench-adapters-{engine}-{k}-{CONFIGS.index(config)}"
                 runs[config].append(run_config(redis_url, queue, config, engine, paths))
-    return {"engine": engine, "rounds": rounds, "runs": runs}
+            for config in FLEET if engine == "static" else ():
+                if k % 2:
+                    config = FLEET[1 - FLEET.index(config)]  # taking turns
+                queue = f"bench-adapters-fleet-{k}-{FLEET.index(config)}"
+                fleet[config].append(run_fleet(redis_url, queue, config == FLEET[1], paths))
+    return {"engine": engine, "rounds": rounds, "runs": runs, "fleet": fleet}
 
 
 def adapters_markdown(res: dict[str, Any]) -> str:
@@ -124,7 +214,32 @@ def adapters_markdown(res: dict[str, Any]) -> str:
         lines.append(
             f"| {config} | {tps:.1f} | {tps / base:.2f}x | {served} / {REQUESTS} | {loads} |"
         )
+    if res.get("fleet", {}).get(FLEET[0]):
+        lines += ["", *_fleet_markdown(res["fleet"])]
     return "\n".join(lines)
+
+
+def _fleet_markdown(fleet: dict[str, list[dict[str, Any]]]) -> list[str]:
+    n = FLEET_WAVES * FLEET_WAVE
+    lines = [
+        f"Two static workers (one torch thread each), the same {ADAPTERS} adapters, "
+        f"`--max-loras 2` each; {FLEET_WAVES} waves of {FLEET_WAVE} requests (one per adapter), "
+        f"one a second, {FLEET_TOKENS} new tokens each; medians, the two taking turns.",
+        "",
+        "| placement | adapter loads (runs) | workers per adapter | makespan s | wait p50 ms "
+        "| served |",
+        "|---|---|---|---|---|---|",
+    ]
+    for config, runs in fleet.items():
+        loads = "/".join(str(r["adapter_loads"]) for r in runs)
+        spread = statistics.median(r["workers_per_adapter"] for r in runs)
+        makespan = statistics.median(r["makespan_s"] for r in runs)
+        wait = statistics.median(r["wait_p50_ms"] for r in runs)
+        served = min(r["served"] for r in runs)
+        lines.append(
+            f"| {config} | {loads} | {spread:.2f} | {makespan:.1f} | {wait:.0f} | {served} / {n} |"
+        )
+    return lines
 
 
 def run_and_print(params: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ keyword arguments, waited for until it publishes its heartbeat."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -25,13 +26,15 @@ def start_worker(
     *,
     log: IO[bytes] | int = subprocess.DEVNULL,
     extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
     **settings: object,
 ) -> subprocess.Popen[bytes]:
     """Start ``genq worker`` with these settings (``python -m genq.worker``); ``extra_args``
-    go last, so they win over the settings."""
+    go last, so they win over the settings; ``env``: more environment variables."""
     command = [sys.executable, "-m", "genq.worker", "worker", *worker_args(**settings)]
     command += extra_args
-    return subprocess.Popen(command, stdout=log, stderr=log)
+    environ = {**os.environ, **env} if env else None
+    return subprocess.Popen(command, stdout=log, stderr=log, env=environ)
 
 
 def wait_until_serving(

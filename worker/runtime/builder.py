@@ -57,16 +57,12 @@ def build_worker(
     def side_connection() -> redis.Redis:  # a thread's own (the keeper's, the doorbell's)
         return connect(settings.redis_url) if redis_client is None else redis_client
 
-    keys = worker_lanes(r, settings.queue, [settings.served_model, *settings.adapters])
+    keys = worker_lanes(
+        r, settings.queue, [settings.served_model, *settings.adapters], list(settings.adapters)
+    )
     order = _order(settings)
     tenants = TenantAccounts(r, keys)
-    prefixes = PrefixAffinity(
-        keys=keys,
-        consumer=settings.consumer_name,
-        capacity_tokens=_prefix_capacity(settings, engine),
-        enabled=settings.prefix_aware,
-        sharing=lambda: tenants.weights.sharing,
-    )
+    prefixes = _prefixes(settings, engine, keys, tenants)
     queue = QueueIO(
         r=r,
         keys=keys,
@@ -123,6 +119,21 @@ def build_worker(
         stats=stats,
         keeper=keeper,
         doorbell=DoorbellListener(side_connection(), keys.doorbells),
+    )
+
+
+def _prefixes(
+    settings: WorkerSettings, engine: Engine, keys: Keys, tenants: TenantAccounts
+) -> PrefixAffinity:
+    """What this worker holds for the read's affinity: prefixes and LoRA adapters."""
+    return PrefixAffinity(
+        keys=keys,
+        consumer=settings.consumer_name,
+        capacity_tokens=_prefix_capacity(settings, engine),
+        enabled=settings.prefix_aware,
+        sharing=lambda: tenants.weights.sharing,
+        adapters=list(settings.adapters),
+        max_loras=settings.max_loras,
     )
 
 

@@ -13,6 +13,7 @@ model keeps the keys it always had: one lane, the unnamed one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from genq.common.errors import ConfigError
@@ -23,10 +24,12 @@ from genq.common.wire import as_text
 log = logging.getLogger("genq.worker")
 
 
-def worker_lanes(r: Any, queue: str, served: list[str]) -> Lanes:
+def worker_lanes(r: Any, queue: str, served: list[str], adapters: Sequence[str] = ()) -> Lanes:
     """The lanes of a worker serving the names ``served`` (its model's first), making its
-    model the queue's default if the queue has none. Raises ConfigError for a name that
-    cannot be a model's (a local path with other characters: give --served-model-name)."""
+    model the queue's default if the queue has none, and naming its LoRA ``adapters`` (among
+    ``served``) in the queue's set of them (``Keys.adapters``: their entries are keyed by
+    adapter, for the read's affinity). Raises ConfigError for a name that cannot be a
+    model's (a local path with other characters: give --served-model-name)."""
     for name in served:
         problem = model_problem(name)
         if problem is not None:
@@ -36,7 +39,9 @@ def worker_lanes(r: Any, queue: str, served: list[str]) -> Lanes:
     pipe.hsetnx(keys.config, DEFAULT_MODEL_FIELD, served[0])
     pipe.hget(keys.config, DEFAULT_MODEL_FIELD)
     pipe.sismember(keys.models, served[0])
-    _, default, named_before = pipe.execute()
+    if adapters:
+        pipe.sadd(keys.adapters, *adapters)
+    default, named_before = pipe.execute()[1:3]
     models: list[str | None] = list(served)
     if default is not None and as_text(default) == served[0]:
         models = [None, *served[1:]]  # its requests wait in the unnamed lane

@@ -3,20 +3,23 @@ decides what it keeps), told to the fleet in the read's round trip (``HOLD``, be
 so the read already knows), and the keys computed for it (``common/prefixes.py``).
 
 A worker holds the key of every request it starts (the engine computes that prefix into its
-cache) and, for a chat it finished, the key of the conversation with its reply (what the next
-turn will send). Keys are scoped to their tenant here exactly as the scripts scope them.
+cache), for a chat it finished, the key of the conversation with its reply (what the next
+turn will send), and the key of each LoRA adapter its engine holds (``adapter_key``: the
+last ``--max-loras`` it ran). Keys are scoped to their tenant here exactly as the scripts
+scope them.
 ``LoadNote``: when the worker writes its load (the affinity's load bound) with its heartbeat.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from genq.common import script_calls
 from genq.common.keys import Keys
-from genq.common.prefixes import HOLD, HOLDINGS_TTL_S, scoped
+from genq.common.prefixes import HOLD, HOLDINGS_TTL_S, adapter_key, scoped
 from genq.worker.policy.lookahead import Held
 from genq.worker.policy.prefixes import Holdings
 from genq.worker.runtime.outcomes import Outcome
@@ -33,6 +36,8 @@ class PrefixAffinity:
         capacity_tokens: int,
         enabled: bool,
         sharing: Callable[[], set[str]],
+        adapters: Sequence[str] = (),
+        max_loras: int = 0,
     ) -> None:
         self.keys = keys
         self.consumer = consumer
@@ -40,6 +45,13 @@ class PrefixAffinity:
         self.holdings = Holdings(capacity_tokens if enabled else 0)
         self._sharing = sharing
         """The tenants whose keys meet other sharing tenants' (``TenantWeights.sharing``)."""
+        self._adapters = frozenset(adapters)
+        self._max_loras = max_loras or len(self._adapters)
+        self._resident: OrderedDict[str, None] = OrderedDict()
+        """The adapters loaded in the engine, least recently used first (as its LRU keeps
+        them: ``--max-loras``, 0 for all of them)."""
+        self._slots_told = self._slots_sending = ""
+        """The free adapter slots the fleet was told of, and those being told."""
         self._ops: dict[str, str] = {}
         """Key -> '+' (held, tell again: the holders list is most recent first) or '-'."""
 
@@ -56,6 +68,26 @@ class PrefixAffinity:
             if h.request.prefix_key:
                 key = self.scoped(h.request.tenant, h.request.prefix_key, h.stream)
                 self._hold(key, len(h.prompt_ids))
+            if self._adapters and h.request.model in self._adapters:
+                self._load(h.request.model)
+
+    def read(self, held: Sequence[Held]) -> None:
+        """These requests were read: their adapters count as loaded from now (they will run
+        here soon), so that the next read's free slots say so."""
+        if self.enabled and self._adapters:
+            for h in held:
+                if h.request.model in self._adapters:
+                    self._load(h.request.model)
+
+    def _load(self, adapter: str) -> None:
+        """``adapter`` ran here: it is resident (the least recently used past ``--max-loras``
+        is not); the fleet knows this worker holds its key."""
+        self._ops[adapter_key(adapter)] = "+"  # again: the holders are most recent first
+        self._resident[adapter] = None
+        self._resident.move_to_end(adapter)
+        while len(self._resident) > self._max_loras:
+            gone, _ = self._resident.popitem(last=False)
+            self._ops[adapter_key(gone)] = "-"
 
     def finished(self, outcomes: Sequence[Outcome]) -> None:
         """Chats that finished here: the conversation with its reply is the next turn's key."""
@@ -74,16 +106,21 @@ class PrefixAffinity:
 
     def add_to(self, pipe: Any) -> int:
         """Queue the untold changes on ``pipe`` (one HOLD call); how many, for ``sent``."""
-        if not self._ops:
-            return 0
         ops = [op + key for key, op in self._ops.items()]
+        free = str(self._max_loras - len(self._resident))
+        if self._adapters and self.enabled and free != self._slots_told:
+            ops.append("#" + free)  # its free adapter slots (``Keys.adapter_slots``)
+        if not ops:
+            return 0
         script_calls.add(pipe, HOLD, 1, self.keys.config, self.consumer, *ops)
+        self._slots_sending = free
         return len(ops)
 
     def sent(self, n: int) -> None:
         """The changes queued by ``add_to`` reached Redis."""
         if n:
             self._ops.clear()
+            self._slots_told = self._slots_sending
 
 
 class LoadNote:

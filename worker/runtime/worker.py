@@ -268,13 +268,12 @@ class Worker:
             self.admit_delivered(stream, entries)
 
     def admit_delivered(self, stream: str, entries: list[Any]) -> None:
-        """Admit entries delivered before (resumed or taken over), each with how often workers
-        started it: one started before runs alone (``Held.suspect``)."""
+        """Admit entries delivered before (resumed, taken over): ``Held.suspect``."""
         self.admit([(stream, entries)], redelivered=True)
 
     def admit(self, delivered: Delivered, redelivered: bool = False) -> None:
-        """Runnable entries join the look-ahead; the rest end at once (failed, expired) or go
-        to the dead-letter stream. An entry this worker already holds is skipped."""
+        """Runnable entries join the look-ahead (their adapters count as held); the rest end
+        at once (failed, expired) or go to the dead-letter stream. One held already is skipped."""
         if not delivered:
             return
         writing = {entry_key(s, e) for s, e in self.writer.entries()}
@@ -291,6 +290,7 @@ class Worker:
             self.starter.dead_letter(record, ack=True)
         for held in admitted.held:
             self.lookahead.add(held)
+        self.prefixes.read(admitted.held)
         if not redelivered:  # new arrivals; their charges made exact
             self.arrivals.observe(h.enqueued_ms for h in admitted.held)
             self.tenants.corrections(admitted.held)
