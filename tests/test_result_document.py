@@ -57,6 +57,37 @@ def test_every_built_state_is_a_strict_result_read_first_by_its_status(status: s
     assert states.is_final(raw) == (status in {"succeeded", "failed"})
 
 
+def test_a_succeeded_state_with_logprobs_choices_and_tool_calls_still_starts_with_its_status() -> (
+    None
+):
+    # Found in session 25: these went before id and status, and status_of (and the scripts'
+    # is_final) then decoded the whole document instead of reading its first fields.
+    token = {"token": "hi", "logprob": -0.5, "bytes": [104, 105], "top_logprobs": []}
+    raw = states.succeeded(
+        request_id="s2",
+        text="hi",
+        finish_reason="tool_calls",
+        prompt_tokens=3,
+        completion_tokens=2,
+        queued_ms=1,
+        started_ms=5,
+        finished_ms=9,
+        generation_ms=4,
+        worker="w",
+        model="m",
+        batch_size=1,
+        priority="normal",
+        tenant="t",
+        metadata={},
+        logprobs=[token],
+        choices=[{"index": 0, "text": "hi", "finish_reason": "stop", "logprobs": [token]}],
+        tool_calls=[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    )
+    assert raw.startswith('{"id":"s2","status":"succeeded"')
+    result = decode_result(raw)
+    assert result.logprobs and result.choices and result.tool_calls
+
+
 def test_a_succeeded_state_carries_its_wait_usage_and_batch() -> None:
     result = decode_result(built()["succeeded"])
     assert result.timings.queue_wait_ms == 4 and result.timings.generation_ms == 4

@@ -232,3 +232,19 @@ def test_a_client_that_waits_for_each_answer_is_not_made_to_wait_the_fill_window
     # A few waits while it learns; then (one retry a second at most) the window is not waited.
     assert sum(w >= 150 for w in waits) <= 6, waits
     assert statistics.median(waits[10:]) < 50, waits
+
+
+def test_a_worker_that_drained_has_its_last_results_counted_when_they_are_read(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    # A busy worker rebuilds its stats hash at most once a heartbeat (1 s); one that holds
+    # nothing more sends it with its last results, so whoever reads both sees them counted.
+    start_worker(queue, "--engine", "echo")
+    client = Client.from_url(redis_url, queue)
+    key = Keys(queue).worker("w0")
+    for n in (1, 40):
+        before = int(r.hget(key, "succeeded") or 0) if r.exists(key) else 0
+        results = client.results(client.submit_many([f"p{j}" for j in range(n)]), timeout=60)
+        assert [x.status for x in results] == ["succeeded"] * n
+        counted = before + n
+        wait_until(lambda c=counted: int(r.hget(key, "succeeded") or 0) == c, timeout_s=0.3)
