@@ -6,6 +6,12 @@ configures vLLM). The engine's own ratio, to read beside genq's through the queu
 
     VLLM_TARGET_DEVICE=cpu python benchmarks/vllm_lora_alone.py base
     VLLM_TARGET_DEVICE=cpu python benchmarks/vllm_lora_alone.py mixed
+    VLLM_TARGET_DEVICE=cpu python benchmarks/vllm_lora_alone.py one
+    VLLM_TARGET_DEVICE=cpu python benchmarks/vllm_lora_alone.py lora-base
+
+``mixed``: the 4 adapters in rotation; ``one``: the same engine (LoRA on, 4 adapters known),
+every request for the first adapter: what one adapter a batch costs against four;
+``lora-base``: the same engine, no request naming an adapter: what LoRA being on costs.
 
 Each prints one line: the mode and the tokens/s of 3 timed runs after a warm-up. Run the two
 modes in turns (each starts its own engine).
@@ -41,7 +47,7 @@ def main(mode: str) -> None:
         prefix_room_tokens=0,
         vllm_args={"enforce_eager": True},
     )
-    if mode == "mixed":
+    if mode in ("mixed", "one", "lora-base"):
         args.update(lora_engine_args(names, 0, ["smollm2-135m"]))
     llm = LLM(**args)
     loras = [
@@ -50,7 +56,9 @@ def main(mode: str) -> None:
     ]
     prompts = _prompts()
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-    rotation = [loras[i % len(loras)] for i in range(len(prompts))] if mode == "mixed" else None
+    rotation = None
+    if mode in ("mixed", "one"):
+        rotation = [loras[i % len(loras) if mode == "mixed" else 0] for i in range(len(prompts))]
     llm.generate(
         prompts[:4], params, lora_request=rotation[:4] if rotation else None, use_tqdm=False
     )
