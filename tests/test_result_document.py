@@ -12,27 +12,28 @@ from genq.common.models import Result
 from genq.common.scripts import Applied, apply
 from genq.common.wire import decode_result
 
+SUCCEEDED: dict[str, object] = {
+    "text": "hi",
+    "finish_reason": "stop",
+    "prompt_tokens": 3,
+    "completion_tokens": 2,
+    "queued_ms": 1,
+    "started_ms": 5,
+    "finished_ms": 9,
+    "generation_ms": 4,
+    "worker": "w",
+    "model": "m",
+    "batch_size": 2,
+}
+"""A succeeded state's arguments, less its id, priority, tenant and metadata."""
+
 
 def built() -> dict[str, str]:
     common = {"priority": "high", "tenant": "team-a", "metadata": {"k": 1}}
     return {
         "queued": states.queued(request_id="q1", **common),  # type: ignore[arg-type]
         "running": states.running(request_id="r1", queued_ms=1, started_ms=5, worker="w", **common),  # type: ignore[arg-type]
-        "succeeded": states.succeeded(
-            request_id="s1",
-            text="hi",
-            finish_reason="stop",
-            prompt_tokens=3,
-            completion_tokens=2,
-            queued_ms=1,
-            started_ms=5,
-            finished_ms=9,
-            generation_ms=4,
-            worker="w",
-            model="m",
-            batch_size=2,
-            **common,  # type: ignore[arg-type]
-        ),
+        "succeeded": states.succeeded(request_id="s1", **SUCCEEDED, **common),  # type: ignore[arg-type]
         "failed": states.ended(
             request_id="f1",
             status="failed",
@@ -65,17 +66,7 @@ def test_a_succeeded_state_with_logprobs_choices_and_tool_calls_still_starts_wit
     token = {"token": "hi", "logprob": -0.5, "bytes": [104, 105], "top_logprobs": []}
     raw = states.succeeded(
         request_id="s2",
-        text="hi",
-        finish_reason="tool_calls",
-        prompt_tokens=3,
-        completion_tokens=2,
-        queued_ms=1,
-        started_ms=5,
-        finished_ms=9,
-        generation_ms=4,
-        worker="w",
-        model="m",
-        batch_size=1,
+        **{**SUCCEEDED, "finish_reason": "tool_calls"},  # type: ignore[arg-type]
         priority="normal",
         tenant="t",
         metadata={},

@@ -115,6 +115,10 @@ def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> 
     extra += () if placement else ("--no-prefix-aware",)
     r = redis.Redis.from_url(redis_url)
     consumers = [f"{queue}-w{i}" for i in range(2)]
+
+    def loads() -> int:  # the fleet's adapter loads so far (the workers' stats hashes)
+        return sum(int(r.hget(Keys(queue).worker(c), "adapter_loads") or 0) for c in consumers)
+
     procs = [
         start_worker(
             redis_url=redis_url,
@@ -132,9 +136,7 @@ def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> 
             wait_until_serving(r, queue, c, proc, timeout_s=600)
         with Client(r, queue) as client:
             client.generate("Warm up.", max_new_tokens=2, timeout=300)
-            loads_before = sum(
-                int(r.hget(Keys(queue).worker(c), "adapter_loads") or 0) for c in consumers
-            )
+            loads_before = loads()
             prompts, ids = _prompts(), []
             t0 = time.perf_counter()
             for w in range(FLEET_WAVES):
@@ -150,7 +152,7 @@ def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> 
             results = client.results(ids, timeout=1800)
             makespan = time.perf_counter() - t0
         time.sleep(3.0)  # the workers' last counts reach their stats hashes
-        loads = sum(int(r.hget(Keys(queue).worker(c), "adapter_loads") or 0) for c in consumers)
+        loaded = loads() - loads_before
     finally:
         for proc in procs:
             proc.terminate()
@@ -160,15 +162,10 @@ def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> 
     return {
         "served": sum(x.status == "succeeded" for x in results),
         "makespan_s": round(makespan, 2),
-        "adapter_loads": loads - loads_before,
+        "adapter_loads": loaded,
         "workers_per_adapter": round(statistics.mean(spread.values()), 2),
-        "wait_p50_ms": statistics.median(_wait_ms(x) for x in results),
+        "wait_p50_ms": statistics.median(x.timings.queue_wait_ms or 0 for x in results),
     }
-
-
-def _wait_ms(result: Any) -> int:
-    timings = result.timings
-    return (timings.queue_wait_ms if timings is not None else None) or 0
 
 
 def run_adapters(redis_url: str, *, engine: str, rounds: int) -> dict[str, Any]:
@@ -187,9 +184,7 @@ def run_adapters(redis_url: str, *, engine: str, rounds: int) -> dict[str, Any]:
             for config in order:
                 queue = f"bench-adapters-{engine}-{k}-{CONFIGS.index(config)}"
                 runs[config].append(run_config(redis_url, queue, config, engine, paths))
-            for config in FLEET if engine == "static" else ():
-                if k % 2:
-                    config = FLEET[1 - FLEET.index(config)]  # taking turns
+            for config in (FLEET if k % 2 == 0 else FLEET[::-1]) if engine == "static" else ():
                 queue = f"bench-adapters-fleet-{k}-{FLEET.index(config)}"
                 fleet[config].append(run_fleet(redis_url, queue, config == FLEET[1], paths))
     return {"engine": engine, "rounds": rounds, "runs": runs, "fleet": fleet}

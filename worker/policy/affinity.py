@@ -101,6 +101,34 @@ class AffinityPreference:
         return sorted(others, key=lambda c: (ranks[c.key], by_adapter(c), by_prefix(c)))
 
 
+class ResidentAdapters:
+    """The LoRA adapters an engine holds, as its LRU keeps them: the last ``capacity`` used.
+    The order counts them (``Affinity``) and the runtime tells the fleet (``PrefixAffinity``)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._names: OrderedDict[str, None] = OrderedDict()
+
+    def use(self, adapter: str) -> list[str]:
+        """``adapter`` is used now; the adapters that are no longer held, if any."""
+        self._names[adapter] = None
+        self._names.move_to_end(adapter)
+        gone = []
+        while len(self._names) > self.capacity:
+            gone.append(self._names.popitem(last=False)[0])
+        return gone
+
+    @property
+    def names(self) -> list[str]:
+        """The adapters held, least recently used first."""
+        return list(self._names)
+
+    @property
+    def free(self) -> int:
+        """How many more could be held without letting one go."""
+        return self.capacity - len(self._names)
+
+
 class Affinity:
     """An order wrapped with the affinity rule: the prefix rule (``prefixes``,
     ``--prefix-aware``) and the adapter rule (``adapters``, the worker's ``--lora`` names, of
@@ -122,8 +150,8 @@ class Affinity:
         self.prefixes = prefixes
         self.adapters = frozenset(adapters)
         self.max_loras = max(1, max_loras)
+        self._resident = ResidentAdapters(self.max_loras)
         self._warm: OrderedDict[str, None] = OrderedDict()
-        self._resident: OrderedDict[str, None] = OrderedDict()
 
     def preference(
         self, candidates: Sequence[Candidate], weights: Mapping[str, float]
@@ -134,7 +162,7 @@ class Affinity:
             inner,
             warm=frozenset(self._warm),
             adapters=self.adapters,
-            resident=frozenset(self._resident),
+            resident=frozenset(self._resident.names),
             prefixes=self.prefixes,
         )
 
@@ -157,14 +185,11 @@ class Affinity:
                 self._warm[c.prefix] = None
                 self._warm.move_to_end(c.prefix)
             if c.model is not None and c.model in self.adapters:
-                self._resident[c.model] = None
-                self._resident.move_to_end(c.model)
+                self._resident.use(c.model)
         while len(self._warm) > WARM_PREFIXES:
             self._warm.popitem(last=False)
-        while len(self._resident) > self.max_loras:
-            self._resident.popitem(last=False)
 
     @property
     def resident(self) -> list[str]:
         """The adapters counted as resident, least recently used first."""
-        return list(self._resident)
+        return self._resident.names

@@ -13,13 +13,13 @@ scope them.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from genq.common import script_calls
 from genq.common.keys import Keys
 from genq.common.prefixes import HOLD, HOLDINGS_TTL_S, adapter_key, scoped
+from genq.worker.policy.affinity import ResidentAdapters
 from genq.worker.policy.lookahead import Held
 from genq.worker.policy.prefixes import Holdings
 from genq.worker.runtime.outcomes import Outcome
@@ -46,10 +46,8 @@ class PrefixAffinity:
         self._sharing = sharing
         """The tenants whose keys meet other sharing tenants' (``TenantWeights.sharing``)."""
         self._adapters = frozenset(adapters)
-        self._max_loras = max_loras or len(self._adapters)
-        self._resident: OrderedDict[str, None] = OrderedDict()
-        """The adapters loaded in the engine, least recently used first (as its LRU keeps
-        them: ``--max-loras``, 0 for all of them)."""
+        self._resident = ResidentAdapters(max_loras or len(self._adapters))
+        """The adapters loaded in the engine (``--max-loras`` of them, 0: all)."""
         self._slots_told = self._slots_sending = ""
         """The free adapter slots the fleet was told of, and those being told."""
         self._ops: dict[str, str] = {}
@@ -83,10 +81,7 @@ class PrefixAffinity:
         """``adapter`` ran here: it is resident (the least recently used past ``--max-loras``
         is not); the fleet knows this worker holds its key."""
         self._ops[adapter_key(adapter)] = "+"  # again: the holders are most recent first
-        self._resident[adapter] = None
-        self._resident.move_to_end(adapter)
-        while len(self._resident) > self._max_loras:
-            gone, _ = self._resident.popitem(last=False)
+        for gone in self._resident.use(adapter):
             self._ops[adapter_key(gone)] = "-"
 
     def finished(self, outcomes: Sequence[Outcome]) -> None:
@@ -107,13 +102,13 @@ class PrefixAffinity:
     def add_to(self, pipe: Any) -> int:
         """Queue the untold changes on ``pipe`` (one HOLD call); how many, for ``sent``."""
         ops = [op + key for key, op in self._ops.items()]
-        free = str(self._max_loras - len(self._resident))
-        if self._adapters and self.enabled and free != self._slots_told:
-            ops.append("#" + free)  # its free adapter slots (``Keys.adapter_slots``)
+        if self._adapters and self.enabled:
+            self._slots_sending = str(self._resident.free)
+            if self._slots_sending != self._slots_told:
+                ops.append("#" + self._slots_sending)  # free adapter slots (``Keys.adapter_slots``)
         if not ops:
             return 0
         script_calls.add(pipe, HOLD, 1, self.keys.config, self.consumer, *ops)
-        self._slots_sending = free
         return len(ops)
 
     def sent(self, n: int) -> None:
