@@ -242,3 +242,7 @@ def test_the_order_counts_the_last_max_loras_adapters_a_batch_used_as_resident()
         order.started([_ask("x", model, 0)])
     assert order.resident == ["a1", "a3"], "a2 was the least recently used; base is no adapter"
     assert order.name == "fair" and not isinstance(make_order("fair"), Affinity)
+    every = make_order("fair", adapters=["a1", "a2", "a3"], max_loras=0)  # 0: all resident
+    for model in ("a1", "a2", "a3"):
+        every.started([_ask("x", model, 0)])
+    assert isinstance(every, Affinity) and every.resident == ["a1", "a2", "a3"]

@@ -149,7 +149,7 @@ class Affinity:
         self.sees_newcomers = inner.sees_newcomers
         self.prefixes = prefixes
         self.adapters = frozenset(adapters)
-        self.max_loras = max(1, max_loras)
+        self.max_loras = max_loras or len(self.adapters)  # 0: every adapter resident
         self._resident = ResidentAdapters(self.max_loras)
         self._warm: OrderedDict[str, None] = OrderedDict()
 
