@@ -119,6 +119,7 @@ def main() -> None:
     from genq.worker.devtools.redis_server import RedisServer
     from genq.worker.engines.static import resolve_model
     from genq.worker.engines.vllm_args import worker_engine_args
+    from genq.worker.policy.sizing import prefix_room
 
     tokenizer = resolve_model(args.model)
     engine = worker_engine_args(
@@ -127,6 +128,10 @@ def main() -> None:
         dtype="float32",
         max_batch_tokens=16384,
         max_batch_size=32,
+        # The cache a genq worker with default settings gives vLLM beyond the batch budget.
+        prefix_room_tokens=prefix_room(
+            None, engine="vllm", budget=16384, on_gpu=False, echo_cache_tokens=0
+        ),
         vllm_args={},
     )
     rates = args.rates.split(",")
