@@ -42,7 +42,7 @@ def sha_of(source: str) -> str:
 
 def add(pipe: Any, source: str, numkeys: int, *args: Any) -> None:
     """Queue the script on ``pipe`` by its hash (run the pipeline with ``execute``)."""
-    pipe.execute_command("EVALSHA", sha_of(source), numkeys, *args)
+    pipe.execute_command("EVALSHA", _SHAS.get(source) or sha_of(source), numkeys, *args)
 
 
 def call(r: Any, source: str, numkeys: int, *args: Any) -> Any:
@@ -61,20 +61,16 @@ async def call_async(r: Any, source: str, numkeys: int, *args: Any) -> Any:
         return await r.execute_command("EVAL", source, numkeys, *args)
 
 
-def _queued(pipe: Any) -> list[tuple[Any, ...]]:
-    """The commands queued on ``pipe`` (plain and cluster pipelines, sync and asyncio)."""
-    strategy = getattr(pipe, "_execution_strategy", None)  # cluster pipelines keep them there
-    stack = getattr(strategy, "_command_queue", None)
-    if stack is None:
-        stack = pipe.command_stack
+def _queued(stack: list[Any]) -> list[tuple[Any, ...]]:
+    """The commands of a pipeline's queue (``_stack``) as their arguments."""
     return [tuple(c.args if hasattr(c, "args") else c[0]) for c in stack]
 
 
-def _missing(queued: list[tuple[Any, ...]], replies: list[Any]) -> list[int]:
-    """Where an EVALSHA answered NOSCRIPT."""
+def _missing(stack: list[Any], replies: list[Any]) -> list[int]:
+    """Where an EVALSHA answered NOSCRIPT (``stack``: the pipeline's queue, ``_stack``)."""
     return [
         i
-        for i, (args, reply) in enumerate(zip(queued, replies, strict=True))
+        for i, (args, reply) in enumerate(zip(_queued(stack), replies, strict=True))
         if isinstance(reply, NoScriptError) and str(args[0]).upper() == "EVALSHA"
     ]
 
@@ -84,37 +80,51 @@ def _by_source(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("EVAL", _SOURCES[sha], *args[2:])
 
 
-def _settled(replies: list[Any], raise_on_error: bool) -> list[Any]:
+def _stack(pipe: Any) -> list[Any]:
+    """A copy of the commands queued on ``pipe`` (plain and cluster pipelines, sync and
+    asyncio): ``execute`` empties the pipeline's own."""
+    strategy = getattr(pipe, "_execution_strategy", None)  # cluster pipelines keep them there
+    stack = getattr(strategy, "_command_queue", None)
+    return list(pipe.command_stack if stack is None else stack)
+
+
+def _settled(replies: list[Any], raise_on_error: bool) -> None:
+    """Raise the first error among ``replies`` (if ``raise_on_error``)."""
     if raise_on_error:
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-    return replies
 
 
 def execute(pipe: Any, raise_on_error: bool = True) -> list[Any]:
     """``pipe.execute()``, its scripts sent by hash: those Redis lacked are sent again by
     source in one more round trip, nothing else is repeated. ``raise_on_error`` as
     redis-py's (the first error raised after every command ran)."""
-    queued = _queued(pipe)
+    stack = _stack(pipe)
     replies = list(pipe.execute(raise_on_error=False))
-    missing = _missing(queued, replies)
-    if missing:
-        for i in missing:
-            pipe.execute_command(*_by_source(queued[i]))
-        for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
-            replies[i] = reply
-    return _settled(replies, raise_on_error)
+    if any(isinstance(reply, Exception) for reply in replies):  # else the common case: done
+        missing = _missing(stack, replies)
+        if missing:
+            queued = _queued(stack)
+            for i in missing:
+                pipe.execute_command(*_by_source(queued[i]))
+            for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        _settled(replies, raise_on_error)
+    return replies
 
 
 async def execute_async(pipe: Any, raise_on_error: bool = True) -> list[Any]:
     """``execute`` on an asyncio pipeline."""
-    queued = _queued(pipe)
+    stack = _stack(pipe)
     replies = list(await pipe.execute(raise_on_error=False))
-    missing = _missing(queued, replies)
-    if missing:
-        for i in missing:
-            pipe.execute_command(*_by_source(queued[i]))
-        for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
-            replies[i] = reply
-    return _settled(replies, raise_on_error)
+    if any(isinstance(reply, Exception) for reply in replies):  # else the common case: done
+        missing = _missing(stack, replies)
+        if missing:
+            queued = _queued(stack)
+            for i in missing:
+                pipe.execute_command(*_by_source(queued[i]))
+            for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        _settled(replies, raise_on_error)
+    return replies

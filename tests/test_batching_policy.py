@@ -221,3 +221,59 @@ def test_the_batch_follows_effective_rank_then_length_distance(
 
     order = [(rank[c.key], distance(c), c.enqueued_ms) for c in batch[1:]]
     assert order == sorted(order)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5000),
+            st.sampled_from(["high", "normal", "low"]),
+            st.integers(1, 80),
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from([None, "base-model", "lora-x"]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(0, 20_000),
+    st.integers(1, 16),
+    st.sampled_from(["fair", "fifo"]),
+    st.booleans(),
+)
+def test_the_affinity_rule_with_nothing_to_group_decides_as_the_order_it_wraps(
+    rows: list[tuple[int, str, int, str, str | None]],
+    now: int,
+    size: int,
+    order_name: str,
+    prefixes: bool,
+) -> None:
+    """``Affinity.decide`` hands a pool with no prefix and no adapter of the worker's straight
+    to the wrapped order; the full rule gives the same decision for such a pool."""
+    from genq.worker.policy.affinity import Affinity
+    from genq.worker.policy.ordering import make_order
+
+    rank = {"high": 0, "normal": 1, "low": 2}
+    pool = [
+        Candidate(
+            key=f"k{j}",
+            prompt_tokens=p,
+            max_new_tokens=8,
+            enqueued_ms=ms,
+            priority_rank=rank[pr],
+            tenant=t,
+            model=m,
+        )
+        for j, (ms, pr, p, t, m) in enumerate(rows)
+    ]
+    policy = make_policy(max_batch_tokens=400, max_batch_size=size)
+    weights = {"a": 1.0, "b": 2.0}
+    for started in ([], pool[:3]):
+        inner, full = (
+            make_order(order_name),
+            Affinity(make_order(order_name), prefixes=prefixes, adapters=["other-lora"]),
+        )
+        inner.started(started)
+        full.started(started)
+        shortcut = full.decide(pool, now, policy, weights)
+        by_rule = next_batch(pool, now, policy, full.preference(pool, weights))
+        assert shortcut == inner.decide(pool, now, policy, weights) == by_rule

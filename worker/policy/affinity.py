@@ -39,6 +39,14 @@ class _Order(Protocol):
     @property
     def sees_newcomers(self) -> bool: ...
 
+    def decide(
+        self,
+        candidates: Sequence[Candidate],
+        now_ms: int,
+        policy: BatchPolicy,
+        weights: Mapping[str, float],
+    ) -> Decision: ...
+
     def preference(
         self, candidates: Sequence[Candidate], weights: Mapping[str, float]
     ) -> Preference | None: ...
@@ -173,7 +181,15 @@ class Affinity:
         policy: BatchPolicy,
         weights: Mapping[str, float],
     ) -> Decision:
-        """``next_batch`` with the affinity rule over the wrapped order's."""
+        """``next_batch`` with the affinity rule over the wrapped order's; the wrapped order's
+        alone when no candidate has a prefix or an adapter to group by (the rule would then
+        keep its order: the common case, at no cost)."""
+        adapters, prefixes = self.adapters, self.prefixes
+        if not any(
+            (prefixes and c.prefix is not None) or (c.model is not None and c.model in adapters)
+            for c in candidates
+        ):
+            return self.inner.decide(candidates, now_ms, policy, weights)
         return next_batch(candidates, now_ms, policy, self.preference(candidates, weights))
 
     def started(self, batch: Sequence[Candidate]) -> None:

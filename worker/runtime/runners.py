@@ -24,7 +24,7 @@ from genq.worker.engines.base import (
 )
 from genq.worker.policy import preemption
 from genq.worker.policy.budget import AdaptiveBudget
-from genq.worker.policy.lookahead import Held
+from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.runtime import queue_io
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
@@ -67,6 +67,9 @@ class Runner:
     hands_back = False
     """Whether the loop is busy while a batch runs, so that what it holds waiting should go
     back to the group when a batch will take long (``expected_busy_ms``)."""
+    preempts = False
+    """Whether higher-priority requests may take running ones' places (``rebalance``,
+    ``preemptible_by``): the loop skips those steps for a runner that never preempts."""
 
     def __init__(self, context: RunnerContext) -> None:
         self.outcomes = context.outcomes
@@ -96,6 +99,17 @@ class Runner:
         places: those below high less the high ones already ``waiting``."""
         highs = sum(1 for p in waiting if p == "high")
         return max(0, self.preemptible_by("high") - highs)
+
+    def read_total(self, lookahead: Lookahead, max_batch_size: int) -> int:
+        """How many entries a read may bring in all (0: no cap): a continuous runner's free
+        slots, filled from the highest priority first. (Its room per stream alone would let a
+        read bring one of each priority, and the low one would then take the next free slot
+        before the high ones still waiting in Redis.)"""
+        limit = self.read_limit(max_batch_size)
+        if limit is None:
+            return 0
+        left = max(0, limit - len(lookahead.waiting))
+        return left + (self.preempts and self.preempting(lookahead.priorities()))
 
     def widen(
         self, room: dict[str, int], priority_of: Callable[[str], str], waiting: Sequence[str]

@@ -174,7 +174,8 @@ class Worker:
         self.heartbeat()
         if reading:
             self.read()
-        self.runner.rebalance(self.lookahead.asks, self.settings.max_batch_size)
+        if self.runner.preempts:
+            self.runner.rebalance(self.lookahead.asks, self.settings.max_batch_size)
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         self.launch(decision)
         self.advance(listening=reading and self.listens())
@@ -185,7 +186,8 @@ class Worker:
         """Take over dead workers' entries, then read new ones (paced while the runner says
         so, or while idle: ``QueueIO.idle_pace_s``; unless the doorbell rang); admit them."""
         self.reclaim()
-        room, probe, total = self.room(), self.probe(), self.read_total()
+        room, probe = self.room(), self.probe()
+        total = self.runner.read_total(self.lookahead, self.settings.max_batch_size)
         rung, s = self.doorbell.take(), self.runner.read_pace_s(self.settings.max_batch_size)
         if not (s or self.runner.busy or self.queue.left_waiting or self.lookahead.waiting):
             s = self.queue.idle_pace_s  # idle: a ring ends the wait (``QueueIO.read``)
@@ -211,7 +213,10 @@ class Worker:
         self.doorbell.arm(listening)
         until = self.doorbell.rung if listening else None
         self.write(self.runner.collect(max(POLL_S, self.queue.read_wait_s()), until=until))
-        self.write(self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired())
+        if self.runner.running:  # (a static batch ends within its turn: nothing to drop)
+            self.write(
+                self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired()
+            )
 
     def idle(self, fill_wait_ms: int | None) -> None:
         """Nothing to start: block on the doorbell, or wait ``fill_wait_ms`` for a batch to
@@ -242,15 +247,9 @@ class Worker:
         should hold (a continuous runner: only what it can start now, or by preempting a
         lower-priority running request: ``Runner.preemptible_by``)."""
         room = self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
+        if not self.runner.preempts:
+            return room
         return self.runner.widen(room, self.queue.keys.priority_of, self.lookahead.priorities())
-
-    def read_total(self) -> int:
-        """How many entries a read may bring in all (0: no cap): a continuous runner's free
-        slots, filled from the highest priority first. (Its room per stream alone would let a
-        read bring one of each priority, and the low one would then take the next free slot
-        before the high ones still waiting in Redis.)"""
-        left = self.lookahead.left(self.runner.read_limit(self.settings.max_batch_size))
-        return 0 if left is None else left + self.runner.preempting(self.lookahead.priorities())
 
     def probe(self) -> tuple[int, list[str]]:
         """A static worker with an order that ranks tenants reads, with each priority, up to a
