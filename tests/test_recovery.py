@@ -199,3 +199,17 @@ def test_a_worker_killed_with_sigkill_leaves_no_engine_process_behind() -> None:
     worker.wait()
     _, alive = psutil.wait_procs([core, reaper], timeout=10)
     assert alive == [], [p.pid for p in alive]
+
+
+def test_the_reaper_looks_less_often_once_the_engines_processes_stay_the_same() -> None:
+    """Each look reads every process's stat in /proc: every 0.5 s while the worker's
+    descendants change and for 30 s after, then at most every 4 s (an idle vLLM worker's
+    reaper took ~1% of a core looking every 0.5 s)."""
+    from genq.worker.engines.reaper import POLL_S, SETTLE_S, STEADY_POLL_S, next_pause_s
+
+    assert next_pause_s(POLL_S, 0.0) == next_pause_s(STEADY_POLL_S, SETTLE_S - 1) == POLL_S
+    pauses, pause = [], POLL_S
+    for _ in range(6):
+        pause = next_pause_s(pause, SETTLE_S + 1)
+        pauses.append(pause)
+    assert pauses == [1.0, 2.0, 4.0, 4.0, 4.0, 4.0] and STEADY_POLL_S == 4.0
