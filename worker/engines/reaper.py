@@ -115,8 +115,9 @@ def next_pause_s(pause_s: float, stable_s: float) -> float:
 
 
 def _sleep_until_parent_dies(pause_s: float, worker: int) -> None:
-    """Sleep ``pause_s``, or less: the worker's death ends it (``PR_SET_PDEATHSIG`` sends the
-    SIGTERM that interrupts the sleep; the parent is checked each ``POLL_S`` as well)."""
+    """Sleep ``pause_s``, or less: the worker's death ends it, seen within ``POLL_S`` (the
+    parent is checked that often; the SIGTERM of ``PR_SET_PDEATHSIG`` does not cut a sleep
+    short, as Python resumes one after a handler returns)."""
     deadline = time.monotonic() + pause_s
     while os.getppid() == worker and time.monotonic() < deadline:
         time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
