@@ -14,7 +14,9 @@
 - ``runners``: engines behind one interface, and the static runner; ``continuous_runner``:
   iteration-level engines, with preemption and time slices;
 - ``outcomes``: final results as the worker writes them;
-- ``writer``: the thread that writes results; ``recovery``: claims and takeover;
+- ``writer``: the thread that writes results; ``streamed_text``: the thread that sends
+  streaming requests' text, a step's pieces in one round trip; ``recovery``: claims and
+  takeover;
 - ``doorbell``: the thread that wakes a generating loop when a request arrives;
 - ``heartbeat``: counters and the stats hash; ``metrics``: Prometheus;
 - ``clock``: Redis' clock, which everything the worker records is in;

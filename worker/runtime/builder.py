@@ -40,6 +40,7 @@ from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import QueueIO, raw_read_reply
 from genq.worker.runtime.runners import Runner, RunnerContext, StaticRunner
 from genq.worker.runtime.starting import Starter
+from genq.worker.runtime.streamed_text import TextSender
 from genq.worker.runtime.worker import Worker
 from genq.worker.runtime.writer import ResultWriter
 
@@ -79,13 +80,15 @@ def build_worker(
     lookahead = Lookahead.for_settings(settings, keys.streams())
     budget = AdaptiveBudget(full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s)
     outcomes = _outcomes(settings, engine, keys)
+    one_step = not is_cluster(r)  # a step's pieces at once (in one slot only, on a Cluster)
+    text = TextSender(lambda: r.pipeline(transaction=one_step), keys, settings.result_ttl_s)
     context = RunnerContext(
-        outcomes=outcomes, counters=counters, metrics=metrics, send_delta=queue.send_delta
+        outcomes=outcomes, counters=counters, metrics=metrics, send_delta=text.add
     )
     runner = make_runner(context, engine, budget, settings)
     stats = _heartbeat(settings, engine, queue, counters, lambda: _holdings(lookahead, runner))
     writer: ResultWriter[Outcome] = ResultWriter(
-        _write_now(queue, stats, metrics),
+        _write_now(queue, stats, metrics, text),
         max_backlog=2 * settings.max_batch_size,
         on_away=lambda: refresh_cluster_view(r),
     )
@@ -116,6 +119,7 @@ def build_worker(
         runner=runner,
         starter=_starter(settings, queue, tenants, outcomes, counters),
         writer=writer,
+        text=text,
         stats=stats,
         keeper=keeper,
         doorbell=DoorbellListener(side_connection(), keys.doorbells),
@@ -264,12 +268,14 @@ def _holdings(lookahead: Lookahead, runner: Runner) -> tuple[list[Held], list[He
 
 
 def _write_now(
-    queue: QueueIO, stats: Heartbeat, metrics: Metrics
+    queue: QueueIO, stats: Heartbeat, metrics: Metrics, text: TextSender
 ) -> Callable[[list[Outcome]], list[int]]:
-    """The writer thread's call: one APPLY over a batch plus the latest stats; then the
+    """The writer thread's call: the streamed text queued so far (so each request's pieces
+    come before its final event), then one APPLY over a batch plus the latest stats; then the
     Prometheus metrics (thread-safe) of the requests it ended."""
 
     def write(batch: list[Outcome]) -> list[int]:
+        text.flush()
         answers = queue.write_final(batch, also=stats.add_latest)
         metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
         return answers

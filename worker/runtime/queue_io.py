@@ -2,8 +2,9 @@
 
 Join (consumer groups and the queue's config), resume (this consumer's own pending entries),
 reclaim (entries of dead workers), read (new entries within the look-ahead's room), mark
-running and write final states (the APPLY script), dead-letter, stream text, check for
-cancels, publish stats. Keys come from ``genq.common.keys``; the worker loop never builds one.
+running and write final states (the APPLY script), dead-letter, check for cancels, publish
+stats (streamed text goes from a thread of its own: ``streamed_text.py``). Keys come from
+``genq.common.keys``; the worker loop never builds one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.prefixes import HOLDINGS_TTL_S
 from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply
 from genq.common.settings import WorkerSettings
-from genq.common.wire import as_text, encode_delta_event
+from genq.common.wire import as_text
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
 from genq.worker.runtime.dead_letter import add_to_pipeline
@@ -324,15 +325,6 @@ class QueueIO:
             stream, entry_id = str(record["stream"]), str(record["entry_id"])
             pipe.xack(stream, GROUP, entry_id)
             pipe.xdel(stream, entry_id)
-        pipe.execute()
-
-    def send_delta(self, request_id: str, text: str) -> None:
-        """Append a piece of streamed text to the request's event stream. One round trip per
-        piece: streaming is opt-in, and a piece per decode step is what its client asked for."""
-        events = self.keys.events(request_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(events, encode_delta_event(text))  # type: ignore[arg-type]
-        pipe.expire(events, self.settings.result_ttl_s)
         pipe.execute()
 
     def final_ones(self, request_ids: Sequence[str]) -> set[str]:

@@ -58,6 +58,7 @@ from genq.worker.runtime.recovery import ClaimKeeper
 from genq.worker.runtime.runners import POLL_S, Runner
 from genq.worker.runtime.signals import install_signal_handlers
 from genq.worker.runtime.starting import Starter
+from genq.worker.runtime.streamed_text import TextSender
 from genq.worker.runtime.writer import ResultWriter
 
 log = logging.getLogger("genq.worker")
@@ -91,6 +92,7 @@ class Worker:
     runner: Runner
     starter: Starter
     writer: ResultWriter[Outcome]
+    text: TextSender  # streaming requests' pieces, many a round trip, from its own thread
     stats: Heartbeat
     keeper: ClaimKeeper  # renews claims and the heartbeat, on a connection of its own
     doorbell: DoorbellListener  # wakes a generating loop for arrivals, on its own connection
@@ -121,8 +123,8 @@ class Worker:
         try:
             self.drain()
         finally:
-            self.doorbell.stop()
-            self.writer.stop()
+            for part in (self.doorbell, self.text, self.writer):
+                part.stop()
             self.runner.close()
         self.account_written()
         self.keeper.stop()
