@@ -12,9 +12,10 @@ import functools
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from genq.common.errors import GenqError, InvalidRequest, ResultTimeout
@@ -38,6 +39,7 @@ from genq.producer.gateway.openai_errors import (
 )
 
 router = APIRouter()
+Chunk = TypeVar("Chunk", str, bytes)
 
 
 @router.post("/v1/completions")
@@ -98,11 +100,11 @@ async def _answer(request: Request, gw: Gateway, who: Caller, url: str) -> Respo
     return JSONResponse(response_body(url, result))
 
 
-def held(gw: Gateway, who: Caller, events: AsyncIterator[str]) -> AsyncIterator[str]:
+def held(gw: Gateway, who: Caller, events: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
     """``events``, counted in flight for ``who`` until the stream ends (``Gateway.enter``
     counted it in)."""
 
-    async def stream() -> AsyncIterator[str]:
+    async def stream() -> AsyncIterator[Chunk]:
         try:
             async for event in events:
                 yield event
@@ -214,8 +216,8 @@ async def wait_or_cancel(gw: Gateway, request: Request, request_id: str) -> Resu
         ) from None
 
 
-def _sse(doc: dict[str, Any]) -> str:
-    return f"data: {json.dumps(doc)}\n\n"
+def _sse(doc: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
 def _chunk(url: str, request_id: str, model: str, created: int, **choice: Any) -> dict[str, Any]:
@@ -230,7 +232,7 @@ def _chunk(url: str, request_id: str, model: str, created: int, **choice: Any) -
 
 async def _events(
     gw: Gateway, request_id: str, url: str, model: str, include_usage: bool
-) -> AsyncIterator[str]:
+) -> AsyncIterator[bytes]:
     """The SSE stream of one request: chunks as text arrives (on chat the first carries the
     assistant role with the first text, as vLLM sends it, so a client timing the first chunk
     measures the first token), the final chunk, usage if asked, ``[DONE]``. An error after the
@@ -257,7 +259,7 @@ async def _events(
                 usage = _chunk(url, request_id, model, created)
                 usage.update(choices=[], usage=usage_of(item))
                 yield _sse(usage)
-        yield "data: [DONE]\n\n"
+        yield b"data: [DONE]\n\n"
     except ResultTimeout:
         message = f"no result within {gw.settings.request_timeout_s} s; the request was cancelled"
         yield _sse({"error": {"message": message, "type": "timeout", "code": "timeout"}})

@@ -170,10 +170,13 @@ class ResultHub:
                 block_ms = follower.next_block_ms()
                 if block_ms is None:
                     raise ResultTimeout(f"request {request_id} not final after {timeout_s} s")
-                try:
-                    entries = await asyncio.wait_for(waiting.inbox.get(), block_ms / 1000)
-                except TimeoutError:
-                    continue
+                if waiting.inbox.empty():
+                    try:
+                        entries = await asyncio.wait_for(waiting.inbox.get(), block_ms / 1000)
+                    except TimeoutError:
+                        continue
+                else:  # (no timer and no task for what is there already)
+                    entries = waiting.inbox.get_nowait()
                 for item in follower.take([(waiting.key, entries)]):
                     yield item
         finally:
