@@ -108,3 +108,28 @@ def test_a_burst_in_one_call_wakes_every_idle_worker(own: RedisServer, tmp_path:
     queued = min(x.timings.queued_unix_ms or 0 for x in results)
     assert len(first) == 3, first  # all three served
     assert max(first.values()) - queued < 500, (first, queued)  # woken, not found by a timeout
+
+
+IDLE_GATEWAY_COMMANDS_PER_S = 4.0
+"""The bound for an idle ``genq serve``: it measured 3.0 a second (6 before): whether a batch
+runs (SCARD, twice a second, on its event loop), one blocked read of the webhook outbox and one
+scan of its due retries every 2 s."""
+
+
+def test_an_idle_gateway_costs_redis_a_few_commands_a_second(
+    own: RedisServer, tmp_path: Path
+) -> None:
+    from genq.worker.devtools.gateway_process import GatewayProcess
+
+    r = redis.Redis.from_url(own.url)
+    gateway = GatewayProcess(own.url, "idlegw", tmp_path / "gateway.log")
+    try:
+        time.sleep(2.5)  # its first reads done: idle from now on
+        mine = ("cmdstat_info", "cmdstat_config|resetstat")
+        r.config_resetstat()
+        t0 = time.monotonic()
+        time.sleep(8)
+        per_s = commands(r, mine) / (time.monotonic() - t0)
+    finally:
+        gateway.stop()
+    assert per_s <= IDLE_GATEWAY_COMMANDS_PER_S, per_s

@@ -90,7 +90,7 @@ async def _background(gw: Gateway, api: bool) -> AsyncIterator[None]:
     """The gateway's own work while it serves (``api``: not ``genq dashboard``'s): webhook
     deliveries, and the rounds of the queue's running batches."""
     deliverer = Deliverer(gw.client.redis, gw.client.keys, gw.settings)
-    runner = BatchRunner(gw.sync_client, gw.files)
+    runner = BatchRunner(gw.sync_client, gw.files, gw.client.redis)
     tasks = [asyncio.create_task(deliverer.run()), asyncio.create_task(runner.run())] if api else []
     try:
         yield

@@ -37,10 +37,11 @@ from genq.producer.gateway.settings import GatewaySettings
 log = logging.getLogger("genq.webhooks")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per delivery
 
-READ_BLOCK_MS = 500
-"""How long one read of new events blocks (then the retry scan runs)."""
-RETRY_SCAN_S = 0.5
-"""How often the pending events are scanned for those due again."""
+RETRY_SCAN_MOST_S = 2.0
+"""How often, at most, the pending events are scanned for those due again: every quarter of
+the first retry's wait (at least 2 x ``--webhook-timeout-s`` + 1 s: with the defaults, 21 s),
+up to this. A read of new events blocks as long (an event ends it at once): an idle gateway
+makes one read and one scan in that time."""
 MOST_RETRY_S = 600.0
 """The longest wait between two tries of an event."""
 PER_ENDPOINT = 8
@@ -120,15 +121,19 @@ class Deliverer:
                 self.consumer,
                 {self.keys.webhook_events: ">"},
                 count=min(room, 64),
-                block=READ_BLOCK_MS,
+                block=int(self._scan_s() * 1000),
             )
             for entry_id, fields in _entries(reply):
                 self._start(entry_id, fields, deliveries=1)
         else:
-            await asyncio.sleep(READ_BLOCK_MS / 1000)
-        if time.monotonic() - self._last_scan_s >= RETRY_SCAN_S:
+            await asyncio.sleep(self._scan_s())
+        if time.monotonic() - self._last_scan_s >= self._scan_s():
             self._last_scan_s = time.monotonic()
             await self._retry_due()
+
+    def _scan_s(self) -> float:
+        """How often the retry scan runs (``RETRY_SCAN_MOST_S``)."""
+        return min(RETRY_SCAN_MOST_S, self._due_after_ms(1) / 4000)
 
     def _due_after_ms(self, deliveries: int) -> int:
         """How long after its last try an event that was tried ``deliveries`` times is due:
