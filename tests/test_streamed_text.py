@@ -7,6 +7,7 @@ test_gateway.py.)"""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -56,6 +57,7 @@ def texts(r: redis.Redis, keys: Keys, request_id: str) -> list[str]:
 def test_a_steps_pieces_go_in_one_round_trip_in_order(r: redis.Redis, queue: str) -> None:
     keys, pipes = Keys(queue), CountingPipelines(r)
     sender = TextSender(pipes, keys, ttl_s=60)
+    r.config_resetstat()
     try:
         pipes.hold.clear()  # the first send waits: everything after it queues behind it
         sender.add("a", "one ")
@@ -71,6 +73,7 @@ def test_a_steps_pieces_go_in_one_round_trip_in_order(r: redis.Redis, queue: str
     assert texts(r, keys, "a") == ["one ", "a0 a1 a2 "]  # joined, in order
     assert texts(r, keys, "b") == ["b0 b1 b2 "]
     assert 0 < r.ttl(keys.events("c")) <= 60
+    assert r.info("commandstats")["cmdstat_expire"]["calls"] == 3  # once a request, not a piece
 
 
 def test_flush_sends_what_is_queued_before_a_final_write(r: redis.Redis, queue: str) -> None:
@@ -123,3 +126,22 @@ def test_stop_sends_what_is_left(r: redis.Redis, queue: str) -> None:
     pipes.hold.set()
     sender.stop()
     assert "".join(texts(r, keys, "z")) == "ab"
+
+
+def test_a_long_stream_renews_its_ttl_once_half_of_it_passed(r: redis.Redis, queue: str) -> None:
+    keys, pipes = Keys(queue), CountingPipelines(r)
+    sender = TextSender(pipes, keys, ttl_s=2)
+    r.config_resetstat()
+    try:
+        for piece in ("a", "b"):  # within the first second: one EXPIRE
+            sender.add("long", piece)
+            wait_until(lambda: len(sender) == 0)
+            sender.flush()
+        time.sleep(1.2)
+        sender.add("long", "c")  # past half the TTL: set again, so the stream outlives it
+        wait_until(lambda: len(sender) == 0)
+        sender.flush()
+    finally:
+        sender.stop()
+    assert r.info("commandstats")["cmdstat_expire"]["calls"] == 2
+    assert "".join(texts(r, keys, "long")) == "abc" and r.ttl(keys.events("long")) > 1

@@ -25,7 +25,9 @@ What does not change:
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable
 
 from genq.common.keys import Keys
@@ -34,6 +36,10 @@ from genq.worker.runtime.writer import PASSING
 
 log = logging.getLogger("genq.worker")
 
+TTL_MEMORY = 4096
+"""How many requests the sender remembers having set the TTL of (their event stream's, set with
+a request's first piece and again once half of it has passed, not with every piece); past it,
+it forgets them all, and each one streaming then gets one EXPIRE more."""
 RETRY_PAUSE_S = 0.2
 """The sender's pause after a send failed (Redis away or full), before it tries again; the
 pieces stay queued. (A failure that is not Redis being away reaches the loop through the
@@ -51,6 +57,7 @@ class TextSender:
         self._keys = keys
         self._ttl_s = ttl_s
         self._pending: dict[str, list[str]] = {}  # request id -> pieces (dicts keep order)
+        self._ttl_set: dict[str, float] = {}  # request id -> when its TTL was set (monotonic)
         self._cond = threading.Condition()
         self._sending = threading.Lock()  # one send at a time: pieces go in the order queued
         self._stopping = False
@@ -81,12 +88,19 @@ class TextSender:
                 raise
 
     def _send(self, batch: dict[str, list[str]]) -> None:
+        """One round trip (under ``_sending``: ``_ttl_set`` is this lock's too)."""
+        now, renewed = time.monotonic(), []
+        if len(self._ttl_set) > TTL_MEMORY:
+            self._ttl_set.clear()
         pipe = self._pipeline()
         for request_id, pieces in batch.items():
             events = self._keys.events(request_id)
             pipe.xadd(events, encode_delta_event("".join(pieces)))  # type: ignore[attr-defined]
-            pipe.expire(events, self._ttl_s)  # type: ignore[attr-defined]
+            if now - self._ttl_set.get(request_id, -math.inf) > self._ttl_s / 2:
+                pipe.expire(events, self._ttl_s)  # type: ignore[attr-defined]
+                renewed.append(request_id)
         pipe.execute()  # type: ignore[attr-defined]
+        self._ttl_set.update(dict.fromkeys(renewed, now))
 
     def __len__(self) -> int:
         """Requests with pieces waiting to be sent."""
