@@ -13,7 +13,12 @@ script's keys stay in one Redis Cluster slot.
 from __future__ import annotations
 
 from genq.common.keys import GROUP, QUEUED
-from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TENANT, PRIORITIES
+from genq.common.models import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TENANT,
+    MAX_CHOICES_PER_REQUEST,
+    PRIORITIES,
+)
 from genq.common.prefixes import AFFINITY_LUA, SCOPED_LUA
 from genq.common.wire import BODY_FIELD
 
@@ -226,23 +231,22 @@ PULL = (
 --       static reader with a fair order: a tenant that arrived behind another's backlog is
 --       read before its next batch, not after it); the affinity's wait in ms (0: none, read
 --       in order) and load factor x 100 (prefixes.py); and the 'PRIORITY|TENANT' pairs it holds
--- A worker's read: per priority, the waiting entries of the active tenants, fairly: each next
--- entry is the oldest of the tenant with the least weighted tokens per unit of weight, served
--- (vtc: what workers started) and reserved (what they read and have not started yet) (VTC;
--- 'fifo': the oldest waiting entry, whoever sent it) among those under their
--- tokens-per-minute, claimed from {QUEUED} (JUSTID) for this consumer. Each is charged at
--- once, by an upper bound from its body (PROMPT_EST = the body's bytes: a prompt has no more
--- tokens than bytes; and its max_new_tokens: 'charge' below, ``policy.fair_share.charge`` in
--- Python): weighted PROMPT_EST + 2 x max_new_tokens to the tenant's reserved, PROMPT_EST +
--- max_new_tokens to its last minute and to its token bucket; the worker corrects the estimate
--- once it has tokenized the prompt, moves it from reserved to vtc when it starts the request,
--- and refunds what was not used when the request ends. (Reserved apart from served: a tenant
--- back from idle is lifted to the lowest served, not to what others merely hold, which a
--- hand-back returns.) A tenant with a
--- tokens-per-minute N is read only while its bucket (refilled at N a minute, holding at most
--- min(N, the batch budget)) is above 0: in any 60 s it takes at most N plus one batch's
--- tokens, evenly, not in a burst at each minute's turn. Entries a plain XADD added are swept
--- into the indexes first. Returns XREADGROUP's shape.
+-- A worker's read: per priority, the waiting entries of the active tenants, fairly: each next entry
+-- is the oldest of the tenant with the least weighted tokens per unit of weight, served (vtc: what
+-- workers started) and reserved (what they read and have not started yet) (VTC; 'fifo': the oldest
+-- waiting entry, whoever sent it) among those under their tokens-per-minute, claimed from {QUEUED}
+-- (JUSTID) for this consumer. Each is charged at once, by an upper bound from its body (PROMPT_EST
+-- = the body's bytes: a prompt has no more tokens than bytes; and its max_new_tokens, times its
+-- choices ``n``: 'charge' below, ``policy.fair_share.charge`` in Python): weighted PROMPT_EST + 2 x
+-- max_new_tokens to the tenant's reserved, PROMPT_EST + max_new_tokens to its last minute and to
+-- its token bucket; the worker corrects the estimate once it has tokenized the prompt, moves it
+-- from reserved to vtc when it starts the request, and refunds what was not used when the request
+-- ends. (Reserved apart from served: a tenant back from idle is lifted to the lowest served, not to
+-- what others merely hold, which a hand-back returns.) A tenant with a tokens-per-minute N is read
+-- only while its bucket (refilled at N a minute, holding at most min(N, the batch budget)) is above
+-- 0: in any 60 s it takes at most N plus one batch's tokens, evenly, not in a burst at each
+-- minute's turn. Entries a plain XADD added are swept into the indexes first. Returns XREADGROUP's
+-- shape.
 local me, fifo = ARGV[1], ARGV[2] == 'fifo'
 if ARGV[2] ~= 'fifo' and ARGV[2] ~= 'fair' then
   return redis.error_reply('ERR genq PULL: unknown read rule ' .. tostring(ARGV[2]))
@@ -260,9 +264,11 @@ local function head(p, t)  -- fifo: the tenant's oldest waiting entry's id, as {
   local ms, seq = string.match(item, '^(%d+)-(%d+)')
   return {{tonumber(ms), tonumber(seq)}}
 end
-local function charge(body)
+local function charge(body)  -- policy.fair_share.charge's twin (a test compares the two)
   local m = tonumber(string.match(body, '"max_new_tokens":%s*(%d+)') or '')
     or {DEFAULT_MAX_NEW_TOKENS}
+  local n = tonumber(string.match(body, '"n":%s*(%d+)') or '')  -- n choices: n x as many
+  if n then m = m * math.min(n, {MAX_CHOICES_PER_REQUEST}) end
   return #body, m
 end
 local function trim_window(t)  -- drop the seconds of t's last minute that are past

@@ -113,14 +113,16 @@ def test_equal_entry_ids_in_two_priorities_are_indexed_under_their_own_tenants(
     assert [client.status(i).tenant for i in ids] == ["a", "a", "b", "b"]
 
 
+@pytest.mark.parametrize("n", [1, 3])
 def test_a_read_charges_what_the_python_estimate_says(
-    redis_url: str, queue: str, r: redis.Redis
+    redis_url: str, queue: str, r: redis.Redis, n: int
 ) -> None:
     keys = Keys(queue)
-    Client.from_url(redis_url, queue).submit("héllo wörld " * 7, tenant="t", max_new_tokens=9)
+    client = Client.from_url(redis_url, queue)
+    client.submit("héllo wörld " * 7, tenant="t", max_new_tokens=9, n=n)
     [(tenant, body)] = pull(r, keys, 5)
     est, max_new = charge(body)
-    assert tenant == "t" and max_new == 9
+    assert tenant == "t" and max_new == 9 * n  # n choices: n times the tokens
     assert float(r.zscore(keys.reserved, "t") or 0) == est + 2 * max_new  # read, not started
     assert r.zscore(keys.vtc, "t") is None
     window: Any = r.hgetall(keys.window("t"))
@@ -254,6 +256,7 @@ def test_every_charge_settles_to_what_was_used_when_the_work_is_done(
     ids = client.submit_many(["a" * 30] * 40, tenant="a", max_new_tokens=6)
     ids += client.submit_many(["b" * 5] * 12, tenant="b", max_new_tokens=3)
     ids += client.submit_many(["c"] * 3, tenant="c", deadline_in_s=0.001)  # expire: never started
+    ids += client.submit_many(["d" * 9] * 4, tenant="d", max_new_tokens=5, n=3)  # 3 choices
     worker = start_worker(queue, "--engine", "echo", "--max-batch-size", "8")
     results = client.results(ids, timeout=60)
     assert worker.stop() == 0  # leaving sends the corrections it still held
@@ -261,7 +264,7 @@ def test_every_charge_settles_to_what_was_used_when_the_work_is_done(
     for x in results:
         used[x.tenant] += x.usage.prompt_tokens + 2 * x.usage.completion_tokens
     assert {x.status for x in results if x.tenant == "c"} == {"expired"}
-    for tenant in ("a", "b", "c"):
+    for tenant in ("a", "b", "c", "d"):
         assert float(r.zscore(keys.reserved, tenant) or 0) == 0, tenant
         assert float(r.zscore(keys.vtc, tenant) or 0) == used[tenant], tenant
 

@@ -45,7 +45,9 @@ def charge(body: bytes) -> tuple[int, int]:
     never below the real cost and a tenant's tokens per minute hold); and the first
     ``"max_new_tokens": N`` in it (the default when there is none). The worker corrects the
     estimate as soon as it has tokenized the prompt. A body with ``"n": N`` (N choices) is
-    charged N x max_new_tokens (N read as at most 16: still an upper bound)."""
+    charged N x max_new_tokens (N read as at most 16: still an upper bound). PULL's ``charge``
+    is the twin in Lua: both must say the same, or the refund leaves the tenant's reserved off
+    (``test_a_read_charges_what_the_python_estimate_says``)."""
     found = _MAX_NEW.search(body)
     new = int(found.group(1)) if found else DEFAULT_MAX_NEW_TOKENS
     choices = _N.search(body) if b'"n":' in body else None
