@@ -12,13 +12,9 @@ script's keys stay in one Redis Cluster slot.
 
 from __future__ import annotations
 
+from genq.common import models
 from genq.common.keys import GROUP, QUEUED
-from genq.common.models import (
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_TENANT,
-    MAX_CHOICES_PER_REQUEST,
-    PRIORITIES,
-)
+from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TENANT, PRIORITIES
 from genq.common.prefixes import AFFINITY_LUA, SCOPED_LUA
 from genq.common.wire import BODY_FIELD
 
@@ -268,7 +264,7 @@ local function charge(body)  -- policy.fair_share.charge's twin (a test compares
   local m = tonumber(string.match(body, '"max_new_tokens":%s*(%d+)') or '')
     or {DEFAULT_MAX_NEW_TOKENS}
   local n = tonumber(string.match(body, '"n":%s*(%d+)') or '')  -- n choices: n x as many
-  if n then m = m * math.min(n, {MAX_CHOICES_PER_REQUEST}) end
+  if n then m = m * math.min(n, {models.MAX_CHOICES_PER_REQUEST}) end
   return #body, m
 end
 local function trim_window(t)  -- drop the seconds of t's last minute that are past

@@ -353,7 +353,9 @@ def test_flood_scenario_serves_every_chat_and_reports_connections_and_memory() -
     res = bench_json("--scenario", "flood", "--quick", timeout_s=300)
     assert res["alice_served"] == res["waiting"] == 500
     assert res["bob_failed"] == 0 and res["bob_requests"] > 0
-    assert 0 < res["redis_connections"] <= 64 + 2 + 4  # the shared pool, the readers, the rest
+    # The connections the flood added: the shared pool, the readers, the rest; 0 when the pool
+    # the idle gateway had already holds the flood (seen once, in CI; 1-3 in other runs).
+    assert 0 <= res["redis_connections"] <= 64 + 2 + 4
     assert res["kb_per_waiting"] > 0 and res["health_max_ms"] > 0
 
 

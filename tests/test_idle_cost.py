@@ -112,7 +112,7 @@ def test_a_burst_in_one_call_wakes_every_idle_worker(own: RedisServer, tmp_path:
 
 IDLE_GATEWAY_COMMANDS_PER_S = 4.0
 """The bound for an idle ``genq serve``: it measured 3.0 a second (6 before): whether a batch
-runs (SCARD, twice a second, on its event loop), one blocked read of the webhook outbox and one
+runs (SMEMBERS, twice a second, on its event loop), one blocked read of the webhook outbox and one
 scan of its due retries every 2 s."""
 
 
