@@ -38,16 +38,16 @@ class BatchRunner:
     async def run(self) -> None:
         while True:
             try:  # (the rounds block: a thread; whether any batch runs, asked on the loop)
-                busy = bool(await self.queue_redis.smembers(self.client.keys.batches_running))
-                busy = busy and await run_in_threadpool(self.turn)
+                members = await self.queue_redis.smembers(self.client.keys.batches_running)
+                busy = bool(members) and await run_in_threadpool(self.turn, members)
             except Exception as err:  # Redis away, say: the next turn tries again
                 log.warning("batch rounds: %s", err)
                 busy = False
             await asyncio.sleep(0 if busy else IDLE_S)
 
-    def turn(self) -> bool:
-        """One round of every running batch this gateway may run; whether any did work."""
-        members: Any = self.client.redis.smembers(self.client.keys.batches_running)
+    def turn(self, members: Any) -> bool:
+        """One round of each of these running batches (``Keys.batches_running``' members) this
+        gateway may run; whether any did work."""
         busy = False
         for batch_id in sorted(as_text(m) for m in members):
             try:

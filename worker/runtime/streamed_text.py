@@ -32,7 +32,6 @@ from collections.abc import Callable
 
 from genq.common.keys import Keys
 from genq.common.wire import encode_delta_event
-from genq.worker.runtime.writer import PASSING
 
 log = logging.getLogger("genq.worker")
 
@@ -114,8 +113,8 @@ class TextSender:
         self._thread.join(timeout=10)
         try:
             self.flush()
-        except PASSING as err:
-            log.warning("streamed text of %d requests not sent: %s", len(self), err)
+        except Exception as err:  # the worker stops anyway: its other parts stop after this
+            log.warning("streamed text of %d requests not sent: %r", len(self), err)
 
     def _run(self) -> None:
         failing = False
