@@ -436,7 +436,8 @@ for t, level in pairs(buckets) do
 end
 for base, n in pairs(popped) do redis.call('LPOP', base .. ':waiting', n) end
 for base in pairs(PASSED) do  -- wake an idle worker of the lane: the holder, if it is idle
-  redis.call('XADD', base .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', 1)
+  -- ('by' me: should this reader's own wait take it, it rings again: doorbell.py)
+  redis.call('XADD', base .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', 1, 'by', me)
 end
 return out
 """

@@ -26,7 +26,11 @@ from genq.common.prefixes import (
     prefix_key,
     scoped,
 )
+from genq.common.settings import WorkerSettings
 from genq.producer import Client
+from genq.worker.runtime.doorbell import wait_for_ring
+from genq.worker.runtime.fair_share import TenantAccounts
+from genq.worker.runtime.queue_io import QueueIO
 
 from tests.conftest import WorkerProcess, genq_stats, wait_until
 
@@ -175,6 +179,42 @@ def test_what_another_live_worker_holds_waits_for_it_then_goes_to_anyone(
     assert read(r, keys, "w2", 4, wait_ms=200) == [], "within the bound"
     time.sleep(0.25)
     assert [g[0] for g in read(r, keys, "w2", 4, wait_ms=200)] == ["A"], "past the bound"
+
+
+def test_a_readers_own_pass_over_ring_goes_on_to_the_idle_holder(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    """A read that passes entries over rings the doorbell for their holder. If the holder was
+    not blocked on it yet (finishing a turn) and the reader's own idle wait takes that ring,
+    the reader rings once more and sleeps instead of blocking, so the holder's wait gets it.
+    (A fleet test saw the reader take the holder's adapter's requests once the wait bound was
+    over: the ring had gone back to the reader, the holder blocked on for seconds.)"""
+    keys = Keys(queue)
+    settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
+    reader = QueueIO(
+        r=r,
+        keys=keys,
+        consumer="w2",
+        settings=settings,
+        tenants=TenantAccounts(r, keys),
+        read_rule="fair",
+    )
+    reader.ensure_groups()
+    Client.from_url(redis_url, queue).submit(LONG["A"])
+    reader.wait_for_doorbell(50)  # the submission's ring woke the reader, not the holder
+    r.hset(keys.holders, scoped("default", prefix_key(prompt=LONG["A"]) or ""), "w1")
+    live(r, keys, "w1")
+    live(r, keys, "w2")
+    assert reader.read(dict.fromkeys(keys.streams(), 4)) == [], "A waits for w1"
+    assert reader.left_waiting == 1
+    t0 = time.monotonic()
+    reader.wait_for_doorbell(5_000)  # takes its own read's ring: rings again, sleeps a tick
+    assert time.monotonic() - t0 < 1.0, "no block on the doorbell it just rang"
+    assert wait_for_ring(r, keys.doorbells, "w1", 50), "the holder hears it"
+    # A relayed ring back at the reader is not rung a third time: one relay a pass-over.
+    r.xadd(keys.doorbell, {"n": 1, "by": "w2", "relayed": 1})
+    reader.wait_for_doorbell(50)
+    assert not wait_for_ring(r, keys.doorbells, "w1", 20), "taken by the reader, not rung on"
 
 
 def test_a_busy_or_dead_holder_claims_nothing(redis_url: str, queue: str, r: redis.Redis) -> None:

@@ -39,14 +39,20 @@ AWAY_PAUSE_S = 1.0
 """How long the listener waits after a Redis error (the loop's own retry reports Redis away)."""
 
 
-def wait_for_ring(
-    r: Any, doorbells: Sequence[str], consumer: str, block_ms: int
-) -> list[tuple[str, Any]]:
+Ring = tuple[str, Any, dict[bytes, bytes]]
+"""A ring heard: its doorbell, its id (to acknowledge) and its fields."""
+
+PASSED_BY, RELAYED = b"by", b"relayed"
+"""A ring's fields when a read passed entries over for the workers that hold their prefixes
+(PULL rings for them): ``by`` the reader; ``relayed`` once that reader rang it again
+(``relay_own_rings``)."""
+
+
+def wait_for_ring(r: Any, doorbells: Sequence[str], consumer: str, block_ms: int) -> list[Ring]:
     """Block on the doorbells of the worker's lanes (as ``consumer`` of their groups) until one
     rings (a submission, or entries handed back), ``block_ms`` passes or a stop signal comes
-    (``signals.interruptible``); (doorbell, id) of the rings heard. Longer than
-    ``MAX_BLOCK_MS`` only in the main thread and not on a cluster
-    (``connection.blocking_call``)."""
+    (``signals.interruptible``); the rings heard. Longer than ``MAX_BLOCK_MS`` only in the
+    main thread and not on a cluster (``connection.blocking_call``)."""
     if is_cluster(r):
         block_ms = min(block_ms, MAX_BLOCK_MS)
     block_ms = longest_block_ms(block_ms)
@@ -55,7 +61,33 @@ def wait_for_ring(
     reply = interruptible(lambda: blocking_call(r, args, block_ms))
     if isinstance(reply, dict):  # RESP3
         reply = list(reply.items())
-    return [(as_text(x[0]), e[0]) for x in reply or [] for e in x[1]]
+    return [(as_text(x[0]), e[0], _fields(e[1])) for x in reply or [] for e in x[1]]
+
+
+def _fields(raw: Any) -> dict[bytes, bytes]:
+    if isinstance(raw, dict):
+        return raw
+    return dict(zip(raw[::2], raw[1::2], strict=False)) if raw else {}
+
+
+def own_rings(rings: Sequence[Ring], consumer: str) -> list[Ring]:
+    """The rings ``consumer``'s own read rang for the holders of what it passed over."""
+    me = consumer.encode()
+    return [ring for ring in rings if ring[2].get(PASSED_BY) == me]
+
+
+def relay_own_rings(r: Any, rings: Sequence[Ring], consumer: str) -> None:
+    """A reader's wait took the rings its own read rang for the workers holding what it passed
+    over (a holder finishing a turn was not blocked on the doorbell yet): ring once more for
+    them, those not rung again already, so that the holder's wait takes them. The caller then
+    sleeps instead of blocking, or it would take them back."""
+    bells = {bell for bell, _, fields in rings if RELAYED not in fields}
+    pipe = r.pipeline(transaction=False)
+    for bell in sorted(bells):
+        fields = {"n": 1, PASSED_BY.decode(): consumer, RELAYED.decode(): 1}
+        pipe.xadd(bell, fields, maxlen=DOORBELL_MAX)
+    if bells:
+        pipe.execute()
 
 
 class DoorbellListener:

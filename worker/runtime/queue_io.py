@@ -25,7 +25,7 @@ from genq.common.wire import as_text
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
 from genq.worker.runtime.dead_letter import add_to_pipeline
-from genq.worker.runtime.doorbell import wait_for_ring
+from genq.worker.runtime.doorbell import own_rings, relay_own_rings, wait_for_ring
 from genq.worker.runtime.fair_share import TenantAccounts, add_refunds, add_starts, give_back_args
 from genq.worker.runtime.outcomes import Outcome
 from genq.worker.runtime.prefixes import LoadNote, PrefixAffinity
@@ -38,6 +38,10 @@ request that arrives meanwhile waits at most this long to join the running batch
 stops asking Redis ~50 times a second for nothing while the engine computes (on a CPU, that
 work takes cores from the model). An engine that finishes a request does not shorten it."""
 
+
+OWN_RING_SLEEP_MS = 100
+"""How long a worker whose wait took only its own read's rings (``doorbell.relay_own_rings``)
+sleeps instead of blocking on the doorbell again: the holders it rang for block meanwhile."""
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
@@ -226,8 +230,13 @@ class QueueIO:
         (``doorbell.wait_for_ring``); the rings heard are acknowledged and deleted with the
         next read (in its round trip)."""
         rung = wait_for_ring(self.redis, self.keys.doorbells, self.consumer, block_ms)
-        self._rung += rung
-        self._unrung = not rung
+        self._rung += [(bell, ring_id) for bell, ring_id, _ in rung]
+        own = own_rings(rung, self.consumer)  # its read rang them for holders: theirs
+        if own:
+            relay_own_rings(self.redis, own, self.consumer)
+        self._unrung = len(own) == len(rung)
+        if rung and self._unrung:  # none for this worker: not blocking, or it takes them back
+            time.sleep(min(block_ms, OWN_RING_SLEEP_MS) / 1000)
 
     def _read(
         self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]], total: int
