@@ -239,3 +239,26 @@ def test_the_clients_submit_docstrings_name_every_request_option() -> None:
         doc = submit.__doc__ or ""
         missing = [o for o in options if o not in doc]
         assert not missing, f"{submit.__qualname__} does not name {missing}"
+
+
+def test_each_command_loads_when_asked_and_a_worker_imports_no_gateway() -> None:
+    """The ``genq`` group imports a command's module only when that command runs
+    (``COMMANDS``): each name loads a command of that name, and ``genq worker`` starts
+    without the gateway, the batch files' code or the benches (a fresh interpreter)."""
+    import click
+    from genq.worker.commands import COMMANDS, main
+
+    ctx = click.Context(main)
+    assert [getattr(main.get_command(ctx, name), "name", None) for name in COMMANDS] == list(
+        COMMANDS
+    )
+    assert main.get_command(ctx, "no-such-command") is None
+    code = (
+        "import sys, click; from genq.worker.commands import main; "
+        "main.get_command(click.Context(main), 'worker'); print(' '.join(sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = run.stdout.split()
+    assert "genq.worker.commands.worker" in loaded
+    for heavy in ("genq.producer.gateway", "genq.producer.commands.batch", "genq.worker.bench"):
+        assert not [m for m in loaded if m.startswith(heavy)], heavy
