@@ -42,6 +42,8 @@ end
 
 DOORBELL_MAX = 64
 """The doorbell stream is trimmed (approximately) to this many entries: rings nobody heard."""
+DOORBELL_BY = "by"
+"""A pass-over ring's field naming its reader (PULL rings; ``worker/runtime/doorbell.py``)."""
 
 PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in PRIORITIES) + "}"
 """The priorities in stream order, as a Lua table (APPLY's stream numbers index it)."""
@@ -436,8 +438,8 @@ for t, level in pairs(buckets) do
 end
 for base, n in pairs(popped) do redis.call('LPOP', base .. ':waiting', n) end
 for base in pairs(PASSED) do  -- wake an idle worker of the lane: the holder, if it is idle
-  -- ('by' me: should this reader's own wait take it, it rings again: doorbell.py)
-  redis.call('XADD', base .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', 1, 'by', me)
+  redis.call('XADD', base .. ':doorbell', 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', 1,
+    '{DOORBELL_BY}', me)
 end
 return out
 """

@@ -71,6 +71,15 @@ _REQUEST_VALIDATOR = Request.__pydantic_validator__
 _RESULT_VALIDATOR = Result.__pydantic_validator__
 
 
+def as_dict(fields: Any) -> dict[Any, Any]:
+    """An entry's fields as a dict, from a flat list or a dict (or None: deleted)."""
+    if not fields:
+        return {}
+    if isinstance(fields, dict):
+        return fields
+    return dict(zip(fields[::2], fields[1::2], strict=True))
+
+
 def decode_request(
     priority: Priority, fields: dict[bytes, bytes] | dict[str, str] | list[bytes]
 ) -> Request | UndecodableEntry:

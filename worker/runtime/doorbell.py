@@ -26,9 +26,9 @@ from typing import Any
 
 import redis
 from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS, blocking_call, is_cluster
-from genq.common.fair_share import DOORBELL_MAX
+from genq.common.fair_share import DOORBELL_BY, DOORBELL_MAX
 from genq.common.keys import GROUP
-from genq.common.wire import as_text
+from genq.common.wire import as_dict, as_text
 from genq.worker.runtime.signals import interruptible, longest_block_ms
 
 log = logging.getLogger("genq.worker")
@@ -42,7 +42,7 @@ AWAY_PAUSE_S = 1.0
 Ring = tuple[str, Any, dict[bytes, bytes]]
 """A ring heard: its doorbell, its id (to acknowledge) and its fields."""
 
-PASSED_BY, RELAYED = b"by", b"relayed"
+PASSED_BY, RELAYED = DOORBELL_BY.encode(), b"relayed"
 """A ring's fields when a read passed entries over for the workers that hold their prefixes
 (PULL rings for them): ``by`` the reader; ``relayed`` once that reader rang it again
 (``relay_own_rings``)."""
@@ -61,13 +61,7 @@ def wait_for_ring(r: Any, doorbells: Sequence[str], consumer: str, block_ms: int
     reply = interruptible(lambda: blocking_call(r, args, block_ms))
     if isinstance(reply, dict):  # RESP3
         reply = list(reply.items())
-    return [(as_text(x[0]), e[0], _fields(e[1])) for x in reply or [] for e in x[1]]
-
-
-def _fields(raw: Any) -> dict[bytes, bytes]:
-    if isinstance(raw, dict):
-        return raw
-    return dict(zip(raw[::2], raw[1::2], strict=False)) if raw else {}
+    return [(as_text(x[0]), e[0], as_dict(e[1])) for x in reply or [] for e in x[1]]
 
 
 def own_rings(rings: Sequence[Ring], consumer: str) -> list[Ring]:
@@ -82,12 +76,12 @@ def relay_own_rings(r: Any, rings: Sequence[Ring], consumer: str) -> None:
     them, those not rung again already, so that the holder's wait takes them. The caller then
     sleeps instead of blocking, or it would take them back."""
     bells = {bell for bell, _, fields in rings if RELAYED not in fields}
+    if not bells:
+        return
     pipe = r.pipeline(transaction=False)
     for bell in sorted(bells):
-        fields = {"n": 1, PASSED_BY.decode(): consumer, RELAYED.decode(): 1}
-        pipe.xadd(bell, fields, maxlen=DOORBELL_MAX)
-    if bells:
-        pipe.execute()
+        pipe.xadd(bell, {"n": 1, DOORBELL_BY: consumer, "relayed": 1}, maxlen=DOORBELL_MAX)
+    pipe.execute()
 
 
 class DoorbellListener:

@@ -14,7 +14,7 @@ from genq.common.formats import ResponseFormat
 from genq.common.keys import Keys
 from genq.common.models import Request
 from genq.common.tools import forced_format
-from genq.common.wire import as_text, decode_request
+from genq.common.wire import as_dict, as_text, decode_request
 from genq.worker.engines.base import Engine
 from genq.worker.engines.chat import prompt_text
 from genq.worker.policy.admission import (
@@ -178,15 +178,6 @@ class Intake:
                     charge=charged,
                 )
             )
-
-
-def as_dict(fields: Any) -> dict[Any, Any]:
-    """An entry's fields as a dict, from a flat list or a dict (or None: deleted)."""
-    if not fields:
-        return {}
-    if isinstance(fields, dict):
-        return fields
-    return dict(zip(fields[::2], fields[1::2], strict=True))
 
 
 def body_of(fields: Any) -> bytes:
