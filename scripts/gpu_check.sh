@@ -7,8 +7,8 @@
 #       genq[worker] needs beside torch, for the GPU machine's Python (GPU_PYTHON, default 3.12).
 #   scripts/gpu_check.sh run [--dry-run] [--output FILE] [--limit-s S]
 #       On a bare GPU machine that has CUDA torch and transformers but no Redis, no vLLM and no
-#       network: unpacks redis-server, makes a virtual environment over the machine's own
-#       packages (its CUDA torch) with genq installed from the wheels, then runs the cases
+#       network: unpacks redis-server, installs genq and the wheels into a folder on PYTHONPATH
+#       in front of the machine's own packages (its CUDA torch), then runs the cases
 #       (genq.worker.devtools.gpu_check) within 8 minutes and writes the table (default
 #       gpu_check.md). Where genq is installed already (.venv here) it uses that, and without
 #       .gpu_check/ the redis-server on PATH: that is how --dry-run, the same cases on the CPU
@@ -69,10 +69,13 @@ run() {
     if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then py=.venv/bin/python; fi
     if ! "$py" -c "import genq.worker.devtools.gpu_check" 2>/dev/null; then
         [ -d "$DIR/wheels" ] || { echo "genq is not installed: run 'prepare' first" >&2; exit 2; }
-        "$py" -m venv --system-site-packages "$DIR/venv"
-        "$DIR/venv/bin/python" -m pip install -q --no-index --find-links "$DIR/wheels" \
-            "genq[worker]"
-        py="$DIR/venv/bin/python"
+        # Into a folder put first on PYTHONPATH, the machine's own packages (its CUDA torch)
+        # behind it. Not a venv: one made by a python that is itself a venv's (as on the device
+        # machines) would not see that venv's packages, torch among them.
+        rm -rf "$DIR/site"
+        "$py" -m pip install -q --no-index --no-deps --no-compile --target "$DIR/site" \
+            "$DIR"/wheels/*.whl
+        export PYTHONPATH="$PWD/$DIR/site${PYTHONPATH:+:$PYTHONPATH}"
     fi
     command -v redis-server >/dev/null || { echo "no redis-server: run 'prepare' first" >&2; exit 2; }
     "$py" -m genq.worker.devtools.gpu_check "$@"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from genq.worker.devtools.gpu_check import GPU_CASES, SKIPPED, check
+from genq.worker.devtools.gpu_check import GPU_CASES, SKIPPED, Case, check
 
 from tests.conftest import ROOT
 
@@ -34,6 +34,9 @@ def test_the_dry_run_measures_each_engine_in_process_and_through_the_queue(
         assert row[-1] == "ok |", text
         in_process, queue, ratio = (float(x.replace(",", "")) for x in row[2:5])
         assert in_process > 0 and queue > 0 and ratio == round(ratio, 3) > 0
+    adapters = text.split("LoRA adapters through the queue")[1]
+    for config in ("base", "4 adapters mixed", "4 adapters, --max-loras 2"):
+        assert f"| {config} |" in adapters and "| 64 / 64 |" in adapters, text
     assert "redis-server 7." in text or "redis-server 8." in text
     assert all(what in text for what, _ in SKIPPED)
 
@@ -42,4 +45,6 @@ def test_cases_the_time_limit_cannot_hold_are_reported_not_run(tmp_path: Path) -
     out = tmp_path / "gpu_check.md"
     rows = check(dry_run=False, output=out, limit_s=0)
     assert [r["status"] for r in rows] == ["no time"] * len(GPU_CASES)
-    assert out.read_text().count("| no time |") == len(GPU_CASES)
+    tables = sum(isinstance(c, Case) for c in GPU_CASES)
+    assert out.read_text().count("| no time |") == tables
+    assert "LoRA adapters through the queue" in out.read_text()

