@@ -9,7 +9,15 @@ import time
 from collections.abc import Callable
 
 from genq.producer import Client
-from genq.worker.policy.preemption import Running, Waiting, slice_ms, to_resume, victims
+from genq.worker.policy.preemption import (
+    Running,
+    Waiting,
+    past_slice,
+    ran_past_slice,
+    slice_ms,
+    to_resume,
+    victims,
+)
 
 from tests.conftest import WorkerProcess, wait_until
 
@@ -51,6 +59,23 @@ def test_past_its_slice_a_long_request_yields_to_a_shorter_one_of_its_priority()
     assert slice_ms(thrice, 1000) == 8000 and slice_ms(thrice, 0) == 0
     assert victims([thrice], w("low", tokens=16), free=0, now_ms=7999, base_slice_ms=1000) == []
     assert victims([thrice], w("low", tokens=16), free=0, now_ms=8000, base_slice_ms=1000)
+
+
+def test_past_its_slice_is_one_rule_whether_asked_of_a_row_or_of_its_numbers() -> None:
+    # The worker asks it of every running request several times a turn, from the numbers
+    # alone (no Running built): it must say what past_slice says of the row.
+    for started, pauses, now, base in [
+        (0, 0, 1999, 2000),
+        (0, 0, 2000, 2000),
+        (0, 1, 3999, 2000),
+        (0, 1, 4000, 2000),
+        (100, 40, 10**12, 2000),
+        (0, 0, 10**9, 0),
+    ]:
+        row = Running("k", "normal", started, pauses)
+        assert ran_past_slice(started, pauses, now, base) == past_slice(row, now, base)
+        assert past_slice(row, now, base) == (base > 0 and now - started >= slice_ms(row, base))
+    assert not ran_past_slice(0, 0, 1999, 2000) and ran_past_slice(0, 1, 4000, 2000)
 
 
 def test_a_paused_request_runs_again_before_what_arrived_after_its_pause() -> None:

@@ -156,15 +156,16 @@ class QueueIO:
                 admit(stream, live)
         return total
 
-    def reclaim(self, room: dict[str, int]) -> list[tuple[str, list[Any]]]:
+    def reclaim(self, room: Callable[[], dict[str, int]]) -> list[tuple[str, list[Any]]]:
         """Entries idle for ``claim_idle_ms`` (their worker died: live workers renew theirs),
-        taken over within ``room``; looked for at most every ``claim_idle_ms / 4``."""
+        taken over within ``room()`` (asked only when due); looked for at most every
+        ``claim_idle_ms / 4``."""
         now_s = time.monotonic()
         if now_s - self._last_reclaim_s < self.settings.claim_idle_ms / 4000:
             return []
         self._last_reclaim_s = now_s
         taken = []
-        for stream, n in room.items():
+        for stream, n in room().items():
             if n <= 0:
                 continue
             entries = recovery.claim_idle(

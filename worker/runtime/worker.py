@@ -264,7 +264,7 @@ class Worker:
 
     def reclaim(self) -> None:
         """Take over entries of dead workers, within the look-ahead's room."""
-        for stream, entries in self.queue.reclaim(self.room()):
+        for stream, entries in self.queue.reclaim(self.room):
             self.counters.reclaimed += len(entries)
             self.admit_delivered(stream, entries)
 
