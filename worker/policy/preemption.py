@@ -58,7 +58,11 @@ class Waiting:
 def slice_ms(running: Running, base_ms: int) -> int:
     """How long ``running`` may run while others of its priority wait: ``base_ms``, doubled
     for each time it yielded its place (0: no time slice)."""
-    return base_ms << min(running.pauses, MAX_DOUBLINGS) if base_ms > 0 else 0
+    return _slice_ms(running.pauses, base_ms)
+
+
+def _slice_ms(pauses: int, base_ms: int) -> int:
+    return base_ms << min(pauses, MAX_DOUBLINGS) if base_ms > 0 else 0
 
 
 def past_slice(running: Running, now_ms: int, base_ms: int) -> bool:
@@ -69,7 +73,7 @@ def past_slice(running: Running, now_ms: int, base_ms: int) -> bool:
 def ran_past_slice(started_ms: int, pauses: int, now_ms: int, base_ms: int) -> bool:
     """``past_slice`` from a run's start and pauses (a worker asks it of every running
     request, several times a turn: no ``Running`` to build)."""
-    return base_ms > 0 and now_ms - started_ms >= base_ms << min(pauses, MAX_DOUBLINGS)
+    return base_ms > 0 and now_ms - started_ms >= _slice_ms(pauses, base_ms)
 
 
 def victims(

@@ -80,7 +80,7 @@ def relay_own_rings(r: Any, rings: Sequence[Ring], consumer: str) -> None:
         return
     pipe = r.pipeline(transaction=False)
     for bell in sorted(bells):
-        pipe.xadd(bell, {"n": 1, DOORBELL_BY: consumer, "relayed": 1}, maxlen=DOORBELL_MAX)
+        pipe.xadd(bell, {"n": 1, DOORBELL_BY: consumer, RELAYED: 1}, maxlen=DOORBELL_MAX)
     pipe.execute()
 
 
