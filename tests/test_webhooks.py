@@ -94,6 +94,28 @@ def test_retries_back_off_doubling_to_a_limit() -> None:
     assert waits == [5, 10, 20, 40, 80, 160, 320, 600, 600]
 
 
+def test_a_torn_request_is_no_delivery() -> None:
+    """A sender killed while writing its body (headers sent, body short of its content-length)
+    leaves the test receiver with no delivery, not an accepted empty one."""
+    import socket
+    from urllib.parse import urlsplit
+
+    rec = Receiver()
+    try:
+        where = urlsplit(rec.url)
+        with socket.create_connection((where.hostname, where.port)) as conn:
+            conn.sendall(b'POST /hooks HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"id"')
+        whole = b'{"id": 1}'
+        with socket.create_connection((where.hostname, where.port)) as conn:
+            head = f"POST /hooks HTTP/1.1\r\nHost: x\r\nContent-Length: {len(whole)}\r\n\r\n"
+            conn.sendall(head.encode() + whole)
+            assert conn.recv(100).startswith(b"HTTP/1.0 200")
+        wait_until(lambda: len(rec.deliveries) == 1, timeout_s=10)
+        assert [d.body for d in rec.deliveries] == ['{"id": 1}']
+    finally:
+        rec.close()
+
+
 # -- through the queue -------------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """A webhook receiver for the tests and ``genq bench --scenario webhooks``: a real HTTP server
 on a free loopback port, in a thread, that records every delivery (headers, body, when it
 arrived) and answers 500 to the first ``fail_first`` deliveries it gets (or to all while
-``failing``), each after ``delay_s``."""
+``failing``), each after ``delay_s``. A request whose body stops short of its content-length
+(a sender killed while writing it) is no delivery: nothing is recorded and nothing answered,
+as a real endpoint's HTTP server would drop it."""
 
 from __future__ import annotations
 
@@ -32,7 +34,12 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
+                length = int(self.headers.get("content-length", 0))
+                raw = self.rfile.read(length)
+                if len(raw) < length:  # the sender died mid-request: a torn request, not a delivery
+                    self.close_connection = True
+                    return
+                body = raw.decode()
                 at_ms = time.time() * 1000
                 time.sleep(receiver.delay_s)  # a slow endpoint (past the sender's timeout)
                 with receiver._lock:
