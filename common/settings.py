@@ -158,8 +158,9 @@ class WorkerSettings(BaseModel):
     time_slice_ms: Annotated[int, Field(ge=0)] = Field(
         2000,
         description="with --preempt, a running request yields its place to a waiting one of "
-        "its priority (or higher) that asks for fewer new tokens once it has run this long; "
-        "each time it yields, its next slice doubles (0: no time slice)",
+        "its priority (or higher) once it has run this long, if the waiting one's new tokens "
+        "plus twice those it has generated are fewer than it asks for; each time it yields, "
+        "its next slice doubles (0: no time slice)",
     )
     prefix_aware: bool = Field(
         True,

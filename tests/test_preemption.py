@@ -17,6 +17,7 @@ from genq.worker.policy.preemption import (
     slice_ms,
     to_resume,
     victims,
+    worth_pausing,
 )
 
 from tests.conftest import WorkerProcess, wait_until
@@ -59,6 +60,26 @@ def test_past_its_slice_a_long_request_yields_to_a_shorter_one_of_its_priority()
     assert slice_ms(thrice, 1000) == 8000 and slice_ms(thrice, 0) == 0
     assert victims([thrice], w("low", tokens=16), free=0, now_ms=7999, base_slice_ms=1000) == []
     assert victims([thrice], w("low", tokens=16), free=0, now_ms=8000, base_slice_ms=1000)
+
+
+def test_past_its_slice_a_request_yields_only_where_the_work_it_throws_away_pays() -> None:
+    # A pause throws away what the running request generated (it runs again from its prompt):
+    # it yields only when the waiting one's tokens plus twice those are below its own.
+    sliced = {"now_ms": 1000, "base_slice_ms": 1000}
+
+    def ran(generated: int) -> Running:
+        return Running("r", "low", started_ms=0, max_new_tokens=128, generated=generated)
+
+    assert worth_pausing(ran(0), Waiting("low", 127)) and not worth_pausing(
+        ran(0), w("low", tokens=128)[0]
+    )
+    assert worth_pausing(ran(50), Waiting("low", 27))  # 27 + 100 < 128: the short one first
+    assert not worth_pausing(ran(50), Waiting("low", 28))  # 28 + 100 = 128: it keeps its place
+    assert victims([ran(50)], w("low", tokens=27), free=0, **sliced) == ["r"]
+    assert victims([ran(50)], w("low", tokens=28), free=0, **sliced) == []
+    assert victims([ran(64)], w("low", tokens=1), free=0, **sliced) == []  # half done: never
+    # Whatever it generated, a higher priority still takes the place of a lower one.
+    assert victims([ran(127)], w("normal", tokens=400), free=0, **sliced) == ["r"]
 
 
 def test_past_its_slice_is_one_rule_whether_asked_of_a_row_or_of_its_numbers() -> None:

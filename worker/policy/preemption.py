@@ -12,12 +12,14 @@ preempt.
 
 A **time slice** keeps long requests from holding places while others wait at their own
 priority (#41's second part): a running request that has run longer than its slice since it
-last started yields to a waiting request of equal or higher priority that asks for fewer new
-tokens than it does (never to its like: a backlog of equal requests would only churn), the
-one past its slice the longest-running first. Each pause doubles the request's next slice
-(``slice_ms``), so a long request paused again and again still ends: run again from its
-prompt each time, it does its work over at most once more in all (1 + 2 + 4 + ... < the
-last slice), and what arrives after its pause waits for it.
+last started yields to a waiting request of equal or higher priority when that pays for the
+work it throws away (``worth_pausing``): the waiting one's new tokens plus twice what the
+running one has generated in this run are fewer than the new tokens it asks for (never to its
+like: a backlog of equal requests would only churn), the one past its slice the
+longest-running first. Each pause doubles the request's next slice (``slice_ms``), so a long
+request paused again and again still ends: run again from its prompt each time, it does its
+work over at most once more in all (1 + 2 + 4 + ... < the last slice), and what arrives after
+its pause waits for it.
 """
 
 from __future__ import annotations
@@ -35,14 +37,17 @@ MAX_DOUBLINGS = 16
 @dataclass(frozen=True)
 class Running:
     """A request the engine runs (or has paused): its key, priority, when its current run
-    started (paused: when it was paused), how many times it has yielded its place, and the new
-    tokens it asks for."""
+    started (paused: when it was paused), how many times it has yielded its place, the new
+    tokens it asks for and those it has generated."""
 
     key: str
     priority: str
     started_ms: int
     pauses: int = 0
     max_new_tokens: int = 0
+    generated: int = 0
+    """The new tokens its current run has generated so far (an estimate: a paused request
+    starts again from its prompt, so these are what a pause throws away)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,16 @@ def ran_past_slice(started_ms: int, pauses: int, now_ms: int, base_ms: int) -> b
     return base_ms > 0 and now_ms - started_ms >= _slice_ms(pauses, base_ms)
 
 
+def worth_pausing(running: Running, ask: Waiting) -> bool:
+    """Whether ``running`` should yield its place to ``ask`` at its slice: it runs again from
+    its prompt, so a pause costs the ``generated`` tokens it has, done again later. For the two
+    requests, ``ask`` first and ``running`` after it (started again) end, summed, sooner than
+    ``running`` first and ``ask`` after it, exactly when ask + generated < what running has
+    left (max_new_tokens - generated). So a request that has done much of its work keeps its
+    place, and none yields to a request as long as itself."""
+    return ask.max_new_tokens + 2 * running.generated < running.max_new_tokens
+
+
 def victims(
     running: Sequence[Running],
     waiting: Sequence[Waiting],
@@ -88,8 +103,8 @@ def victims(
     places are left: for each waiting request beyond the free places (highest priority first,
     then fewest tokens), the lowest-priority running request below it (the most recently
     started of them), else, with a time slice (``base_slice_ms`` > 0), a running request of its
-    priority or below, asking for more tokens, that ran past its slice (the lowest, then the
-    earliest started)."""
+    priority or below that ran past its slice and is ``worth_pausing`` for it (the lowest, then
+    the earliest started)."""
     asks = sorted(waiting, key=lambda w: (-RANK[w.priority], w.max_new_tokens))[max(0, free) :]
     pool = sorted(running, key=lambda r: (RANK[r.priority], -r.started_ms))
     out: list[str] = []
@@ -102,7 +117,7 @@ def victims(
             r
             for r in pool
             if RANK[r.priority] <= rank
-            and r.max_new_tokens > ask.max_new_tokens
+            and worth_pausing(r, ask)
             and past_slice(r, now_ms, base_slice_ms)
         ]
         if not over:

@@ -54,6 +54,9 @@ class ContinuousRunner(Runner):
         """Running requests that gave their place to others (still held)."""
         self._since: dict[str, int] = {}  # when each request's run started, or it was paused
         self._pauses: dict[str, int] = {}  # how many times each yielded its place
+        self._ms_per_token: float | None = None
+        """A request's time per new token, measured on those that finished (weighted towards
+        the latest): what a running one has generated is estimated from it (``_rows``)."""
 
     def read_limit(self, max_batch_size: int) -> int | None:
         """Only what can start now: the free slots. Requests join at every step, so a candidate
@@ -65,16 +68,24 @@ class ContinuousRunner(Runner):
         return [h for k, h in self.running.items() if k not in self.paused]
 
     def _rows(self, held: Sequence[Held]) -> list[preemption.Running]:
-        return [
-            preemption.Running(
-                h.key,
-                h.request.priority,
-                self._since.get(h.key, 0),
-                self._pauses.get(h.key, 0),
-                h.request.max_new_tokens,
+        now, per_token = now_ms(), self._ms_per_token
+        rows = []
+        for h in held:
+            since, most = self._since.get(h.key, 0), h.request.max_new_tokens
+            done = min(most, int((now - since) / per_token)) if per_token else 0
+            rows.append(
+                preemption.Running(
+                    h.key, h.request.priority, since, self._pauses.get(h.key, 0), most, done
+                )
             )
-            for h in held
-        ]
+        return rows
+
+    def _timed(self, key: str, finished_ms: int, tokens: int) -> None:
+        """Learn the time per new token from a request that finished after ``tokens``."""
+        since = self._since.get(key)
+        if since and tokens > 0 and finished_ms > since:
+            sample, last = (finished_ms - since) / tokens, self._ms_per_token
+            self._ms_per_token = sample if last is None else last + 0.2 * (sample - last)
 
     def preemptible_by(self, priority: str) -> int:
         """Running requests below ``priority``; with a time slice, one more if any of its
@@ -162,6 +173,8 @@ class ContinuousRunner(Runner):
         out = []
         for key, result in done:
             h = self.running.pop(key, None)
+            if self.time_slice_ms and isinstance(result, GenerationOutput):
+                self._timed(key, finished_ms, result.completion_tokens)
             self._forget(key)  # (paused: its run ended before its pause reached the engine)
             if h is None:
                 continue
