@@ -19,7 +19,13 @@ from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import queue_io
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.outcomes import Outcome
-from genq.worker.runtime.runners import CANCEL_CHECK_S, POLL_SLICE_S, Runner, RunnerContext
+from genq.worker.runtime.runners import (
+    CANCEL_CHECK_S,
+    POLL_SLICE_S,
+    Runner,
+    RunnerContext,
+    towards,
+)
 
 log = logging.getLogger("genq.worker")
 
@@ -84,8 +90,7 @@ class ContinuousRunner(Runner):
         """Learn the time per new token from a request that finished after ``tokens``."""
         since = self._since.get(key)
         if since and tokens > 0 and finished_ms > since:
-            sample, last = (finished_ms - since) / tokens, self._ms_per_token
-            self._ms_per_token = sample if last is None else last + 0.2 * (sample - last)
+            self._ms_per_token = towards(self._ms_per_token, (finished_ms - since) / tokens, 0.2)
 
     def preemptible_by(self, priority: str) -> int:
         """Running requests below ``priority``; with a time slice, one more if any of its

@@ -218,6 +218,12 @@ class Runner:
         )
 
 
+def towards(last: float | None, sample: float, weight: float) -> float:
+    """A measured average moved ``weight`` of the way to a new ``sample`` (the sample itself
+    when there was none): a runner's times, weighted towards the latest."""
+    return sample if last is None else last + weight * (sample - last)
+
+
 class StaticRunner(Runner):
     """One ``generate`` call per batch. If the engine raises, the batch is split in halves and
     each run again, down to single requests, so that the culprit fails with the error and its
@@ -268,8 +274,7 @@ class StaticRunner(Runner):
         elapsed_ms = (time.perf_counter() - t0) * 1000
         generation_ms = int(elapsed_ms)
         step_ms = elapsed_ms / max(h.request.max_new_tokens for h in batch)
-        last = self._ms_per_step
-        self._ms_per_step = step_ms if last is None else last + 0.3 * (step_ms - last)
+        self._ms_per_step = towards(self._ms_per_step, step_ms, 0.3)
         self.counters.batch(len(batch))
         self.counters.generated(report, generation_ms)
         tokens = report.prompt_tokens + report.completion_tokens
