@@ -358,6 +358,18 @@ def test_a_relative_deadline_counts_from_the_entrys_time() -> None:
     assert judge_entry(decoded, now_ms=10_300, enqueued_ms=10_000).action is Action.EXPIRE
 
 
+def test_a_deadline_of_zero_has_passed_however_the_workers_clock_lags() -> None:
+    # The worker's view of Redis' clock can lag it by a millisecond or two (measured to the
+    # ms, halfway through a round trip); Redis' own clock is at least the entry's time.
+    body = b'{"prompt": "hi", "deadline_in_ms": 0}'
+    decoded = decode_request("normal", {b"id": b"r4", b"body": body})
+    assert judge_entry(decoded, now_ms=9_998, enqueued_ms=10_000).action is Action.EXPIRE
+    later = decode_request(
+        "normal", {b"id": b"r5", b"body": b'{"prompt": "hi", "deadline_in_ms": 5}'}
+    )
+    assert judge_entry(later, now_ms=9_998, enqueued_ms=10_000).action is Action.RUN
+
+
 def test_prompt_verdicts_name_the_limit_that_was_crossed() -> None:
     ok = Request(id="a", prompt="x", max_new_tokens=20)
     assert judge_prompt(ok, 30, LIMITS).action is Action.RUN

@@ -141,10 +141,13 @@ def judge_prompt(request: Request, prompt_tokens: int, limits: Limits) -> Verdic
 def deadline_passed(request: Request, now_ms: int, enqueued_ms: int) -> bool:
     """True if the request had a deadline and it is past: an absolute one
     (``deadline_unix_ms``), or one relative to when its entry was accepted (``deadline_in_ms``
-    after ``enqueued_ms``)."""
+    after ``enqueued_ms``). Redis' clock is at least the time it stamped on the entry, so a
+    worker whose view of it lags by a millisecond or two (``clock.sync`` measures to the
+    millisecond, halfway through a round trip) still finds a deadline of 0 past."""
     if request.deadline_unix_ms is not None and now_ms >= request.deadline_unix_ms:
         return True
-    return request.deadline_in_ms is not None and now_ms >= enqueued_ms + request.deadline_in_ms
+    relative = request.deadline_in_ms
+    return relative is not None and max(now_ms, enqueued_ms) >= enqueued_ms + relative
 
 
 def entry_time_ms(entry_id: str) -> int:
