@@ -263,8 +263,7 @@ class Keys:
 
     @cached_property
     def doorbell(self) -> str:
-        """Rung when a worker hands entries back: idle workers block on it with the work
-        streams, so one wakes at once to take them (its entries carry nothing else)."""
+        """Rung at submits and hand-backs: idle workers block on it, so one wakes at once."""
         return f"{self._lane}:doorbell"
 
     @cached_property
@@ -382,15 +381,12 @@ class Keys:
 
     @staticmethod
     def batch_done(batch_id: str) -> str:
-        """A wave batch's requests that ended and wait to be written out (a list of request
-        ids, pushed where each ends: ``HOOK_LUA`` builds this name from the record's,
-        ``batch(batch_id) + ":done"``)."""
+        """A wave batch's ended requests to write out (ids; ``HOOK_LUA`` builds this name)."""
         return f"{PREFIX}:batch:{{{batch_id}}}:done"
 
     @staticmethod
     def batch_lease(batch_id: str) -> str:
-        """Which process runs a wave batch's rounds now (a string with a TTL: a gateway's, or a
-        ``genq batch`` command's; another takes over when it lapses)."""
+        """Who runs a wave batch's rounds now (a gateway or ``genq batch``; a string, TTL'd)."""
         return f"{PREFIX}:batch:{{{batch_id}}}:lease"
 
     @cached_property
@@ -456,13 +452,11 @@ class Keys:
         return f"{self._base}:hooks:dead"
 
     def stored(self, tenant: str, kind: str) -> str:
-        """What one tenant keeps of one kind (``files``, ``batches``, ``responses``) through the
-        gateways: a member each, scored by when it expires (the gateway's quotas)."""
+        """What a tenant keeps via gateways, per kind (files, ...; scored by expiry: quotas)."""
         return f"{self._base}:stored:{tenant}:{kind}"
 
     def reader_wake(self, reader: str) -> str:
-        """A gateway's result reader ``reader``'s wake stream: the gateway adds an entry when a
-        request joins that reader while it blocks, so the read ends and takes it in."""
+        """A gateway's result reader's wake stream (an entry ends its blocked read)."""
         return f"{self._base}:wake:{reader}"
 
     @staticmethod
@@ -475,6 +469,12 @@ class Keys:
     def events(request_id: str) -> str:
         """The request's event stream; its last event carries the final Result."""
         return f"{PREFIX}:ev:{{{request_id}}}"
+
+    @staticmethod
+    def request_keys(request_id: str) -> tuple[str, str, str, str]:
+        """``result``, ``events``, ``attempts``, ``response`` at once (a write names all four)."""
+        i = f"{{{request_id}}}"
+        return f"{PREFIX}:res:{i}", f"{PREFIX}:ev:{i}", f"{PREFIX}:att:{i}", f"{PREFIX}:resp:{i}"
 
 
 class Lanes(Keys):

@@ -37,7 +37,7 @@ from genq.common.fair_share import DOORBELL_MAX, PRIORITY_LUA, TENANTS_LUA
 from genq.common.keys import GROUP, QUEUED, Keys
 from genq.common.models import DEFAULT_TENANT
 from genq.common.states import IS_FINAL_LUA
-from genq.common.webhooks import HOOK_LUA, owner_key
+from genq.common.webhooks import HOOK_LUA, batch_owner_key
 from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT, ID_FIELD
 
 QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
@@ -415,10 +415,10 @@ def apply_args(
     args: list[str | int] = [GROUP, ttl_s, mode, max_attempts, len(script_keys), token, int(hooks)]
     flags = list(unstarted) or [False] * len(items)
     for (request_id, stream, entry_id, state), check in zip(items, flags, strict=True):
-        script_keys += [keys.result(request_id), keys.events(request_id), keys.attempts(request_id)]
-        script_keys.append(
-            owner_key(keys, request_id, state) if hooks else keys.response(request_id)
-        )
+        result, events, attempts, response = keys.request_keys(request_id)
+        if hooks and '"batch":"' in state:  # cheap: most requests are no batch line
+            response = batch_owner_key(keys, request_id, state) or response
+        script_keys += [result, events, attempts, response]
         number = streams.index(stream) + 1 if stream else 0
         args += [-number if check else number, entry_id, state]
     if hooks:

@@ -180,13 +180,12 @@ end
 (APPLY and ``genq_cancel``)."""
 
 
-def owner_key(keys: Keys, request_id: str, state: str) -> str:
-    """The record a request's final state may tell of (``HOOK_LUA``): its batch's, when it is
-    one of a batch's lines (id ``BATCH-LINE``, metadata ``batch``), else its response's (which
-    exists only for a ``/v1/responses`` response)."""
-    if '"batch":"' in state:  # cheap: most requests are no batch line
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            batch = orjson.loads(state).get("metadata", {}).get("batch")
-            if isinstance(batch, str) and request_id.startswith(batch + "-"):
-                return keys.batch(batch)
-    return keys.response(request_id)
+def batch_owner_key(keys: Keys, request_id: str, state: str) -> str | None:
+    """The record a request's final state tells of (``HOOK_LUA``) when it is one of a batch's
+    lines (id ``BATCH-LINE``, metadata ``batch``): its batch's; None for any other request,
+    whose record is its response's (which exists only for a ``/v1/responses`` response)."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        batch = orjson.loads(state).get("metadata", {}).get("batch")
+        if isinstance(batch, str) and request_id.startswith(batch + "-"):
+            return keys.batch(batch)
+    return None
