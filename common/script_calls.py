@@ -8,7 +8,8 @@ alone is sent again by its source (EVAL, which also caches it for the next call)
 pipeline the other commands are not repeated: a pipeline is not a transaction, each of its
 commands ran once whatever its neighbours answered, and a NOSCRIPT call did nothing, so
 ``execute`` sends again exactly the calls that answered NOSCRIPT, in their order, in one more
-round trip, and puts their replies in their places. (Where a later command of the same
+round trip (the first of each script by its source, the others by hash behind it), and puts
+their replies in their places. (Where a later command of the same
 pipeline read what such a script writes, it ran before the script did: genq's pipelines
 never depend on that order, and it happens only on the first call after a restart.)
 
@@ -75,9 +76,29 @@ def _missing(stack: list[Any], replies: list[Any]) -> list[int]:
     ]
 
 
+def _lacked(reply: Any) -> bool:
+    return isinstance(reply, NoScriptError)
+
+
 def _by_source(args: tuple[Any, ...]) -> tuple[Any, ...]:
     sha = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
     return ("EVAL", _SOURCES[sha], *args[2:])
+
+
+def _resent(
+    queued: list[tuple[Any, ...]], missing: list[int], every: bool
+) -> list[tuple[Any, ...]]:
+    """The calls at ``missing`` again: the first of each script by its source (which caches
+    it), the others by hash, run after it in the same pipeline (a pipeline of 40 submits after
+    a restart sent 800 KB of one source, and Redis hashed it 40 times); ``every``: all by
+    source (on a cluster a script is cached per node, so a call by hash can miss again)."""
+    sent: set[Any] = set()
+    out = []
+    for i in missing:
+        args = queued[i]
+        out.append(_by_source(args) if every or args[1] not in sent else args)
+        sent.add(args[1])
+    return out
 
 
 def _stack(pipe: Any) -> list[Any]:
@@ -103,13 +124,16 @@ def execute(pipe: Any, raise_on_error: bool = True) -> list[Any]:
     stack = _stack(pipe)
     replies = list(pipe.execute(raise_on_error=False))
     if any(isinstance(reply, Exception) for reply in replies):  # else the common case: done
-        missing = _missing(stack, replies)
-        if missing:
-            queued = _queued(stack)
-            for i in missing:
-                pipe.execute_command(*_by_source(queued[i]))
-            for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+        queued, missing = _queued(stack), _missing(stack, replies)
+        for by_source in (False, True):  # one source per script, then (a cluster) every one
+            if not missing:
+                break
+            for args in _resent(queued, missing, by_source):
+                pipe.execute_command(*args)
+            again = list(pipe.execute(raise_on_error=False))
+            for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
+            missing = [i for i in missing if _lacked(replies[i])]
         _settled(replies, raise_on_error)
     return replies
 
@@ -119,12 +143,15 @@ async def execute_async(pipe: Any, raise_on_error: bool = True) -> list[Any]:
     stack = _stack(pipe)
     replies = list(await pipe.execute(raise_on_error=False))
     if any(isinstance(reply, Exception) for reply in replies):  # else the common case: done
-        missing = _missing(stack, replies)
-        if missing:
-            queued = _queued(stack)
-            for i in missing:
-                pipe.execute_command(*_by_source(queued[i]))
-            for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
+        queued, missing = _queued(stack), _missing(stack, replies)
+        for by_source in (False, True):  # as ``execute``
+            if not missing:
+                break
+            for args in _resent(queued, missing, by_source):
+                pipe.execute_command(*args)
+            again = list(await pipe.execute(raise_on_error=False))
+            for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
+            missing = [i for i in missing if _lacked(replies[i])]
         _settled(replies, raise_on_error)
     return replies
