@@ -131,3 +131,36 @@ def test_the_gpu_bench_model_has_a_few_hundred_million_parameters() -> None:
     params = sum(p.numel() for p in model.parameters())
     assert 200e6 < params < 400e6
     assert 0.95e9 < sum(p.numel() for p in big.parameters()) < 1.0e9  # Llama-3.2-1B's shape
+
+
+def test_a_stream_sends_a_piece_at_its_first_token_even_with_no_text_yet() -> None:
+    """The first token of a streamed row sends a piece, empty when it settles no text yet (half
+    of a UTF-8 character here), as ``vllm serve`` streams it: a client timing its first chunk
+    (``vllm bench serve``'s TTFT) sees the first token, not the first visible character. After
+    it, only text is sent, and the pieces add up to the text."""
+    from genq.worker.engines.base import TextStreamer
+
+    texts = {(1,): "\ufffd", (1, 2): "é", (1, 2, 3): "é", (1, 2, 3, 4): "éa"}
+    pieces: list[str] = []
+    row = GenerationInput(prompt_ids=[9], max_new_tokens=8, on_text=pieces.append)
+    streamer = TextStreamer(lambda tokens: texts[tuple(tokens)], eos_token_ids=[0], row=row)
+    for n in range(1, 5):
+        streamer.update([1, 2, 3, 4][:n])
+    assert pieces == ["", "é", "a"]
+    eos_first: list[str] = []
+    row = GenerationInput(prompt_ids=[9], max_new_tokens=8, on_text=eos_first.append)
+    TextStreamer(lambda tokens: "", eos_token_ids=[0], row=row).update([0])
+    assert eos_first == []  # no token before the end: nothing streamed
+
+
+def test_vllms_stream_sends_a_piece_at_its_first_output_even_with_no_text_yet() -> None:
+    """The vLLM engine's side of the same rule (its outputs carry the text so far)."""
+    from genq.worker.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine.__new__(VllmEngine)  # _stream uses only the pieces sent so far
+    engine._sent = {}
+    pieces: list[str] = []
+    row = GenerationInput(prompt_ids=[9], max_new_tokens=8, on_text=pieces.append)
+    for text in ("", "", "Hi", "Hi", "Hi there"):
+        engine._stream("k", row, text)
+    assert pieces == ["", "Hi", " there"]

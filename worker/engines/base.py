@@ -343,6 +343,8 @@ class TextStreamer:
         self.eos = set(eos_token_ids)
         self.row = row
         self.sent = ""
+        self.opened = False
+        """Whether a piece was sent: the first token sends one even when it settles no text."""
         self.hold_chars = max((len(s) for s in row.stop), default=1) - 1
 
     def update(self, tokens: list[int]) -> None:
@@ -360,7 +362,12 @@ class TextStreamer:
         text = text.rstrip("\ufffd")
         if len(text) > len(self.sent) and text.startswith(self.sent):
             delta, self.sent = text[len(self.sent) :], text
-            self.row.on_text(delta)
+        elif self.opened or not tokens:
+            return
+        else:  # the first token, with no text settled yet: an empty piece, as vLLM streams
+            delta = ""  # it (a client timing its first chunk sees the first token now)
+        self.opened = True
+        self.row.on_text(delta)
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

@@ -237,8 +237,6 @@ class VllmEngine:
         except self._refusals as err:  # e.g. vLLM's temperature range is [0, 2], genq's wider
             raise InvalidRequest(f"vLLM refused the request: {err}") from err
         self._rows[key] = row
-        if row.on_text is not None:
-            self._sent[key] = ""
         priority = VLLM_PRIORITY.get(row.priority, 1)
         lora = self.loras.get(row.adapter or BASE, self.loras.get(BASE))  # None: no adapters
         self._added[key] = ({"prompt_token_ids": row.prompt_ids}, params, priority, lora)
@@ -333,10 +331,15 @@ class VllmEngine:
         return text
 
     def _stream(self, key: str, row: GenerationInput, text: str) -> None:
-        sent = self._sent.get(key, "")
-        if len(text) > len(sent) and text.startswith(sent) and row.on_text is not None:
+        """Send what ``text`` adds to what was sent; the first output sends a piece even when
+        its token decodes to no text (empty), as ``vllm serve`` does: a client timing its
+        first chunk sees the first token, not the first visible character."""
+        sent = self._sent.get(key)
+        if row.on_text is None:
+            return
+        if sent is None or (len(text) > len(sent) and text.startswith(sent)):
             self._sent[key] = text
-            row.on_text(text[len(sent) :])
+            row.on_text(text[len(sent or "") :])
 
     def _command(self, what: str, key: str, payload: Any) -> None:
         if self._failure is not None:
