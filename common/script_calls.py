@@ -76,10 +76,6 @@ def _missing(stack: list[Any], replies: list[Any]) -> list[int]:
     ]
 
 
-def _lacked(reply: Any) -> bool:
-    return isinstance(reply, NoScriptError)
-
-
 def _by_source(args: tuple[Any, ...]) -> tuple[Any, ...]:
     sha = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
     return ("EVAL", _SOURCES[sha], *args[2:])
@@ -99,6 +95,14 @@ def _resent(
         out.append(_by_source(args) if every or args[1] not in sent else args)
         sent.add(args[1])
     return out
+
+
+def _placed(replies: list[Any], missing: list[int], again: list[Any]) -> list[int]:
+    """Put the replies of the calls sent again (``again``) in their places; those that still
+    answered NOSCRIPT."""
+    for i, reply in zip(missing, again, strict=True):
+        replies[i] = reply
+    return [i for i in missing if isinstance(replies[i], NoScriptError)]
 
 
 def _stack(pipe: Any) -> list[Any]:
@@ -130,10 +134,7 @@ def execute(pipe: Any, raise_on_error: bool = True) -> list[Any]:
                 break
             for args in _resent(queued, missing, by_source):
                 pipe.execute_command(*args)
-            again = list(pipe.execute(raise_on_error=False))
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-            missing = [i for i in missing if _lacked(replies[i])]
+            missing = _placed(replies, missing, pipe.execute(raise_on_error=False))
         _settled(replies, raise_on_error)
     return replies
 
@@ -149,9 +150,6 @@ async def execute_async(pipe: Any, raise_on_error: bool = True) -> list[Any]:
                 break
             for args in _resent(queued, missing, by_source):
                 pipe.execute_command(*args)
-            again = list(await pipe.execute(raise_on_error=False))
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-            missing = [i for i in missing if _lacked(replies[i])]
+            missing = _placed(replies, missing, await pipe.execute(raise_on_error=False))
         _settled(replies, raise_on_error)
     return replies

@@ -203,3 +203,17 @@ def test_the_documentation_site_builds_strictly(tmp_path: Path) -> None:
 def test_the_readme_links_to_pages_that_exist() -> None:
     for target in re.findall(r"\]\((docs/[^)#]+|[A-Z]+\.md)", OPENING):
         assert (ROOT / target).exists(), target
+
+
+def test_a_requests_four_keys_at_once_are_its_four_keys() -> None:
+    """``Keys.request_keys`` (a write's four keys in one call) spells each key as its own
+    method does: the names live twice in keys.py, and this keeps them equal."""
+    from genq.common.keys import Keys
+
+    request_id = "abc-1"
+    assert Keys.request_keys(request_id) == (
+        Keys.result(request_id),
+        Keys.events(request_id),
+        Keys.attempts(request_id),
+        Keys.response(request_id),
+    )

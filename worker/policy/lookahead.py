@@ -172,8 +172,8 @@ class Lookahead:
 
     def next_suspect(self) -> Held | None:
         """The oldest waiting request that was started before (it runs alone), if any."""
-        suspects = [h for h in self.waiting.values() if h.starts > 0]  # ``suspect``, inlined:
-        # this runs every turn over every waiting request
+        # ``suspect`` read directly: this runs every turn over every waiting request
+        suspects = [h for h in self.waiting.values() if h.starts > 0]
         return min(suspects, key=lambda h: h.enqueued_ms) if suspects else None
 
     def take(self, keys: Iterable[str]) -> list[Held]:
