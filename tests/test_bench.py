@@ -166,9 +166,10 @@ def test_tenants_scenario_serves_a_trickle_through_a_flood_unlike_first_come() -
     fair, fifo = rep["trickle_wait_ms"]["fair"], rep["trickle_wait_ms"]["fifo"]
     assert fair["p99"] < fifo["p99"], rep  # first come: the trickle waits for the flood
     assert rep["service_gap"]["fair"]["start"] < rep["service_gap"]["fifo"]["start"], rep
-    assert (
-        set(rep["flood_makespan_s"]) == {"fair", "fifo"} and rep["weights_ratio"]["backlogged"] > 1
-    )
+    # While both were backlogged (a backlog four times what the fleet reads ahead), weights
+    # 3 : 1 (2.7-3.3 in the full run; quick's window is a few batches).
+    assert set(rep["flood_makespan_s"]) == {"fair", "fifo"}
+    assert rep["weights_ratio"]["backlogged"] > 2, rep["weights_ratio"]
     # A flood batch ran at least its simulated steps (the goal's "one batch time", as measured).
     assert rep["batch_run_ms"]["fair"] >= rep["batch_ms"], rep
     assert rep["weights_ratio"]["to_last_start"] > 0  # quick: too few rounds for 3:1 to show
