@@ -5,7 +5,7 @@
 #       Here, with the package registries (Debian's and PyPI): fills .gpu_check/ with
 #       redis-server (Debian's packages, to unpack there) and wheels of genq and of everything
 #       genq[worker] needs beside torch, for the GPU machine's Python (GPU_PYTHON, default 3.12).
-#   scripts/gpu_check.sh run [--dry-run] [--output FILE] [--limit-s S]
+#   scripts/gpu_check.sh run [--dry-run] [--output FILE] [--limit-s S] [--only TEXT]...
 #       On a bare GPU machine that has CUDA torch and transformers but no Redis, no vLLM and no
 #       network: unpacks redis-server, installs genq and the wheels into a folder on PYTHONPATH
 #       in front of the machine's own packages (its CUDA torch), then runs the cases
@@ -67,6 +67,10 @@ run() {
     fi
     local py="${PYTHON:-python3}"
     if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then py=.venv/bin/python; fi
+    # An install from an earlier run in this tree (several runs in one device call).
+    if [ -d "$DIR/site" ] && [ -z "${PYTHON:-}" ] && [ ! -x .venv/bin/python ]; then
+        export PYTHONPATH="$PWD/$DIR/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
     if ! "$py" -c "import genq.worker.devtools.gpu_check" 2>/dev/null; then
         [ -d "$DIR/wheels" ] || { echo "genq is not installed: run 'prepare' first" >&2; exit 2; }
         # Into a folder put first on PYTHONPATH, the machine's own packages (its CUDA torch)

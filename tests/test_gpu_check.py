@@ -48,3 +48,15 @@ def test_cases_the_time_limit_cannot_hold_are_reported_not_run(tmp_path: Path) -
     tables = sum(isinstance(c, Case) for c in GPU_CASES)
     assert out.read_text().count("| no time |") == tables
     assert "LoRA adapters through the queue" in out.read_text()
+
+
+def test_only_picks_the_cases_whose_model_and_engine_hold_its_text(tmp_path: Path) -> None:
+    rows = check(
+        dry_run=False, output=tmp_path / "x.md", limit_s=0, only=("random-250m continuous",)
+    )
+    assert [(r["model"], r["engine"]) for r in rows] == [
+        ("random-250m", "continuous"),
+        ("random-250m", "continuous (time slice off)"),
+    ]
+    slice_off = next(c for c in GPU_CASES if isinstance(c, Case) and c.slice_off)
+    assert slice_off.env == {"GENQ_TIME_SLICE_MS": "0"}

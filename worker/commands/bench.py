@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import Any, TypeVar
 
 import click
-from genq.common.settings import EngineName, WorkerSettings
+from genq.common.settings import EngineName
 from genq.producer.commands.options import AUTO_OR_COUNT
 from genq.worker.bench.modes import IN_PROCESS_MODES
 from rich.console import Console
@@ -58,7 +58,8 @@ SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
     type=AUTO_OR_COUNT,
     default="auto",
     show_default=True,
-    help="as genq worker's: auto sizes it to the device (every mode gets the same number)",
+    help="as genq worker's: auto sizes it to the device as a worker would (on a GPU the "
+    "continuous engine's paged cache is capped lower than the static modes' budget)",
 )
 @click.option("--max-batch-size", type=AUTO_OR_COUNT, default="auto", show_default=True)
 @click.option(
@@ -143,7 +144,9 @@ def bench(
         max_batch_tokens, max_batch_size = cpu.tokens, cpu.size
     if bench_engine == "vllm" and scenario == "modes":
         params = click.get_current_context().params
-        _vllm_comparison({**params, "max_batch_tokens": cpu.tokens, "max_batch_size": cpu.size})
+        from genq.worker.bench.vllm_compare import run_and_print
+
+        run_and_print({**params, "max_batch_tokens": cpu.tokens, "max_batch_size": cpu.size})
         return
     if scenario == "aging":
         _aging_scenario(redis_url, model, queue_engine, max_batch_size, as_json)
@@ -154,7 +157,7 @@ def bench(
     from genq.worker.bench import modes as b
 
     in_process = _in_process_modes(modes)
-    engine, max_batch_tokens, max_batch_size = _sized_engine(
+    engine, max_batch_tokens, max_batch_size, paged_tokens = _sized_engine(
         model, device, dtype, max_batch_tokens, max_batch_size
     )
     workload = b.make_workload(engine, n_requests, seed)
@@ -171,6 +174,7 @@ def bench(
         fifo_batch_size=fifo_batch_size,
         max_batch_tokens=max_batch_tokens,
         max_batch_size=max_batch_size,
+        paged_tokens=paged_tokens,
         queue_engine=queue_engine,
         redis_url=redis_url,
         modes=in_process,
@@ -189,16 +193,19 @@ def bench(
 
 def _sized_engine(
     model: str, device: str, dtype: str, tokens: int, size: int
-) -> tuple[Any, int, int]:
+) -> tuple[Any, int, int, int]:
     """The static engine on ``device`` and the batch limits (``auto``: sized to the device as
-    a worker's would be, and said on stderr) that every mode gets."""
+    a worker's would be, and said on stderr): the static modes' tokens and size, and the
+    continuous engine's tokens (its paged cache, capped lower on a GPU: ``paged``)."""
     from genq.worker.engines.static import StaticEngine, device_memory
     from genq.worker.policy.sizing import batch_limits
 
     engine = StaticEngine.load(model, device, dtype)
-    limits = batch_limits(tokens=tokens, size=size, device=device_memory(engine.model, device))
-    click.echo(f"batch limits: {limits.why}", err=True)
-    return engine, limits.tokens, limits.size
+    memory = device_memory(engine.model, device)
+    limits = batch_limits(tokens=tokens, size=size, device=memory)
+    paged = batch_limits(tokens=tokens, size=size, device=memory, paged=True)
+    click.echo(f"batch limits: {limits.why}; continuous: {paged.tokens} tokens", err=True)
+    return engine, limits.tokens, limits.size, paged.tokens
 
 
 def _sweep(engine: Any, workload: list[Any], max_batch_tokens: int, as_json: bool) -> None:
@@ -234,6 +241,7 @@ def _run_modes(
     fifo_batch_size: int,
     max_batch_tokens: int,
     max_batch_size: int,
+    paged_tokens: int,
     queue_engine: str,
     redis_url: str | None,
     modes: tuple[str, ...] = IN_PROCESS_MODES,
@@ -245,13 +253,24 @@ def _run_modes(
     from genq.worker.bench import modes as b
     from genq.worker.devtools.redis_server import RedisServer
     from genq.worker.engines.continuous import ContinuousEngine
+    from genq.worker.policy.sizing import prefix_room
 
     continuous = ContinuousEngine(
         engine.model,
         engine.tokenizer,
         device=engine.device,
-        max_batch_tokens=max_batch_tokens,
+        max_batch_tokens=paged_tokens,
         max_batch_size=max_batch_size,
+        # The room a worker's continuous engine keeps for prefixes (its default), so that the
+        # two measure the same engine and the ratio the queue alone.
+        prefix_room_tokens=prefix_room(
+            None,
+            engine="continuous",
+            budget=paged_tokens,
+            on_gpu=device.startswith("cuda"),
+            echo_cache_tokens=0,
+        )
+        or 0,
     )
 
     def in_process() -> list[b.ModeResult]:
@@ -270,7 +289,7 @@ def _run_modes(
         engine=queue_engine,
         device=device,
         dtype=dtype,
-        max_batch_tokens=max_batch_tokens,
+        max_batch_tokens=paged_tokens if queue_engine == "continuous" else max_batch_tokens,
         max_batch_size=max_batch_size,
     )
     server = None if redis_url or queue_engine == "none" else RedisServer().start()
@@ -396,19 +415,16 @@ def _aging_scenario(
     redis_url: str | None, model: str, engine: str, max_batch_size: int, as_json: bool
 ) -> None:
     from genq.worker.bench.aging import aging_markdown, run_aging_scenario
-    from genq.worker.devtools.redis_server import RedisServer
 
-    server = None if redis_url else RedisServer().start()
-    try:
-        res = run_aging_scenario(
-            server.url if server else str(redis_url),
+    res = _on_redis(
+        redis_url,
+        lambda url: run_aging_scenario(
+            url,
             model=model,
             engine="continuous" if engine == "none" else engine,
             max_batch_size=max_batch_size,
-        )
-    finally:
-        if server is not None:
-            server.stop()
+        ),
+    )
     if as_json:
         click.echo(json.dumps(res, indent=2))
     else:
@@ -471,30 +487,3 @@ def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> N
         click.echo(json.dumps({"machine": machine_info(), **as_dict(report)}, indent=2))
     else:
         _markdown(tenants_markdown(report))
-
-
-def _vllm_comparison(params: dict[str, Any]) -> None:
-    """vLLM in-process against vLLM through the queue and genq's transformers engines (both,
-    unless ``--queue-engine`` names one), from ``genq bench``'s parameters."""
-    from genq.worker.bench import vllm_compare as bench_vllm
-    from genq.worker.devtools.redis_server import RedisServer
-
-    p = params
-    engines = [p["queue_engine"]]
-    server = None if p["redis_url"] else RedisServer().start()
-    try:
-        res = bench_vllm.compare(
-            redis_url=server.url if server else str(p["redis_url"]),
-            queue_engines=[e for e in engines if e not in ("none", "vllm")],
-            vllm_args=WorkerSettings.build({"vllm_args": p["vllm_args"]}, env={}).vllm_engine_args,
-            **{k: p[k] for k in bench_vllm.COMPARE_OPTIONS},
-        )
-    finally:
-        if server is not None:
-            server.stop()
-    info = bench_vllm.versions()
-    if p["as_json"]:
-        out = {"machine": info, **res, "ratios": bench_vllm.ratios(res)}
-        click.echo(json.dumps(out, indent=2))
-    else:
-        click.echo(bench_vllm.markdown(res, info, f"genq {' '.join(sys.argv[1:])}"))
