@@ -57,6 +57,10 @@ def test_only_picks_the_cases_whose_model_and_engine_hold_its_text(tmp_path: Pat
     assert [(r["model"], r["engine"]) for r in rows] == [
         ("random-250m", "continuous"),
         ("random-250m", "continuous (time slice off)"),
+        ("random-250m", "continuous (no prefix room)"),
     ]
-    slice_off = next(c for c in GPU_CASES if isinstance(c, Case) and c.slice_off)
-    assert slice_off.env == {"GENQ_TIME_SLICE_MS": "0"}
+    variants = {c.variant: c.env for c in GPU_CASES if isinstance(c, Case) and c.variant}
+    assert variants == {
+        "time slice off": {"GENQ_TIME_SLICE_MS": "0"},
+        "no prefix room": {"GENQ_PREFIX_CACHE_TOKENS": "0"},
+    }

@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import Any, TypeVar
 
 import click
-from genq.common.settings import EngineName
+from genq.common.settings import EngineName, WorkerSettings
 from genq.producer.commands.options import AUTO_OR_COUNT
 from genq.worker.bench.modes import IN_PROCESS_MODES
 from rich.console import Console
@@ -230,6 +230,30 @@ def _in_process_modes(text: str) -> tuple[str, ...]:
     return tuple(m for m in IN_PROCESS_MODES if m in names)
 
 
+def _continuous_engine(engine: Any, paged_tokens: int, max_batch_size: int) -> Any:
+    """The in-process continuous engine on the static engine's model, sized as a worker's."""
+    from genq.worker.engines.continuous import ContinuousEngine
+    from genq.worker.policy.sizing import prefix_room
+
+    return ContinuousEngine(
+        engine.model,
+        engine.tokenizer,
+        device=engine.device,
+        max_batch_tokens=paged_tokens,
+        max_batch_size=max_batch_size,
+        # The room for prefixes a worker's continuous engine keeps (in this environment: its
+        # GENQ_PREFIX_CACHE_TOKENS), so that both measure the same engine, the ratio the queue.
+        prefix_room_tokens=prefix_room(
+            WorkerSettings.build().prefix_cache_tokens,
+            engine="continuous",
+            budget=paged_tokens,
+            on_gpu=engine.device.startswith("cuda"),
+            echo_cache_tokens=0,
+        )
+        or 0,
+    )
+
+
 def _run_modes(
     engine: Any,
     workload: list[Any],
@@ -252,26 +276,8 @@ def _run_modes(
     (``run_through_queue``): the runs by mode."""
     from genq.worker.bench import modes as b
     from genq.worker.devtools.redis_server import RedisServer
-    from genq.worker.engines.continuous import ContinuousEngine
-    from genq.worker.policy.sizing import prefix_room
 
-    continuous = ContinuousEngine(
-        engine.model,
-        engine.tokenizer,
-        device=engine.device,
-        max_batch_tokens=paged_tokens,
-        max_batch_size=max_batch_size,
-        # The room a worker's continuous engine keeps for prefixes (its default), so that the
-        # two measure the same engine and the ratio the queue alone.
-        prefix_room_tokens=prefix_room(
-            None,
-            engine="continuous",
-            budget=paged_tokens,
-            on_gpu=device.startswith("cuda"),
-            echo_cache_tokens=0,
-        )
-        or 0,
-    )
+    continuous = _continuous_engine(engine, paged_tokens, max_batch_size)
 
     def in_process() -> list[b.ModeResult]:
         return b.run_in_process(
