@@ -81,6 +81,9 @@ def test_bench_runs_the_modes_asked_and_gives_the_queue_ratio() -> None:
     assert set(modes) == {"budgeted_static", "queue_static"}
     assert report["queue_vs_best_in_process"] == modes["queue_static"] / modes["budgeted_static"]
     assert "batch limits: auto on a CPU: fixed: 32 requests, 16384 tokens" in out.stderr
+    # The continuous engine's budget, as a worker's (on a GPU its paged cache is capped lower).
+    assert "; continuous: 16384 tokens" in out.stderr
+    assert report["max_batch_tokens"] == report["continuous_batch_tokens"] == 16384
     assert "round 1/1: queue_static" in out.stderr
     bad = subprocess.run([*command, "--modes", "fast"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown mode(s) ['fast']" in bad.stderr

@@ -188,6 +188,7 @@ def bench(
         seed=seed,
         repeats=repeats,
         max_batch_tokens=max_batch_tokens,
+        paged_tokens=paged_tokens,
     )
 
 
@@ -334,6 +335,7 @@ def _report(
     seed: int,
     repeats: int,
     max_batch_tokens: int,
+    paged_tokens: int,
 ) -> None:
     """Print each mode's median run: as JSON, a BENCHMARKS.md section, or a table."""
     import statistics
@@ -357,6 +359,7 @@ def _report(
                     "seed": seed,
                     "repeats": repeats,
                     "max_batch_tokens": max_batch_tokens,
+                    "continuous_batch_tokens": paged_tokens,
                     "modes": rows,
                     "all_runs": {m: [r.tokens_per_s for r in rs] for m, rs in runs.items()},
                     "queue_vs_best_in_process": ratio,
