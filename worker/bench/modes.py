@@ -348,14 +348,9 @@ def report_on_redis(
     import json
 
     import click
-    from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.devtools.redis_server import on_redis
 
-    server = None if params["redis_url"] else RedisServer().start()
-    try:
-        res = run(server.url if server else str(params["redis_url"]))
-    finally:
-        if server is not None:
-            server.stop()
+    res = on_redis(params["redis_url"], run)
     if params["as_json"]:
         click.echo(json.dumps({"machine": machine_info(), **res}, indent=2))
         return

@@ -336,20 +336,18 @@ def run_and_print(params: dict[str, Any]) -> None:
     transformers engine (unless ``--queue-engine`` is none), from the command's parameters."""
     import click
     from genq.common.settings import WorkerSettings
-    from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.devtools.redis_server import on_redis
 
     p = params
-    server = None if p["redis_url"] else RedisServer().start()
-    try:
-        res = compare(
-            redis_url=server.url if server else str(p["redis_url"]),
+    res = on_redis(
+        p["redis_url"],
+        lambda url: compare(
+            redis_url=url,
             queue_engines=[e for e in [p["queue_engine"]] if e not in ("none", "vllm")],
             vllm_args=WorkerSettings.build({"vllm_args": p["vllm_args"]}, env={}).vllm_engine_args,
             **{k: p[k] for k in COMPARE_OPTIONS},
-        )
-    finally:
-        if server is not None:
-            server.stop()
+        ),
+    )
     if p["as_json"]:
         out = {"machine": versions(), **res, "ratios": ratios(res)}
         click.echo(json.dumps(out, indent=2))

@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 import sys
 import typing
-from collections.abc import Callable
 from importlib import import_module
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from genq.common.settings import EngineName, WorkerSettings
 from genq.producer.commands.options import AUTO_OR_COUNT
 from genq.worker.bench.modes import IN_PROCESS_MODES
+from genq.worker.devtools.redis_server import on_redis
 from rich.console import Console
 from rich.table import Table
 
-T = TypeVar("T")
 QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "auto")]
 """The engines measured through the queue (echo has no model to measure)."""
 # scenario -> module of genq.worker.bench
@@ -425,7 +424,7 @@ def _aging_scenario(
 ) -> None:
     from genq.worker.bench.aging import aging_markdown, run_aging_scenario
 
-    res = _on_redis(
+    res = on_redis(
         redis_url,
         lambda url: run_aging_scenario(
             url,
@@ -439,18 +438,6 @@ def _aging_scenario(
     else:
         click.echo(f"Command: `genq {' '.join(sys.argv[1:])}`  ")
         click.echo(aging_markdown(res))
-
-
-def _on_redis(redis_url: str | None, run: Callable[[str], T]) -> T:
-    """``run(url)`` on ``redis_url``, or on a private redis-server started for it."""
-    from genq.worker.devtools.redis_server import RedisServer
-
-    server = None if redis_url else RedisServer().start()
-    try:
-        return run(server.url if server else str(redis_url))
-    finally:
-        if server is not None:
-            server.stop()
 
 
 def _markdown(body: str) -> None:
@@ -469,7 +456,7 @@ def _fleet_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> Non
     from genq.worker.bench.fleet import fleet_markdown, run_fleet_scenarios
     from genq.worker.bench.modes import machine_info
 
-    results = _on_redis(redis_url, lambda url: run_fleet_scenarios(url, quick=quick))
+    results = on_redis(redis_url, lambda url: run_fleet_scenarios(url, quick=quick))
     if as_json:
         out = {"machine": machine_info(), "scenarios": [dataclasses.asdict(x) for x in results]}
         click.echo(json.dumps(out, indent=2))
@@ -491,7 +478,7 @@ def _tenants_scenario(redis_url: str | None, *, quick: bool, as_json: bool) -> N
     from genq.worker.bench.modes import machine_info
     from genq.worker.bench.tenants import as_dict, run_tenants, tenants_markdown
 
-    report = _on_redis(redis_url, lambda url: run_tenants(url, quick=quick))
+    report = on_redis(redis_url, lambda url: run_tenants(url, quick=quick))
     if as_json:
         click.echo(json.dumps({"machine": machine_info(), **as_dict(report)}, indent=2))
     else:

@@ -11,12 +11,14 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from genq.common.errors import ConfigError
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -121,3 +123,14 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def on_redis(redis_url: str | None, run: Callable[[str], T]) -> T:
+    """``run(url)`` on ``redis_url``, or on a private redis-server started for it (and stopped
+    after)."""
+    server = None if redis_url else RedisServer().start()
+    try:
+        return run(server.url if server else str(redis_url))
+    finally:
+        if server is not None:
+            server.stop()
