@@ -248,3 +248,20 @@ def test_a_worker_that_drained_has_its_last_results_counted_when_they_are_read(
         assert [x.status for x in results] == ["succeeded"] * n
         counted = before + n
         wait_until(lambda c=counted: int(r.hget(key, "succeeded") or 0) == c, timeout_s=0.3)
+
+
+def test_a_worker_process_settles_its_collector_once_built() -> None:
+    """``genq worker`` freezes what start-up made and raises the young generation's threshold
+    (``runtime/collector.py``): start-up's objects leave the collector's passes."""
+    code = (
+        "import gc\n"
+        "from genq.worker.runtime.collector import YOUNG_THRESHOLD, settle_collector\n"
+        "before = gc.get_threshold()\n"
+        "settle_collector()\n"
+        "after = gc.get_threshold()\n"
+        "print(gc.get_freeze_count(), after[0] == YOUNG_THRESHOLD, after[1:] == before[1:])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    frozen, young, older = out.stdout.split()
+    assert int(frozen) > 1_000, out.stdout  # the imports' objects
+    assert (young, older) == ("True", "True")

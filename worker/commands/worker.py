@@ -18,6 +18,7 @@ def worker(**flags: Any) -> None:
     """Serve a queue: read, batch, generate, write results. Stop with SIGTERM or Ctrl-C."""
     from genq.worker.engines import make_engine
     from genq.worker.runtime.builder import build_worker
+    from genq.worker.runtime.collector import settle_collector
 
     try:
         settings = WorkerSettings.build(flags)
@@ -31,7 +32,9 @@ def worker(**flags: Any) -> None:
     except ConfigError as err:  # a model, package or engine setting that cannot work
         raise click.ClickException(str(err)) from None
     try:
-        build_worker(settings, engine).run()
+        served = build_worker(settings, engine)
+        settle_collector()  # what start-up made stays out of the collector's passes
+        served.run()
     except REDIS_ERRORS as err:
         if not permission_refused(err):
             raise

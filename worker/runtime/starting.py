@@ -69,8 +69,10 @@ class Starter:
         elsewhere) is acknowledged by the script and dropped."""
         outcomes = self.outcomes
         now = now_ms()
-        late = [h for h in batch if deadline_passed(h.request, now, h.enqueued_ms)]
-        todo = [h for h in batch if not deadline_passed(h.request, now, h.enqueued_ms)]
+        late: list[Held] = []
+        todo: list[Held] = []
+        for h in batch:
+            (late if deadline_passed(h.request, now, h.enqueued_ms) else todo).append(h)
         items = [
             (h.request.id, h.stream, h.entry_id, self._running_state(h, started_ms)) for h in todo
         ]
