@@ -23,6 +23,7 @@ module             what it holds
 ``history``        the queue's history in 5-s buckets, the wait histogram, chart series
 ``settings``       ``WorkerSettings``: each setting once, with its flag and env twin
 ``connection``     connections that ride out restarts and failovers
+``collector``      a server process's garbage collector, settled once it is built
 ``errors``         the error hierarchy
 =================  =========================================================================
 """

@@ -252,10 +252,10 @@ def test_a_worker_that_drained_has_its_last_results_counted_when_they_are_read(
 
 def test_a_worker_process_settles_its_collector_once_built() -> None:
     """``genq worker`` freezes what start-up made and raises the young generation's threshold
-    (``runtime/collector.py``): start-up's objects leave the collector's passes."""
+    (``common/collector.py``): start-up's objects leave the collector's passes."""
     code = (
         "import gc\n"
-        "from genq.worker.runtime.collector import YOUNG_THRESHOLD, settle_collector\n"
+        "from genq.common.collector import YOUNG_THRESHOLD, settle_collector\n"
         "before = gc.get_threshold()\n"
         "settle_collector()\n"
         "after = gc.get_threshold()\n"

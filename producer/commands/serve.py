@@ -71,6 +71,7 @@ def _run(flags: dict[str, Any], *, api: bool) -> None:
 
     try:
         import uvicorn
+        from genq.common.collector import settle_collector
         from genq.producer.gateway.app import create_app
     except ImportError as err:
         raise click.ClickException(
@@ -82,6 +83,7 @@ def _run(flags: dict[str, Any], *, api: bool) -> None:
         app = create_app(settings, api=api)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
+    settle_collector()  # what start-up made stays out of the collector's passes
     where = f"http://{settings.host}:{settings.port}/dashboard"
     click.echo(f"genq: dashboard at {where}", err=True)
     uvicorn.run(

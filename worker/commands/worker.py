@@ -16,9 +16,9 @@ from genq.producer.commands.options import settings_options
 @settings_options
 def worker(**flags: Any) -> None:
     """Serve a queue: read, batch, generate, write results. Stop with SIGTERM or Ctrl-C."""
+    from genq.common.collector import settle_collector
     from genq.worker.engines import make_engine
     from genq.worker.runtime.builder import build_worker
-    from genq.worker.runtime.collector import settle_collector
 
     try:
         settings = WorkerSettings.build(flags)

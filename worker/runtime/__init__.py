@@ -21,6 +21,5 @@
 - ``heartbeat``: counters and the stats hash; ``metrics``: Prometheus;
 - ``clock``: Redis' clock, which everything the worker records is in;
 - ``redis_checks``: the eviction policy checked before a model loads;
-- ``dead_letter``: the dead-letter stream; ``launcher``: one worker per GPU;
-- ``collector``: the process's garbage collector, settled once the worker is built.
+- ``dead_letter``: the dead-letter stream; ``launcher``: one worker per GPU.
 """
