@@ -6,6 +6,8 @@ the producer); each phase timed on its own, medians of --repeats runs.
     .venv-peers/bin/python benchmarks/queue_speed.py --jobs 20000 --repeats 3
 
 A venv of its own: arq pins redis-py below 6, which genq's own venv should not get.
+``--json``: the medians (and genq's CPU seconds per process) as one JSON line, for
+``benchmarks/queue_speed_turns.py``, which runs this script against other trees of genq.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -22,15 +25,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from genq.worker.bench.modes import machine_info
 from genq.worker.devtools.redis_server import RedisServer
+
+try:
+    from genq.worker.bench.modes import machine_info
+except ImportError:  # an older tree run by queue_speed_turns.py (before worker/bench existed)
+    from genq.worker.devtools.bench_modes import machine_info  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
 Result = dict[str, float]
 
 
 def _spawn(args: list[str], port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_REDIS_PORT": str(port)}
+    # The caller's PYTHONPATH first: queue_speed_turns.py puts another tree of genq there.
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+    env = {**os.environ, "PYTHONPATH": path, "BENCH_REDIS_PORT": str(port)}
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
 
@@ -80,6 +89,16 @@ def _redis_counters(r: redis.Redis) -> tuple[int, float]:
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
+def _cpu_s(proc: subprocess.Popen[bytes]) -> float:
+    """CPU seconds (user and system) a running child has used so far (Linux: 0 elsewhere)."""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_genq(server: RedisServer, n: int, run: int, workers: int = 1) -> Result:
     from genq.common.keys import Keys
     from genq.producer import Client
@@ -116,19 +135,22 @@ def run_genq(server: RedisServer, n: int, run: int, workers: int = 1) -> Result:
         _wait(lambda: all(r.exists(Keys(queue).worker(f"w{i}")) for i in range(workers)))
         client = Client.from_url(server.url, queue)
         calls0, cpu0 = _redis_counters(r)
+        worker0, client0 = sum(_cpu_s(p) for p in procs), time.process_time()
         t0 = time.perf_counter()
         ids = client.submit_many([f"job {i}" for i in range(n)], max_new_tokens=16)
         t1 = time.perf_counter()
         results = client.results(ids, timeout=600)
         t2 = time.perf_counter()
         calls1, cpu1 = _redis_counters(r)
+        worker1, client1 = sum(_cpu_s(p) for p in procs), time.process_time()
         assert all(x.status == "succeeded" for x in results)
     finally:
         for proc in procs:
             _stop(proc)
     return {"enqueue_s": t1 - t0, "rest_s": t2 - t1, "total_s": t2 - t0,
             "redis_commands_per_job": (calls1 - calls0) / n,
-            "redis_cpu_s": cpu1 - cpu0}  # fmt: skip
+            "redis_cpu_s": cpu1 - cpu0, "worker_cpu_s": worker1 - worker0,
+            "client_cpu_s": client1 - client0}  # fmt: skip
 
 
 def run_rq(server: RedisServer, n: int, run: int) -> Result:
@@ -232,6 +254,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", default="genq,rq,arq")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--json", action="store_true", help="the medians as one JSON line")
     p.add_argument("--genq-workers", default="", help="e.g. 1,2,4: genq alone, scaling workers")
     a = p.parse_args()
     medians: dict[str, Result] = {}
@@ -245,6 +268,9 @@ def main() -> None:
             medians[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             medians[name]["runs_per_s"] = [round(a.jobs / r["total_s"]) for r in runs]  # type: ignore[assignment]
             print(name, medians[name], file=sys.stderr)
+    if a.json:
+        print(json.dumps(medians))
+        return
     best_peer = max((a.jobs / m["total_s"] for k, m in medians.items() if k != "genq"), default=0)
     lines = [
         f"Command: `python benchmarks/queue_speed.py --jobs {a.jobs} --repeats {a.repeats}`  ",

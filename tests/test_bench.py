@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +140,40 @@ def test_the_queue_speed_script_runs_genq_alone_and_scaled() -> None:
     assert "| genq |" in out and "Versions: redis-server" in out
     out = run("--genq-workers", "1,2")
     assert "| 1 |" in out and "| 2 |" in out
+
+
+def test_queue_speed_turns_runs_each_tree_of_genq_its_own(tmp_path: Path) -> None:
+    """benchmarks/queue_speed_turns.py: a revision's three folders become a package of their
+    own, which a process with it first on the path imports (not this checkout's), and a round
+    of two trees gives one row each and the medians."""
+    root = Path(__file__).resolve().parent.parent
+    script = root / "benchmarks" / "queue_speed_turns.py"
+    path = tmp_path / "head"
+    probe = "import genq.common.keys, genq.worker.runtime.worker as w; print(w.__file__)"
+    spec = importlib.util.spec_from_file_location("queue_speed_turns", script)
+    assert spec is not None and spec.loader is not None
+    turns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(turns)
+    turns.tree("HEAD", path)
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    where = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env,
+        cwd=path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(path)), where
+    done = subprocess.run(
+        [sys.executable, str(script), "--revs", "HEAD,worktree", "--rounds", "1", "--jobs", "200"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    assert "| 1 | HEAD |" in done.stdout and "| 1 | worktree |" in done.stdout
+    assert "| median | worktree |" in done.stdout and "(1.00x)" in done.stdout
 
 
 def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
