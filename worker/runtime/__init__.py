@@ -6,7 +6,7 @@
 - ``queue_io``: the consumer group's reads and writes (join, resume, reclaim, read, mark
   running, dead-letter); ``lanes``: which lanes (a model's requests) the worker reads;
 - ``availability``: the loop's retry while Redis is away, and a full Redis;
-- ``prefixes``: the prefixes this worker holds, told to the fleet with each read;
+- ``prefixes``: the prefixes this worker holds, told to the fleet with each start and read;
 - ``fair_share``: the fair share's calls: the tenants' weights and what goes back to their
   shares (corrections, starts, refunds);
 - ``intake``: the admit step (decode, verdicts, tokenize); ``starting``: the start step (mark

@@ -1,6 +1,8 @@
 """The prefix affinity's runtime side: which prefixes this worker holds (``policy/prefixes.py``
-decides what it keeps), told to the fleet in the read's round trip (``HOLD``, before ``PULL``,
-so the read already knows), and the keys computed for it (``common/prefixes.py``).
+decides what it keeps), told to the fleet in the start's round trip (``HOLD``, with the
+``running`` marks: a request's prefix is known to be held before its result can reach the
+client, which may send the next one at once) and in the read's (before ``PULL``, so the read
+already knows), and the keys computed for it (``common/prefixes.py``).
 
 A worker holds the key of every request it starts (the engine computes that prefix into its
 cache), for a chat it finished, the key of the conversation with its reply (what the next

@@ -294,21 +294,23 @@ class QueueIO:
     def mark_running(
         self, items: Sequence[ApplyItem], token: str, held: Sequence[Held] = ()
     ) -> list[int]:
-        """Write these requests' ``running`` states (one APPLY call, counting a start each),
-        and move the charges of ``held`` (the same requests) from their tenants' reserved to
-        their service in the same round trip; ``Applied`` answers in order."""
+        """Write these requests' ``running`` states (one APPLY call, counting a start each);
+        in the same round trip, move the charges of ``held`` (the same requests) from their
+        tenants' reserved to their service, and tell the prefixes held from now (before a
+        result can reach a client, who may send the next turn at once). Answers in order."""
         if not items:
             return []
-        return apply(
-            self.redis,
-            self.keys,
-            self.settings.result_ttl_s,
-            "running",
-            items,
-            max_attempts=self.settings.max_attempts,
-            also=lambda pipe: add_starts(pipe, self.keys, held),
-            token=token,
-        )
+        holds, affinity = [0], self.affinity
+
+        def also(pipe: Any) -> None:
+            add_starts(pipe, self.keys, held)
+            holds[0] = affinity.add_to(pipe) if affinity else 0
+
+        args = (self.redis, self.keys, self.settings.result_ttl_s, "running", items)
+        answers = apply(*args, max_attempts=self.settings.max_attempts, also=also, token=token)
+        if affinity:
+            affinity.sent(holds[0])
+        return answers
 
     def write_final(self, outcomes: Sequence[Outcome], also: Callable[[Any], None]) -> list[int]:
         """Write these final states with their events and acknowledge their entries (one

@@ -205,8 +205,8 @@ class Worker:
         self.arrivals.batch_started()
         self.order.started(decision.batch)
         batch = self.lookahead.take(c.key for c in decision.batch)
+        self.prefixes.started(batch)  # told with the start's round trip (``mark_running``)
         self.write(self.start(batch))
-        self.prefixes.started(batch)
         self.starter.hand_back(self.lookahead, self.runner)
 
     def advance(self, listening: bool) -> None:
