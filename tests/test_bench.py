@@ -149,7 +149,7 @@ def test_queue_speed_turns_runs_each_tree_of_genq_its_own(tmp_path: Path) -> Non
     root = Path(__file__).resolve().parent.parent
     script = root / "benchmarks" / "queue_speed_turns.py"
     path = tmp_path / "head"
-    probe = "import genq.common.keys, genq.worker.runtime.worker as w; print(w.__file__)"
+    probe = "import genq.worker.runtime.worker as w; print(w.__file__)"
     spec = importlib.util.spec_from_file_location("queue_speed_turns", script)
     assert spec is not None and spec.loader is not None
     turns = importlib.util.module_from_spec(spec)
