@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from genq.common.wire import NUMBER_LUA
+
 COUNT_FIELDS = (
     "completed",
     "failed",
@@ -40,7 +42,9 @@ COUNT_FIELDS = (
 )
 """The counters ``TALLY_LUA`` keeps on a batch's record."""
 
-TALLY_LUA = """
+TALLY_LUA = (
+    NUMBER_LUA
+    + """
 -- A batch's request became final (STATE): add it to the batch's record OWNER's counters,
 -- when the record keeps them (COUNTED is its 'counted' field, ENDED its 'ended_at_ms': the
 -- caller read them; batch_counts.py). The counts are kept per record in this script call and
@@ -72,13 +76,12 @@ local function tally(owner, state, counted, ended)
   -- The numbers are found by their keys, not by decoding the whole document: a quote in a
   -- state's text is escaped (a backslash before it), and a batch line's metadata is genq's
   -- own (custom_id, batch), so each key found is the state's.
-  for name, key in pairs({input_tokens = '"prompt_tokens":(%d+)',
-                          output_tokens = '"completion_tokens":(%d+)',
-                          cached_tokens = '"cached_tokens":(%d+)'}) do
-    local n = tonumber(string.match(state, key))
+  for name, key in pairs({input_tokens = '"prompt_tokens":', output_tokens =
+                          '"completion_tokens":', cached_tokens = '"cached_tokens":'}) do
+    local n = number_of(state, key, key .. '(%d+)')  -- (the key has no magic character)
     if n and n > 0 then t[name] = t[name] + n end
   end
-  local at = tonumber(string.match(state, '"finished_unix_ms":(%d+)'))
+  local at = number_of(state, '"finished_unix_ms":', '"finished_unix_ms":(%d+)')
   if at and at > t.last then t.last = at end
 end
 local function queue_done(owner, id)  -- (after tally: it made the record's entry)
@@ -99,6 +102,7 @@ local function flush_tallies()
   tallies = {}
 end
 """
+)
 
 
 def counts_of(record: Mapping[str, str]) -> dict[str, int] | None:

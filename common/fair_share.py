@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from genq.common import models
 from genq.common.keys import GROUP, QUEUED
-from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TENANT, PRIORITIES
 from genq.common.prefixes import AFFINITY_LUA, SCOPED_LUA
-from genq.common.wire import BODY_FIELD
+from genq.common.wire import BODY_FIELD, NUMBER_LUA
 
 OUTPUT_WEIGHT = 2
 """A generated token weighs this many prompt tokens in a tenant's service (VTC's weights: a
@@ -45,7 +44,7 @@ DOORBELL_MAX = 64
 DOORBELL_BY = "by"
 """A pass-over ring's field naming its reader (PULL rings; ``worker/runtime/doorbell.py``)."""
 
-PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in PRIORITIES) + "}"
+PRIORITY_LUA = "{" + ", ".join(f"'{p}'" for p in models.PRIORITIES) + "}"
 """The priorities in stream order, as a Lua table (APPLY's stream numbers index it)."""
 
 TENANTS_LUA = (
@@ -186,12 +185,12 @@ local function body_info(fields)
     if fields[j] == '{BODY_FIELD}' then
       local ok, d = pcall(cjson.decode, fields[j + 1])
       if ok and type(d) == 'table' then
-        return tenant_ok(d['tenant']) and d['tenant'] or '{DEFAULT_TENANT}',
+        return tenant_ok(d['tenant']) and d['tenant'] or '{models.DEFAULT_TENANT}',
           raw_key(fields[j + 1], d)
       end
     end
   end
-  return '{DEFAULT_TENANT}', nil
+  return '{models.DEFAULT_TENANT}', nil
 end
 local function sweep(stream, p, known)
   -- Deliver the stream's undelivered entries to {QUEUED} and index them by tenant: the ones
@@ -262,10 +261,11 @@ local function head(p, t)  -- fifo: the tenant's oldest waiting entry's id, as {
   local ms, seq = string.match(item, '^(%d+)-(%d+)')
   return {{tonumber(ms), tonumber(seq)}}
 end
+{NUMBER_LUA}
 local function charge(body)  -- policy.fair_share.charge's twin (a test compares the two)
-  local m = tonumber(string.match(body, '"max_new_tokens":%s*(%d+)') or '')
-    or {DEFAULT_MAX_NEW_TOKENS}
-  local n = tonumber(string.match(body, '"n":%s*(%d+)') or '')  -- n choices: n x as many
+  local m = number_of(body, '"max_new_tokens":', '"max_new_tokens":%s*(%d+)')
+    or {models.DEFAULT_MAX_NEW_TOKENS}
+  local n = number_of(body, '"n":', '"n":%s*(%d+)')  -- n choices: n x as many
   if n then m = m * math.min(n, {models.MAX_CHOICES_PER_REQUEST}) end
   return #body, m
 end

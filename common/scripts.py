@@ -287,10 +287,13 @@ local function attempts(raw)
 end
 local out = {{}}
 local done = {{}}  -- per work stream, the entries to acknowledge and delete
+local n_items = (#KEYS - ns - (outbox and 1 or 0)) / 4
+-- No record of any request here (most calls): no hook at all (HOOK_LUA: any_record).
+if outbox and not any_record(ns + 4, 4, n_items) then outbox = nil end
 -- The common paths cost few commands: the new state is written with SET ... GET, which
 -- answers the old one, and the old one is put back in the rare cases that must not change it
 -- (already final: kept, with its TTL renewed; poison: left as it was).
-for i = 1, (#KEYS - ns - (outbox and 1 or 0)) / 4 do
+for i = 1, n_items do
   local k = ns + 4 * (i - 1)
   local res, ev, att, record = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local a = 5 + 3 * i

@@ -134,6 +134,18 @@ def targets(tenant: str, own: Endpoint | None, tenants: Mapping[str, Endpoint]) 
 HOOK_LUA = (
     TALLY_LUA
     + """
+local function any_record(first, step, n)
+  -- Whether any of the n keys KEYS[first], KEYS[first + step], ... exists, in one EXISTS a
+  -- thousand keys (unpack's limit). Most writes end no response's and no batch's request:
+  -- then none of them looks for its record (a call each: ~10% of APPLY's time).
+  local found = 0
+  for j = 0, n - 1, 1000 do
+    local slice = {}
+    for i = j, math.min(j + 999, n - 1) do slice[#slice + 1] = KEYS[first + step * i] end
+    found = found + redis.call('EXISTS', unpack(slice))
+  end
+  return found > 0
+end
 -- A request became final: if OWNER is a response's record (a string), add that response's
 -- event to OUTBOX, its type from the final STATE; if OWNER is a batch's record (a hash with
 -- 'open', the requests not yet final), add it to the batch's counters, count one down, and at

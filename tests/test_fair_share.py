@@ -130,6 +130,29 @@ def test_a_read_charges_what_the_python_estimate_says(
     assert r.llen(keys.waiting) == 0 and not r.smembers(keys.active("normal"))
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # The key first where no number follows it (a plain XADD's metadata), then for real.
+        b'{"prompt":"a","metadata":{"max_new_tokens":null,"n":"two"},"max_new_tokens":7,"n":3}',
+        b'{"prompt":"' + b"x" * 9000 + b'","max_new_tokens" :5,"n": 2}',  # no digits: default
+        b'{"prompt":"\\"max_new_tokens\\":99 ' + b"y" * 300 + b'","max_new_tokens":\t11}',
+    ],
+)
+def test_a_read_charges_an_odd_body_as_the_python_estimate_does(
+    queue: str, r: redis.Redis, body: bytes
+) -> None:
+    # PULL finds each number from its key's first place, searched as plain text: the same
+    # answer as a pattern search of the whole body (the Python twin's), wherever it is.
+    keys = Keys(queue)
+    r.xgroup_create(keys.stream("normal"), GROUP, "0", mkstream=True)
+    r.xadd(keys.stream("normal"), {"id": "odd-1", "body": body})
+    [(tenant, got)] = pull(r, keys, 5)
+    est, max_new = charge(got)
+    assert tenant == "default" and got == body
+    assert float(r.zscore(keys.reserved, "default") or 0) == est + 2 * max_new
+
+
 def test_a_flood_does_not_hold_back_a_trickle(redis_url: str, queue: str, r: redis.Redis) -> None:
     keys = Keys(queue)
     client = Client.from_url(redis_url, queue)

@@ -14,12 +14,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 import redis
 import standardwebhooks
-from genq.common import webhooks
+from genq.common import scripts, states, webhooks
 from genq.common.errors import ConfigError
 from genq.common.keys import Keys
 from genq.worker.devtools.gateway_process import GatewayProcess
@@ -117,6 +118,49 @@ def test_a_torn_request_is_no_delivery() -> None:
 
 
 # -- through the queue -------------------------------------------------------------------------
+
+
+def test_one_write_adds_the_events_of_its_responses_and_no_others(
+    queue: str, r: redis.Redis
+) -> None:
+    # APPLY asks once whether any request it ends has a record (a response's, a batch's):
+    # a write of plain requests looks for none; one that ends a response among them adds
+    # that response's event, once.
+    keys = Keys(queue)
+
+    def done(request_id: str) -> tuple[str, None, str, str]:
+        state = states.succeeded(
+            request_id=request_id,
+            priority="normal",
+            tenant="t",
+            metadata={},
+            text="x",
+            finish_reason="stop",
+            prompt_tokens=1,
+            completion_tokens=1,
+            queued_ms=1,
+            started_ms=2,
+            finished_ms=3,
+            generation_ms=1,
+            worker="w",
+            model="m",
+            batch_size=3,
+        )
+        return (request_id, None, "", state)
+
+    plain = [done(f"plain-{i}") for i in range(3)]
+    assert scripts.apply(r, keys, 60, "final", plain) == [scripts.Applied.WRITTEN] * 3
+    assert r.xlen(keys.webhook_events) == 0
+    assert all(r.xlen(Keys.request_keys(i)[1]) == 1 for i, *_ in plain)  # each final event
+    r.set(
+        Keys.response("mixed-1"),
+        json.dumps({"id": "resp_mixed-1", "tenant": "t"}, separators=(",", ":")),
+    )
+    mixed = [done("mixed-0"), done("mixed-1"), done("mixed-2")]
+    assert scripts.apply(r, keys, 60, "final", mixed) == [scripts.Applied.WRITTEN] * 3
+    events: Any = r.xrange(keys.webhook_events)
+    assert [e[1][b"id"] for e in events] == [b"resp_mixed-1"]
+    assert events[0][1][b"type"] == b"response.completed"
 
 
 def test_each_final_response_is_one_signed_event_of_its_kind(
