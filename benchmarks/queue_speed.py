@@ -36,6 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 Result = dict[str, float]
 
 
+PADDING = {"bytes": 0}
+"""``--prompt-bytes``: what each job's prompt carries besides its number (a chat's history)."""
+
+
+def job(i: int) -> str:
+    """The payload of job ``i``: its number, and ``--prompt-bytes`` more."""
+    return f"job {i} " + "x" * PADDING["bytes"]
+
+
 def _spawn(args: list[str], port: int) -> subprocess.Popen[bytes]:
     # The caller's PYTHONPATH first: queue_speed_turns.py puts another tree of genq there.
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
@@ -137,7 +146,7 @@ def run_genq(server: RedisServer, n: int, run: int, workers: int = 1) -> Result:
         calls0, cpu0 = _redis_counters(r)
         worker0, client0 = sum(_cpu_s(p) for p in procs), time.process_time()
         t0 = time.perf_counter()
-        ids = client.submit_many([f"job {i}" for i in range(n)], max_new_tokens=16)
+        ids = client.submit_many([job(i) for i in range(n)], max_new_tokens=16)
         t1 = time.perf_counter()
         results = client.results(ids, timeout=600)
         t2 = time.perf_counter()
@@ -168,7 +177,7 @@ def run_rq(server: RedisServer, n: int, run: int) -> Result:
 
         q = Queue(name, connection=r)
         t0 = time.perf_counter()
-        jobs = q.enqueue_many([Queue.prepare_data(noop, (f"job {i}",)) for i in range(n)])
+        jobs = q.enqueue_many([Queue.prepare_data(noop, (job(i),)) for i in range(n)])
         t1 = time.perf_counter()
         ids = [j.id for j in jobs]
         pending = ids
@@ -203,7 +212,7 @@ def run_arq(server: RedisServer, n: int, run: int) -> Result:
         pool = await create_pool(RedisSettings(port=server.port))
         _wait(lambda: r.exists("arq:queue:health-check"), 60)
         t0 = time.perf_counter()
-        jobs = await asyncio.gather(*(pool.enqueue_job("arq_noop", f"job {i}") for i in range(n)))
+        jobs = await asyncio.gather(*(pool.enqueue_job("arq_noop", job(i)) for i in range(n)))
         t1 = time.perf_counter()
         await asyncio.gather(*(j.result(timeout=600, poll_delay=0.01) for j in jobs if j))
         t2 = time.perf_counter()
@@ -256,7 +265,9 @@ def main() -> None:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--json", action="store_true", help="the medians as one JSON line")
     p.add_argument("--genq-workers", default="", help="e.g. 1,2,4: genq alone, scaling workers")
+    p.add_argument("--prompt-bytes", type=int, default=0, help="more in each job's prompt")
     a = p.parse_args()
+    PADDING["bytes"] = a.prompt_bytes
     medians: dict[str, Result] = {}
     if a.genq_workers:
         scaling(a.jobs, a.repeats, [int(x) for x in a.genq_workers.split(",")])

@@ -12,6 +12,10 @@ medians and each tree's median ÷ the first tree's.
 
     python benchmarks/queue_speed_turns.py --revs debcfa9,HEAD --rounds 3
     python benchmarks/queue_speed_turns.py --revs HEAD,worktree --rounds 5 --jobs 20000
+    python benchmarks/queue_speed_turns.py --revs HEAD~1,HEAD --jobs 5000 --prompt-bytes 8000
+
+``--prompt-bytes``: each prompt carries that many bytes more (a chat's history), for costs that
+grow with a body's size.
 """
 
 from __future__ import annotations
@@ -54,10 +58,11 @@ def tree(rev: str, into: Path) -> Path:
     return into
 
 
-def run_once(path: Path, jobs: int) -> dict[str, float]:
+def run_once(path: Path, jobs: int, prompt_bytes: int = 0) -> dict[str, float]:
     """One run of queue_speed.py's genq case with the tree at ``path`` first on the path."""
     env = {**os.environ, "PYTHONPATH": str(path)}
     script = [str(ROOT / "benchmarks" / "queue_speed.py"), "--jobs", str(jobs), "--repeats", "1"]
+    script += ["--prompt-bytes", str(prompt_bytes)]
     done = subprocess.run(
         [sys.executable, *script, "--systems", "genq", "--json"],
         capture_output=True,
@@ -75,11 +80,14 @@ def run_once(path: Path, jobs: int) -> dict[str, float]:
     }
 
 
-def table(revs: list[str], runs: dict[str, list[dict[str, float]]], jobs: int) -> str:
+def table(
+    revs: list[str], runs: dict[str, list[dict[str, float]]], jobs: int, prompt_bytes: int = 0
+) -> str:
     """The rounds, the medians and the ratios to the first tree, in markdown."""
+    padded = f" --prompt-bytes {prompt_bytes}" if prompt_bytes else ""
     lines = [
         f"Command: `python benchmarks/queue_speed_turns.py --revs {','.join(revs)} "
-        f"--rounds {len(runs[revs[0]])} --jobs {jobs}`",
+        f"--rounds {len(runs[revs[0]])} --jobs {jobs}{padded}`",
         "",
         "| round | tree | jobs/s | worker CPU s | redis-server CPU s | client CPU s |",
         "|---|---|---:|---:|---:|---:|",
@@ -106,6 +114,7 @@ def main() -> None:
     p.add_argument("--revs", default="debcfa9,HEAD", help=f"git revisions, or {WORKTREE!r}")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=20000)
+    p.add_argument("--prompt-bytes", type=int, default=0, help="more in each job's prompt")
     a = p.parse_args()
     revs = a.revs.split(",")
     with tempfile.TemporaryDirectory(prefix="genq-turns-") as tmp:
@@ -113,9 +122,9 @@ def main() -> None:
         runs: dict[str, list[dict[str, float]]] = {rev: [] for rev in revs}
         for i in range(a.rounds):
             for rev in revs:
-                runs[rev].append(run_once(paths[rev], a.jobs))
+                runs[rev].append(run_once(paths[rev], a.jobs, a.prompt_bytes))
                 print(f"round {i + 1} {rev}: {runs[rev][-1]}", file=sys.stderr)
-    print(table(revs, runs, a.jobs))
+    print(table(revs, runs, a.jobs, a.prompt_bytes))
 
 
 if __name__ == "__main__":

@@ -166,7 +166,18 @@ def test_queue_speed_turns_runs_each_tree_of_genq_its_own(tmp_path: Path) -> Non
     ).stdout
     assert where.startswith(str(path)), where
     done = subprocess.run(
-        [sys.executable, str(script), "--revs", "HEAD,worktree", "--rounds", "1", "--jobs", "200"],
+        [
+            sys.executable,
+            str(script),
+            "--revs",
+            "HEAD,worktree",
+            "--rounds",
+            "1",
+            "--jobs",
+            "200",
+            "--prompt-bytes",
+            "100",
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -174,6 +185,7 @@ def test_queue_speed_turns_runs_each_tree_of_genq_its_own(tmp_path: Path) -> Non
     )
     assert "| 1 | HEAD |" in done.stdout and "| 1 | worktree |" in done.stdout
     assert "| median | worktree |" in done.stdout and "(1.00x)" in done.stdout
+    assert "--jobs 200 --prompt-bytes 100`" in done.stdout  # each job's prompt 100 bytes more
 
 
 def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
