@@ -225,6 +225,37 @@ def test_the_batch_follows_effective_rank_then_length_distance(
 
 @given(
     st.lists(
+        st.tuples(st.integers(1, 400), st.integers(1, 64), st.integers(0, 50)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 1000),
+    st.integers(1, 40),
+)
+def test_the_fill_takes_every_request_that_fits_what_is_left_in_order(
+    specs: list[tuple[int, int, int]], budget: int, size: int
+) -> None:
+    # First fit, in the policy's order: one that does not fit is passed over and a cheaper
+    # one after it still joins (the fill stops early only when none after it could).
+    reqs = [make_request(prompt_tokens=n, max_new_tokens=m, enqueued_ms=t) for n, m, t in specs]
+    policy = make_policy(max_batch_tokens=budget, max_batch_size=size)
+    batch = next_batch(reqs, now_ms=10**6, policy=policy).batch
+    anchor = batch[0]
+
+    def order(c: Candidate) -> tuple[int, int, str]:
+        distance = abs(c.prompt_tokens - anchor.prompt_tokens)
+        return distance + abs(c.max_new_tokens - anchor.max_new_tokens), c.enqueued_ms, c.key
+
+    expected, tokens = [anchor], anchor.cost_tokens
+    for c in sorted((c for c in reqs if c is not anchor), key=order):
+        if len(expected) < size and tokens + c.cost_tokens <= budget:
+            expected.append(c)
+            tokens += c.cost_tokens
+    assert batch == expected
+
+
+@given(
+    st.lists(
         st.tuples(
             st.integers(0, 5000),
             st.sampled_from(["high", "normal", "low"]),

@@ -104,8 +104,12 @@ class AffinityPreference:
                 return 2
             return 0 if c.prefix == prefix else 1 if c.prefix in warm else 2
 
-        if not self.adapters:
-            return sorted(others, key=lambda c: (ranks[c.key], by_prefix(c)))
+        if not self.adapters and self.prefixes:  # by_prefix inlined: it runs over every other
+            same = "" if prefix is None else prefix  # 0 the anchor's, 1 a warm one, 2 the rest
+            return sorted(
+                others,
+                key=lambda c: (ranks[c.key], 0 if c.prefix == same else 2 - (c.prefix in warm)),
+            )
         return sorted(others, key=lambda c: (ranks[c.key], by_adapter(c), by_prefix(c)))
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
 
@@ -160,15 +161,21 @@ def next_batch(
     # The anchor runs even if it alone is over budget: refusing such requests is admission's job,
     # and a policy that never picks its anchor would stall the queue.
     full = tokens >= policy.max_batch_tokens or policy.max_batch_size == 1
-    for c in others:
+    cheapest = None  # of the others from the first that did not fit on
+    for i, c in enumerate(others):
         if len(batch) >= policy.max_batch_size:
             full = True
             break
-        if tokens + c.cost_tokens > policy.max_batch_tokens:
+        cost = c.cost_tokens
+        if tokens + cost > policy.max_batch_tokens:
             full = True  # something did not fit: the batch is as big as the budget allows
+            if cheapest is None:
+                cheapest = min(o.cost_tokens for o in islice(others, i, None))
+            if tokens + cheapest > policy.max_batch_tokens:
+                break  # nor does any after it (long prompts: a batch of two, hundreds waiting)
             continue
         batch.append(c)
-        tokens += c.cost_tokens
+        tokens += cost
     if len(batch) >= policy.max_batch_size:
         full = True
     if full:

@@ -60,9 +60,12 @@ class Held:
     """Unique among held requests (``entry_key``)."""
     candidate: Candidate = field(init=False)
     """The request as the batching policy sees it (built once: the policy runs each turn)."""
+    pair: str = field(init=False)
+    """``PRIORITY|TENANT``: whose work it is, as a read's probe names it."""
 
     def __post_init__(self) -> None:
         self.key = entry_key(self.stream, self.entry_id)
+        self.pair = f"{self.request.priority}|{self.request.tenant}"
         key = self.request.prefix_key
         self.candidate = Candidate(
             key=self.key,
@@ -113,6 +116,8 @@ class Lookahead:
         self.starting: dict[str, Held] = {}
         """Taken for a batch, not yet handed to the runner."""
         self._per_stream: Counter[str] = Counter()
+        self._pairs: Counter[str] = Counter()
+        """Waiting requests per ``PRIORITY|TENANT`` (``held_tenants``, asked at every read)."""
 
     @classmethod
     def for_settings(cls, settings: WorkerSettings, streams: Sequence[str]) -> Lookahead:
@@ -134,6 +139,7 @@ class Lookahead:
         """A newly admitted request joins the waiting ones."""
         self.waiting[held.key] = held
         self._per_stream[held.stream] += 1
+        self._pairs[held.pair] += 1
 
     def room(self, limit: int | None = None) -> dict[str, int]:
         """How many more entries each stream may deliver to this worker now: up to
@@ -153,7 +159,7 @@ class Lookahead:
     def held_tenants(self) -> list[str]:
         """The tenants waiting here, per priority (``PRIORITY|TENANT``): a read's probe skips
         them (``common/fair_share.py: PULL``)."""
-        return sorted({f"{h.request.priority}|{h.request.tenant}" for h in self.waiting.values()})
+        return sorted(self._pairs)
 
     def priorities(self) -> list[str]:
         """The priorities of the requests waiting here (what preemption weighs)."""
@@ -182,6 +188,9 @@ class Lookahead:
         for key in keys:
             held = self.waiting.pop(key)
             self._per_stream[held.stream] -= 1
+            self._pairs[held.pair] -= 1
+            if not self._pairs[held.pair]:
+                del self._pairs[held.pair]
             self.starting[key] = held
             batch.append(held)
         return batch
