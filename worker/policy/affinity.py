@@ -92,25 +92,18 @@ class AffinityPreference:
         """``others`` grouped by adapter, then prefix, within each rank (stable)."""
         if self.inner is not None:
             others = self.inner.arrange(anchor, others, ranks, max_batch_size)
-        adapter, resident = self.adapter_of(anchor), self.resident
-        prefix, warm = anchor.prefix, self.warm
+        adapter, resident, adapters = self.adapter_of(anchor), self.resident, self.adapters
+        # The prefix rule: 0 the anchor's prefix, 1 a warm one, 2 the rest (or the rule off).
+        # "" is no candidate's prefix: with none (or the rule off) nothing matches the anchor's.
+        same = (anchor.prefix or "") if self.prefixes else ""
+        warm = self.warm if self.prefixes else frozenset()
 
-        def by_adapter(c: Candidate) -> int:
-            a = self.adapter_of(c)
-            return 0 if a == adapter else 1 if a is None or a in resident else 2
+        def order(c: Candidate) -> tuple[int, int, int]:  # one call a candidate, every turn
+            a = self.adapter_of(c) if adapters else None
+            by_adapter = 0 if a == adapter else 1 if a is None or a in resident else 2
+            return ranks[c.key], by_adapter, 0 if c.prefix == same else 2 - (c.prefix in warm)
 
-        def by_prefix(c: Candidate) -> int:
-            if not self.prefixes or c.prefix is None:
-                return 2
-            return 0 if c.prefix == prefix else 1 if c.prefix in warm else 2
-
-        if not self.adapters and self.prefixes:  # by_prefix inlined: it runs over every other
-            same = "" if prefix is None else prefix  # 0 the anchor's, 1 a warm one, 2 the rest
-            return sorted(
-                others,
-                key=lambda c: (ranks[c.key], 0 if c.prefix == same else 2 - (c.prefix in warm)),
-            )
-        return sorted(others, key=lambda c: (ranks[c.key], by_adapter(c), by_prefix(c)))
+        return sorted(others, key=order)
 
 
 class ResidentAdapters:
