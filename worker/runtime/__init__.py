@@ -2,7 +2,8 @@
 
 - ``builder``: every part of a worker built from its settings and engine, and wired;
 - ``worker``: lifecycle and the turn (read, plan, launch, advance); ``signals``: SIGTERM
-  and SIGINT stop it, and end an idle wait on the doorbell at once;
+  and SIGINT stop it, and end an idle wait on the doorbell at once; ``read_asks``: what a
+  read asks for (room, probe, cap), from what the worker holds;
 - ``queue_io``: the consumer group's reads and writes (join, resume, reclaim, read, mark
   running, dead-letter); ``lanes``: which lanes (a model's requests) the worker reads;
 - ``availability``: the loop's retry while Redis is away, and a full Redis;
@@ -18,6 +19,7 @@
   streaming requests' text, a step's pieces in one round trip; ``recovery``: claims and
   takeover;
 - ``doorbell``: the thread that wakes a generating loop when a request arrives;
+  ``batch_reads``: the thread that reads while a short static batch runs;
 - ``heartbeat``: counters and the stats hash; ``metrics``: Prometheus;
 - ``clock``: Redis' clock, which everything the worker records is in;
 - ``redis_checks``: the eviction policy checked before a model loads;

@@ -28,6 +28,7 @@ from genq.worker.policy.sizing import batch_limits
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
 from genq.worker.runtime.availability import Availability
+from genq.worker.runtime.batch_reads import ReadsDuringBatch
 from genq.worker.runtime.continuous_runner import ContinuousRunner
 from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
@@ -92,13 +93,12 @@ def build_worker(
         max_backlog=2 * settings.max_batch_size,
         on_away=lambda: refresh_cluster_view(r),
     )
-    keeper = recovery.ClaimKeeper(
-        r=side_connection(),
-        keys=keys,
-        consumer=settings.consumer_name,
-        claim_idle_ms=settings.claim_idle_ms,
-        heartbeat_ttl_s=settings.heartbeat_ttl_s,
-        claimed=lambda: lookahead.entries() + runner.entries() + writer.entries(),
+    batch_reads = ReadsDuringBatch()  # its read is the worker's (``Worker.read_beside``)
+    keeper = _keeper(
+        settings,
+        keys,
+        side_connection(),
+        lambda: batch_reads.entries() + lookahead.entries() + runner.entries() + writer.entries(),
     )
     return Worker(
         settings=settings,
@@ -123,6 +123,25 @@ def build_worker(
         stats=stats,
         keeper=keeper,
         doorbell=DoorbellListener(side_connection(), keys.doorbells),
+        batch_reads=batch_reads,
+    )
+
+
+def _keeper(
+    settings: WorkerSettings,
+    keys: Keys,
+    r: redis.Redis,
+    claimed: Callable[[], list[tuple[str, str]]],
+) -> recovery.ClaimKeeper:
+    """The claim keeper, on its own connection: renews what ``claimed()`` lists (every entry
+    the worker holds, wherever it is) and the heartbeat."""
+    return recovery.ClaimKeeper(
+        r=r,
+        keys=keys,
+        consumer=settings.consumer_name,
+        claim_idle_ms=settings.claim_idle_ms,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s,
+        claimed=claimed,
     )
 
 

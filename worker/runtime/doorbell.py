@@ -10,7 +10,9 @@ before it joined the running batch (the time to first token that ``vllm bench se
 measured against ``vllm serve``). This thread does the waiting instead, on a connection of its
 own, while the loop says it has room for more: a plain XREAD of the doorbell (not the group's:
 it takes no ring away from an idle worker), and a ring marks it ``rung``. The loop's wait on
-the engine stops at a ring, and its next read is not paced.
+the engine stops at a ring, and its next read is not paced. While a short static batch runs
+the loop is inside the engine and cannot read: a ring is handed to ``batch_reads.py``'s thread,
+which reads in its place.
 
 Cost: a blocked read costs Redis nothing; each submission wakes every listening worker once
 (one read each, which may find that another worker took the entry).
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -93,6 +95,7 @@ class DoorbellListener:
         self._doorbells = list(doorbells)
         self._armed = threading.Event()
         self._rung = threading.Event()
+        self._on_ring: Callable[[], None] | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -102,9 +105,11 @@ class DoorbellListener:
             self._thread = threading.Thread(target=self._run, name="genq-doorbell", daemon=True)
             self._thread.start()
 
-    def arm(self, listening: bool) -> None:
-        """Listen (the loop is busy and has room for more) or not (it is idle, full, or a
-        static batch runs: its own reads suffice)."""
+    def arm(self, listening: bool, on_ring: Callable[[], None] | None = None) -> None:
+        """Listen (the loop is busy and has room for more) or not (it is idle, or full).
+        ``on_ring``: also call it, in this thread, at each ring heard while armed (a static
+        batch runs: ``batch_reads.py`` reads in the loop's place)."""
+        self._on_ring = on_ring if listening else None
         if listening:
             self._armed.set()
         else:
@@ -151,5 +156,8 @@ class DoorbellListener:
                 if found:
                     last_id[as_text(stream)] = as_text(found[-1][0])
                     heard = True
+            on_ring = self._on_ring
             if heard and self._armed.is_set():
                 self._rung.set()
+                if on_ring is not None:
+                    on_ring()

@@ -70,6 +70,9 @@ class Runner:
     preempts = False
     """Whether higher-priority requests may take running ones' places (``rebalance``,
     ``preemptible_by``): the loop skips those steps for a runner that never preempts."""
+    holds_loop_ms: float | None = None
+    """How long the batch just started holds the loop, expected (a runner whose loop is busy
+    while a batch runs: ``hands_back``; set by ``start``); None otherwise."""
 
     def __init__(self, context: RunnerContext) -> None:
         self.outcomes = context.outcomes
@@ -243,16 +246,15 @@ class StaticRunner(Runner):
     def expected_busy_ms(self) -> float | None:
         """The batch just started, at the measured time per decode step (its longest
         ``max_new_tokens`` steps); ``FIRST_BATCH_GUESS_MS`` before any batch was measured."""
-        if not self.running:
-            return None
-        if self._ms_per_step is None:
-            return FIRST_BATCH_GUESS_MS
-        return self._ms_per_step * max(h.request.max_new_tokens for h in self.running.values())
+        return self.holds_loop_ms if self.running else None
 
     def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
         """Hold the batch: it runs in ``collect``, in the same turn."""
         self.running.update((h.key, h) for h in batch)
         self._started_ms = started_ms
+        per_step = self._ms_per_step
+        steps = max((h.request.max_new_tokens for h in batch), default=0)
+        self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
         return []
 
     def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
@@ -262,6 +264,7 @@ class StaticRunner(Runner):
             return self._generate(batch)
         finally:
             self.running.clear()
+            self.holds_loop_ms = None
 
     def _generate(self, batch: list[Held]) -> list[Outcome]:
         if not batch:

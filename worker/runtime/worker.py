@@ -7,7 +7,9 @@ are built and wired in ``builder.py`` (``build_worker``); this module only runs 
             writer thread)
     beside: the ClaimKeeper thread renews this worker's claims and heartbeat (recovery.py);
             the ResultWriter thread writes results, events, acks and stats (writer.py);
-            the DoorbellListener thread wakes a generating loop for arrivals (doorbell.py)
+            the DoorbellListener thread wakes a generating loop for arrivals (doorbell.py);
+            the ReadsDuringBatch thread reads while a short static batch runs
+            (batch_reads.py), so the next turn plans without a read
     stop:   SIGTERM stops reading; the same turn, without reading, runs what is held for up
             to shutdown_grace_s; then whatever is left stays pending for other workers. A
             second signal exits at once.
@@ -45,6 +47,7 @@ from genq.worker.policy.planning import plan_start
 from genq.worker.policy.suspects import Gate, SuspectGate
 from genq.worker.runtime import clock
 from genq.worker.runtime.availability import Availability
+from genq.worker.runtime.batch_reads import SHORTEST_MS, ReadsDuringBatch
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
@@ -54,6 +57,7 @@ from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome
 from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import Delivered, QueueIO
+from genq.worker.runtime.read_asks import ReadAsks
 from genq.worker.runtime.recovery import ClaimKeeper
 from genq.worker.runtime.runners import POLL_S, Runner
 from genq.worker.runtime.signals import install_signal_handlers
@@ -96,7 +100,16 @@ class Worker:
     stats: Heartbeat
     keeper: ClaimKeeper  # renews claims and the heartbeat, on a connection of its own
     doorbell: DoorbellListener  # wakes a generating loop for arrivals, on its own connection
+    batch_reads: ReadsDuringBatch  # reads while a short static batch holds the loop
     _stopping: threading.Event = field(default_factory=threading.Event, init=False)
+
+    asks: ReadAsks = field(init=False)  # what a read asks for, from what the worker holds
+
+    def __post_init__(self) -> None:
+        self.asks = ReadAsks(
+            self.settings, self.lookahead, self.runner, self.order, self.queue, self.doorbell
+        )
+        self.batch_reads.read = self.asks.beside_batch
 
     @property
     def consumer(self) -> str:
@@ -111,6 +124,7 @@ class Worker:
         self.availability.retrying(self.join, self._stopping)
         self.keeper.start()
         self.doorbell.start()
+        self.batch_reads.start()
         log.info(
             "worker %s serving queue %r with engine %s",
             self.consumer,
@@ -123,7 +137,7 @@ class Worker:
         try:
             self.drain()
         finally:
-            for part in (self.doorbell, self.text, self.writer):
+            for part in (self.doorbell, self.batch_reads, self.text, self.writer):
                 part.stop()
             self.runner.close()
         self.account_written()
@@ -139,7 +153,7 @@ class Worker:
         """Join the queue: groups, queue config, heartbeat, then this consumer's own pending."""
         self.queue.ensure_groups()
         self.heartbeat(force=True)
-        resumed = self.queue.resume(self.room, self.admit_delivered)
+        resumed = self.queue.resume(self.asks.room, self.admit_delivered)
         if resumed:
             log.info("resumed %d pending entries of consumer %s", resumed, self.consumer)
 
@@ -174,13 +188,19 @@ class Worker:
         """One turn: read, plan, start, advance (collect, write). Without ``reading``
         (draining) it runs what is held and takes nothing new."""
         self.heartbeat()
-        if reading:
+        covered = False
+        if self.batch_reads.taken is False:  # a window since the last take
+            fetched, covered = self.batch_reads.take()
+            self.admit(fetched)
+        if reading and covered and self.lookahead.waiting:
+            self.reclaim()  # read while the last batch ran: plan at once
+        elif reading:
             self.read()
         if self.runner.preempts:
             self.runner.rebalance(self.lookahead.asks, self.settings.max_batch_size)
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         self.launch(decision)
-        self.advance(listening=reading and self.listens())
+        self.advance(reading)
         if reading and not decision.batch and not self.runner.busy:
             self.idle(decision.wait_ms if self.lookahead.waiting else None)
 
@@ -188,7 +208,7 @@ class Worker:
         """Take over dead workers' entries, then read new ones (paced while the runner says
         so, or while idle: ``QueueIO.idle_pace_s``; unless the doorbell rang); admit them."""
         self.reclaim()
-        room, probe = self.room(), self.probe()
+        room, probe = self.asks.room(), self.asks.probe()
         total = self.runner.read_total(self.lookahead, self.settings.max_batch_size)
         rung, s = self.doorbell.take(), self.runner.read_pace_s(self.settings.max_batch_size)
         if not (s or self.runner.busy or self.queue.left_waiting or self.lookahead.waiting):
@@ -209,12 +229,21 @@ class Worker:
         self.write(self.start(batch))
         self.starter.hand_back(self.lookahead, self.runner)
 
-    def advance(self, listening: bool) -> None:
-        """Let the runner work until the next read is due (or the doorbell rings, when
-        ``listening``): write what finished, then what was cancelled or expired meanwhile."""
-        self.doorbell.arm(listening)
+    def advance(self, reading: bool) -> None:
+        """Let the runner work until the next read is due (or the doorbell rings, when it
+        ``listens``): write what finished, then what was cancelled or expired meanwhile. While
+        a static batch runs, ``batch_reads`` reads in the loop's place (one expected to take
+        from ``SHORTEST_MS`` to ``hand_back_after_ms``: a longer one handed back what waited
+        here)."""
+        listening = reading and self.asks.listens()
+        busy_ms = self.runner.holds_loop_ms if reading and not listening else None
+        beside = busy_ms is not None and SHORTEST_MS <= busy_ms < self.settings.hand_back_after_ms
+        self.doorbell.arm(listening or beside, self.batch_reads.ring if beside else None)
         until = self.doorbell.rung if listening else None
-        self.write(self.runner.collect(max(POLL_S, self.queue.read_wait_s()), until=until))
+        window = self.batch_reads.window(busy_ms) if beside and busy_ms else None
+        with window or contextlib.nullcontext():
+            done = self.runner.collect(max(POLL_S, self.queue.read_wait_s()), until=until)
+        self.write(done)
         if self.runner.running:  # (a static batch ends within its turn: nothing to drop)
             self.write(
                 self.runner.drop_cancelled(self.queue.final_ones) + self.runner.drop_expired()
@@ -232,39 +261,14 @@ class Worker:
         quiet = self.queue.left_waiting == 0
         idle_ms = min(self.queue.idle_block_ms, 10**9 if quiet else REDIS_TICK_MS)
         block_ms = idle_ms if fill_wait_ms is None else min(fill_wait_ms, MAX_BLOCK_MS)
-        if any(n > 0 for n in self.room().values()):
+        if any(n > 0 for n in self.asks.room().values()):
             self.queue.wait_for_doorbell(max(1, block_ms))
         else:
             self._stopping.wait(block_ms / 1000)
 
-    def listens(self) -> bool:
-        """Whether the doorbell listener should wake this turn's wait on the engine: an
-        iteration-level runner is generating and has room for more (``doorbell.py``)."""
-        if not self.runner.busy or self.runner.read_limit(self.settings.max_batch_size) is None:
-            return False
-        return any(n > 0 for n in self.room().values())
-
-    def room(self) -> dict[str, int]:
-        """How many entries to read per stream: the look-ahead's room, within what the runner
-        should hold (a continuous runner: only what it can start now, or by preempting a
-        lower-priority running request: ``Runner.preemptible_by``)."""
-        room = self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
-        if not self.runner.preempts:
-            return room
-        return self.runner.widen(room, self.queue.keys.priority_of, self.lookahead.priorities())
-
-    def probe(self) -> tuple[int, list[str]]:
-        """A static worker with an order that ranks tenants reads, with each priority, up to a
-        batch's worth more from tenants it holds none of: a tenant that arrived behind another's
-        backlog (a full look-ahead, or a read that brought only that backlog) is seen before
-        the next batch is chosen, not after it (``PULL``'s probe)."""
-        if not self.order.sees_newcomers or self.runner.read_limit(1) is not None:
-            return 0, []
-        return self.settings.max_batch_size, self.lookahead.held_tenants()
-
     def reclaim(self) -> None:
         """Take over entries of dead workers, within the look-ahead's room."""
-        for stream, entries in self.queue.reclaim(self.room):
+        for stream, entries in self.queue.reclaim(self.asks.room):
             self.counters.reclaimed += len(entries)
             self.admit_delivered(stream, entries)
 
