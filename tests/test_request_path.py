@@ -33,8 +33,9 @@ request, over time: 174-175 when first measured; 189-196 once a worker read lane
 178-185 after the queue's fixed key names became cached properties; 170-177 once the hot path
 lost its detours for a prompt with no tools, a runner that does not preempt and an echo engine
 with no cache (session 25); 161-168 once a plain batch skipped the affinity rule, preemption's
-steps and the drop checks (session 27); 171-172 at session 31's end; **166** once a write named
-a request's four keys in one call (session 32). #39 asks for a third fewer than the 171 it
+steps and the drop checks (session 27); 171-172 at session 31's end; 166 once a write named
+a request's four keys in one call (session 32); **162-168** once a static runner noted its batch's
+expected time at its start (session 36; the reads during a batch add none). #39 asks for a third fewer than the 171 it
 counted: not reached. (The loop's thread alone: ~149; the writer's: ~31.)"""
 
 
