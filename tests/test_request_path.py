@@ -34,9 +34,10 @@ request, over time: 174-175 when first measured; 189-196 once a worker read lane
 lost its detours for a prompt with no tools, a runner that does not preempt and an echo engine
 with no cache (session 25); 161-168 once a plain batch skipped the affinity rule, preemption's
 steps and the drop checks (session 27); 171-172 at session 31's end; 166 once a write named
-a request's four keys in one call (session 32); **162-168** once a static runner noted its batch's
-expected time at its start (session 36; the reads during a batch add none). #39 asks for a third fewer than the 171 it
-counted: not reached. (The loop's thread alone: ~149; the writer's: ~31.)"""
+a request's four keys in one call (session 32); **162-168** once a static runner noted its
+batch's expected time at its start (session 36; the reads during a batch add none). #39 asks
+for a third fewer than the 171 it counted: not reached. (The loop's thread alone: ~149; the
+writer's: ~31.)"""
 
 
 GENQ_DIR = os.path.dirname(os.path.dirname(genq.producer.__file__)) + os.sep
