@@ -3,7 +3,7 @@
 - ``builder``: every part of a worker built from its settings and engine, and wired;
 - ``worker``: lifecycle and the turn (read, plan, launch, advance); ``signals``: SIGTERM
   and SIGINT stop it, and end an idle wait on the doorbell at once; ``read_asks``: what a
-  read asks for (room, probe, cap), from what the worker holds;
+  read asks for (room, probe), from what the worker holds;
 - ``queue_io``: the consumer group's reads and writes (join, resume, reclaim, read, mark
   running, dead-letter); ``lanes``: which lanes (a model's requests) the worker reads;
 - ``availability``: the loop's retry while Redis is away, and a full Redis;

@@ -42,13 +42,13 @@ ends first reads first (as the reads between batches did); early enough to be do
 
 class ReadsDuringBatch:
     """A thread that runs ``read(fetched)`` while the loop is inside a batch's ``window()``:
-    once at the window's opening and once after each ``ring()`` (rings during a read: one
-    more). ``fetched``: per stream, how many entries earlier reads brought and the loop has not
-    taken yet (they count against the look-ahead's room)."""
+    once a lead before the batch's expected end, and once after each ``ring()`` from then on
+    (rings during a read: one more). ``fetched``: per stream, how many entries earlier reads
+    brought and the loop has not taken yet (they count against the look-ahead's room)."""
 
     def __init__(self, read: Callable[[dict[str, int]], Delivered] | None = None) -> None:
         self.read = read
-        """The read itself (the worker's ``read_beside``, bound once the worker is built)."""
+        """The read itself (``ReadAsks.beside_batch``, bound once the worker is built)."""
         self._cond = threading.Condition()
         self._open = self._wanted = self._reading = self._stopping = False
         self._got: Delivered = []

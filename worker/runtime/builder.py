@@ -93,7 +93,7 @@ def build_worker(
         max_backlog=2 * settings.max_batch_size,
         on_away=lambda: refresh_cluster_view(r),
     )
-    batch_reads = ReadsDuringBatch()  # its read is the worker's (``Worker.read_beside``)
+    batch_reads = ReadsDuringBatch()  # its read: ``ReadAsks.beside_batch``
     keeper = _keeper(
         settings,
         keys,

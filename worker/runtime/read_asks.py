@@ -1,5 +1,5 @@
-"""What the worker's reads ask for, from what it holds: the room per stream, the probe, the cap
-in all; whether the doorbell listener should wake a generating loop; and the read made in the
+"""What the worker's reads ask for, from what it holds: the room per stream and the probe;
+whether the doorbell listener should wake a generating loop; and the read made in the
 loop's place while a short static batch runs (``batch_reads.py``)."""
 
 from __future__ import annotations

@@ -66,13 +66,14 @@ class Runner:
     """Whether a batch is worth waiting for (``max_wait_ms``) before it starts."""
     hands_back = False
     """Whether the loop is busy while a batch runs, so that what it holds waiting should go
-    back to the group when a batch will take long (``expected_busy_ms``)."""
+    back to the group when a batch will take long (``holds_loop_ms``)."""
     preempts = False
     """Whether higher-priority requests may take running ones' places (``rebalance``,
     ``preemptible_by``): the loop skips those steps for a runner that never preempts."""
     holds_loop_ms: float | None = None
-    """How long the batch just started holds the loop, expected (a runner whose loop is busy
-    while a batch runs: ``hands_back``; set by ``start``); None otherwise."""
+    """How long the batch just started should keep the loop busy, expected (a runner whose loop
+    is busy while a batch runs: ``hands_back``; set by ``start``); None: nothing running, not
+    known, or the loop goes on while it runs."""
 
     def __init__(self, context: RunnerContext) -> None:
         self.outcomes = context.outcomes
@@ -142,11 +143,6 @@ class Runner:
     def read_limit(self, max_batch_size: int) -> int | None:
         """How many requests this runner should hold waiting, at most (None: a full candidate
         pool per stream, for choosing its batches)."""
-        return None
-
-    def expected_busy_ms(self) -> float | None:
-        """How long what was just started should keep the loop busy (None: not known, or the
-        loop goes on while it runs)."""
         return None
 
     def entries(self) -> list[tuple[str, str]]:
@@ -243,13 +239,10 @@ class StaticRunner(Runner):
         self._started_ms = 0
         self._ms_per_step: float | None = None  # measured, weighted towards recent batches
 
-    def expected_busy_ms(self) -> float | None:
-        """The batch just started, at the measured time per decode step (its longest
-        ``max_new_tokens`` steps); ``FIRST_BATCH_GUESS_MS`` before any batch was measured."""
-        return self.holds_loop_ms if self.running else None
-
     def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
-        """Hold the batch: it runs in ``collect``, in the same turn."""
+        """Hold the batch: it runs in ``collect``, in the same turn. It will hold the loop
+        (``holds_loop_ms``) for the measured time per decode step times its longest
+        ``max_new_tokens``; ``FIRST_BATCH_GUESS_MS`` before any batch was measured."""
         self.running.update((h.key, h) for h in batch)
         self._started_ms = started_ms
         per_step = self._ms_per_step

@@ -148,7 +148,7 @@ class Starter:
         chooses among the same candidates."""
         if not (runner.hands_back and lookahead.waiting):
             return
-        busy_ms = runner.expected_busy_ms()
+        busy_ms = runner.holds_loop_ms
         if busy_ms is None or busy_ms < self.hand_back_after_ms:
             return
         batch = lookahead.take(list(lookahead.waiting))
