@@ -453,3 +453,25 @@ def test_batch_scenario_runs_files_in_waves_and_reports_its_goals() -> None:
     # bench's report).
     assert rep["online"]["beside_batch"]["requests"] > 0, rep["online"]
     assert rep["online"]["beside_flood"]["requests"] > 0, rep["online"]
+
+
+def test_queue_speed_stages_says_where_each_tree_spends_its_time() -> None:
+    """benchmarks/queue_speed_stages.py: a round of two trees gives, per job, Redis' time for
+    the submission and the drain, the worker's loop and the steps it times, for each tree."""
+    root = Path(__file__).resolve().parent.parent
+    script = root / "benchmarks" / "queue_speed_stages.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--revs", "HEAD,worktree", "--rounds", "1", "--jobs", "300"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| what")
+    }
+    for what in ("redis_submit_scripts", "redis_drain_cpu", "loop", "Intake.admit"):
+        head, worktree, _diff = rows[what]
+        assert float(head) > 0 and float(worktree) > 0, (what, rows[what])
