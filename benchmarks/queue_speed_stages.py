@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from queue_speed_turns import tree  # noqa: E402
+from queue_speed_turns import take_turns  # noqa: E402
 
 STAGES = (
     "Worker.admit",
@@ -185,13 +185,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=20000)
     a = p.parse_args()
     revs = a.revs.split(",")
-    with tempfile.TemporaryDirectory(prefix="genq-stages-") as tmp:
-        paths = {rev: tree(rev, Path(tmp) / str(i)) for i, rev in enumerate(revs)}
-        runs: dict[str, list[dict[str, float]]] = {rev: [] for rev in revs}
-        for i in range(a.rounds):
-            for rev in revs:
-                runs[rev].append(run_once(paths[rev], a.jobs))
-                print(f"round {i + 1} {rev}: {runs[rev][-1]}", file=sys.stderr)
+    runs = take_turns(revs, a.rounds, lambda path: run_once(path, a.jobs))
     print(table(revs, runs, a.jobs))
 
 

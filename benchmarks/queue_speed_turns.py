@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,14 +118,22 @@ def main() -> None:
     p.add_argument("--prompt-bytes", type=int, default=0, help="more in each job's prompt")
     a = p.parse_args()
     revs = a.revs.split(",")
+    runs = take_turns(revs, a.rounds, lambda path: run_once(path, a.jobs, a.prompt_bytes))
+    print(table(revs, runs, a.jobs, a.prompt_bytes))
+
+
+def take_turns(
+    revs: list[str], rounds: int, run: Callable[[Path], dict[str, float]]
+) -> dict[str, list[dict[str, float]]]:
+    """``run`` once per round per tree, the trees taking turns; each tree's runs."""
     with tempfile.TemporaryDirectory(prefix="genq-turns-") as tmp:
         paths = {rev: tree(rev, Path(tmp) / str(i)) for i, rev in enumerate(revs)}
         runs: dict[str, list[dict[str, float]]] = {rev: [] for rev in revs}
-        for i in range(a.rounds):
+        for i in range(rounds):
             for rev in revs:
-                runs[rev].append(run_once(paths[rev], a.jobs, a.prompt_bytes))
+                runs[rev].append(run(paths[rev]))
                 print(f"round {i + 1} {rev}: {runs[rev][-1]}", file=sys.stderr)
-    print(table(revs, runs, a.jobs, a.prompt_bytes))
+    return runs
 
 
 if __name__ == "__main__":
