@@ -132,6 +132,8 @@ def measure(jobs: int) -> dict[str, float]:
         )
         try:
             while not r.exists(Keys("stages").worker("w0")):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the worker exited ({proc.returncode}) before serving")
                 time.sleep(0.02)
             cpu0, start = thread_cpu_s(proc.pid), redis_usec(r)
             client.results(ids, timeout=600)
