@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -43,7 +42,7 @@ STAGES = (
 """The loop's steps timed (``Class.method``), where the tree has them."""
 
 WORKER = """
-import atexit, collections, json, os, sys, threading, time
+import atexit, collections, json, os, sys, time
 from genq.worker.runtime import intake, outcomes, worker
 spent = collections.Counter()
 def timed(cls, name):
@@ -108,9 +107,9 @@ print(json.dumps(s.measure({jobs})))
 def measure(jobs: int) -> dict[str, float]:
     """(In the tree's own process.) The run itself: see the module's docstring."""
     import redis
-    from genq.common.keys import Keys
     from genq.producer import Client
     from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.devtools.worker_process import wait_until_serving
 
     out: dict[str, float] = {}
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
@@ -131,10 +130,7 @@ def measure(jobs: int) -> dict[str, float]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            while not r.exists(Keys("stages").worker("w0")):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the worker exited ({proc.returncode}) before serving")
-                time.sleep(0.02)
+            wait_until_serving(r, "stages", "w0", proc)
             cpu0, start = thread_cpu_s(proc.pid), redis_usec(r)
             client.results(ids, timeout=600)
             cpu1, end = thread_cpu_s(proc.pid), redis_usec(r)
