@@ -229,18 +229,18 @@ class Keys:
 
     def streams(self) -> list[str]:
         """All work streams of the lanes, lane by lane, each highest priority first."""
-        return [k.stream(p) for k in self.lanes() for p in PRIORITIES]
+        return list(self._stream_map)
+
+    @cached_property
+    def _stream_map(self) -> dict[str, tuple[Keys, Priority]]:
+        """Each work stream's lane and priority, in ``streams()``' order (built once)."""
+        return {k.stream(p): (k, p) for k in self.lanes() for p in PRIORITIES}
 
     def _where(self, stream: str) -> tuple[Keys, Priority]:
-        where = self.__dict__.get("_streams")
-        if where is None:  # once: this is on every entry's path
-            where = {k.stream(p): (k, p) for k in self.lanes() for p in PRIORITIES}
-            self.__dict__["_streams"] = where
         try:
-            return where[stream]  # type: ignore[no-any-return]
+            return self._stream_map[stream]
         except KeyError:
-            here = f"a work stream of queue {self.queue!r} here"
-            raise ValueError(f"{stream!r} is not {here}") from None
+            raise ValueError(f"{stream!r} is not a work stream of {self.queue!r}") from None
 
     def lane_of(self, stream: str) -> Keys:
         """The lane a work stream is in."""
@@ -248,7 +248,7 @@ class Keys:
 
     def priority_of(self, stream: str) -> Priority:
         """The priority a work stream key stands for."""
-        return self._where(stream)[1]
+        return (self._stream_map.get(stream) or self._where(stream))[1]  # (every entry's path)
 
     @cached_property
     def doorbells(self) -> tuple[str, ...]:

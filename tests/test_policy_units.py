@@ -437,6 +437,16 @@ def test_the_fair_order_remembers_across_turns_what_each_tenant_started() -> Non
     assert _serve(fair, a[6:] + b, 4) == {"a": 4, "b": 4}
 
 
+def test_a_tenant_alone_is_not_charged_and_loses_nothing_by_it() -> None:
+    # A tenant alone takes the fair order's short path (no shares weighed, none charged): one
+    # that comes back after it must still find the two even, whatever either was served before.
+    a, b = _tenant_flood("a", 40, 0), _tenant_flood("b", 40, 0)
+    fair = FairShare()
+    assert _serve(fair, a[:4] + b[:20], 6) == {"a": 4, "b": 8}  # b was served more
+    assert _serve(fair, b[20:30], 5) == {"b": 10}  # b alone: uncharged
+    assert _serve(fair, a[4:] + b[30:], 4) == {"a": 4, "b": 4}  # even again, no debt
+
+
 def test_every_order_is_a_value_of_the_tenant_policy_setting() -> None:
     field = WorkerSettings.model_fields["tenant_policy"]
     assert set(typing.get_args(field.annotation)) == set(ORDERS)

@@ -25,6 +25,7 @@ The rule, in order:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -79,6 +80,20 @@ class BatchPolicy:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be at least 0, got {self.max_wait_ms}")
+
+
+@functools.lru_cache(maxsize=256)
+def batch_limits(
+    max_batch_tokens: int, max_batch_size: int, max_wait_ms: int, priority_aging_ms: int
+) -> BatchPolicy:
+    """The ``BatchPolicy`` of these limits, made once (frozen, so shared): a worker asks for
+    one at every plan, mostly the same."""
+    return BatchPolicy(
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        priority_aging_ms=priority_aging_ms,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -217,21 +217,22 @@ class TenantShares:
     least of those waiting, as in VTC: no credit for time away."""
 
     def __init__(self) -> None:
-        self._served: dict[str, float] = {}
+        self.served: dict[str, float] = {}
+        """Each tenant's service, as ``view`` left it (read-only outside)."""
 
     def view(self, waiting: Iterable[str]) -> dict[str, float]:
         """Each waiting tenant's service (lifting newcomers; forgetting the absent)."""
         present = set(waiting)
-        for gone in [t for t in self._served if t not in present]:
-            del self._served[gone]
-        floor = min(self._served.values(), default=0.0)
+        for gone in [t for t in self.served if t not in present]:
+            del self.served[gone]
+        floor = min(self.served.values(), default=0.0)
         for t in present:
-            self._served.setdefault(t, floor)
-        return self._served
+            self.served.setdefault(t, floor)
+        return self.served
 
     def charge(self, tenant: str, weighted_tokens: float) -> None:
         """``tenant`` got a request started costing this much."""
-        self._served[tenant] = self._served.get(tenant, 0.0) + weighted_tokens
+        self.served[tenant] = self.served.get(tenant, 0.0) + weighted_tokens
 
 
 class FairShare:
@@ -246,6 +247,9 @@ class FairShare:
     def __init__(self) -> None:
         self._shares = TenantShares()
         self._weights: Mapping[str, float] = {}
+        self._lone = False
+        """The last preference saw one tenant, the only one the shares know: its service is
+        not counted (a newcomer is lifted to it, whatever it is)."""
 
     def decide(
         self,
@@ -262,13 +266,23 @@ class FairShare:
         self, candidates: Sequence[Candidate], weights: Mapping[str, float]
     ) -> Shares | None:
         """This worker's shares as ``next_batch``'s preference (None with one tenant): what an
-        order that wraps this one (``affinity.Affinity``) builds on."""
+        order that wraps this one (``affinity.Affinity``) builds on. One tenant waiting, the
+        only one the shares know (the common case): nothing to weigh, and its service is not
+        counted until another comes (VTC lifts a newcomer to it: only differences count)."""
         self._weights = weights
+        served, first = self._shares.served, candidates[0].tenant if candidates else ""
+        self._lone = len(served) == 1 and first in served
+        if self._lone and all(c.tenant == first for c in candidates):
+            return None
+        self._lone = False
         view = self._shares.view(c.tenant for c in candidates)
         return Shares(service=view, weights=weights) if len(view) > 1 else None
 
     def started(self, batch: Sequence[Candidate]) -> None:
-        """Charge each started request to its tenant, per unit of its weight."""
+        """Charge each started request to its tenant, per unit of its weight (none while one
+        tenant is alone: ``preference``)."""
+        if self._lone:
+            return
         for c in batch:
             cost = weighted_tokens(c.prompt_tokens, c.max_new_tokens)
             self._shares.charge(c.tenant, cost / self._weights.get(c.tenant, 1.0))

@@ -118,6 +118,8 @@ class Lookahead:
         self._per_stream: Counter[str] = Counter()
         self._pairs: Counter[str] = Counter()
         """Waiting requests per ``PRIORITY|TENANT`` (``held_tenants``, asked at every read)."""
+        self.suspects = 0
+        """How many waiting requests are suspects (``next_suspect`` finds none while 0)."""
 
     @classmethod
     def for_settings(cls, settings: WorkerSettings, streams: Sequence[str]) -> Lookahead:
@@ -140,21 +142,18 @@ class Lookahead:
         self.waiting[held.key] = held
         self._per_stream[held.stream] += 1
         self._pairs[held.pair] += 1
+        self.suspects += held.starts > 0
 
     def room(self, limit: int | None = None) -> dict[str, int]:
         """How many more entries each stream may deliver to this worker now: up to
         ``max_per_stream`` waiting per stream, and (``limit``) at most that many more in all."""
-        left = self.left(limit)
+        left = None if limit is None else max(0, limit - len(self.waiting))
         return {
             s: max(0, self.max_per_stream - self._per_stream[s])
             if left is None
             else min(left, max(0, self.max_per_stream - self._per_stream[s]))
             for s in self.streams
         }
-
-    def left(self, limit: int | None) -> int | None:
-        """How many more entries may be read in all within ``limit`` waiting (None: none)."""
-        return None if limit is None else max(0, limit - len(self.waiting))
 
     def held_tenants(self) -> list[str]:
         """The tenants waiting here, per priority (``PRIORITY|TENANT``): a read's probe skips
@@ -187,6 +186,7 @@ class Lookahead:
         batch = []
         for key in keys:
             held = self.waiting.pop(key)
+            self.suspects -= held.starts > 0
             self._per_stream[held.stream] -= 1
             self._pairs[held.pair] -= 1
             if not self._pairs[held.pair]:

@@ -12,11 +12,10 @@ Pure: plain data in, a ``Decision`` out.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 from genq.worker.policy.arrivals import ArrivalEstimate
-from genq.worker.policy.batching import BatchPolicy, Candidate, Decision
+from genq.worker.policy.batching import BatchPolicy, Candidate, Decision, batch_limits
 from genq.worker.policy.ordering import FirstCome, WaitingOrder
 
 
@@ -45,20 +44,21 @@ def plan_start(
         return Decision(reason="empty")
     if free_slots <= 0 or free_tokens <= 0:
         return Decision(reason="no room")
-    room = dataclasses.replace(
-        policy,
-        max_batch_tokens=free_tokens,
-        max_batch_size=free_slots,
-        max_wait_ms=policy.max_wait_ms if wait_to_fill else 0,
-    )
+    worth = arrivals is not None and arrivals.worth_waiting
+    if wait_to_fill and not (worth and worth(policy.max_wait_ms, now_ms)):
+        wait_to_fill = False  # none expected within the whole window: none within less
+    aging = policy.priority_aging_ms
+    room = batch_limits(free_tokens, free_slots, policy.max_wait_ms if wait_to_fill else 0, aging)
     decision = order.decide(candidates, now_ms, room, weights)
     if (
         not decision.batch
         and decision.reason == "waiting"
-        and not (arrivals is not None and arrivals.worth_waiting(decision.wait_ms, now_ms))
+        and not (worth and worth(decision.wait_ms, now_ms))
     ):
         # No arrival expected within the window: waiting would only add latency.
-        return order.decide(candidates, now_ms, dataclasses.replace(room, max_wait_ms=0), weights)
+        return order.decide(
+            candidates, now_ms, batch_limits(free_tokens, free_slots, 0, aging), weights
+        )
     if running and decision.tokens > free_tokens:
         return Decision(reason="no room")  # the most urgent request does not fit yet
     return decision

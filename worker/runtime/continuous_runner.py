@@ -64,6 +64,8 @@ class ContinuousRunner(Runner):
         """A request's time per new token, measured on those that finished (weighted towards
         the latest): what a running one has generated is estimated from it (``_rows``)."""
 
+    limits_reads = True
+
     def read_limit(self, max_batch_size: int) -> int | None:
         """Only what can start now: the free slots. Requests join at every step, so a candidate
         pool buys nothing here, and entries held waiting would be work another worker could do.

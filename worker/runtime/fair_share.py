@@ -70,11 +70,11 @@ class TenantAccounts:
         a tenant of many small requests is not held back by the read's estimate (a body's
         bytes) of every one it has waiting in the fleet's look-aheads."""
         now: list[Refund] = []
-        later: list[Refund] = []
+        limited = self.weights.limited
         for h in held:
-            (now if h.request.tenant in self.weights.limited else later).append(h.recharge())
-        self.refund(now)
-        self.defer(later)
+            (now if h.request.tenant in limited else self._deferred).append(h.recharge())
+        if now:
+            self.refund(now)
 
 
 class TenantWeights:

@@ -127,7 +127,10 @@ class Counters:
         del self.batch_sizes[:-RECENT]
 
     def generated(self, report: BatchReport, generation_ms: int) -> None:
-        """What a static batch computed."""
+        """What a static batch computed (one batch of ``len(report.outputs)``)."""
+        self.batches += 1
+        self.batch_sizes.append(len(report.outputs))
+        del self.batch_sizes[:-RECENT]
         self.prompt_tokens += report.prompt_tokens
         self.padded_prompt_tokens += report.padded_prompt_tokens
         self.cached_tokens += report.cached_tokens
@@ -218,20 +221,39 @@ class Heartbeat:
 
     def fields(self) -> dict[str, Any]:
         """The stats hash's fields, now (and gather the history increments since the last
-        call; the loop's thread only)."""
+        call; the loop's thread only). Built in one place: a closed loop builds them for every
+        request (``refresh``)."""
         c = self.counters
+        finished = c.succeeded + c.failed + c.expired  # (``Counters.finished``)
         gathered = history.increments(
-            c.finished - self._finished_seen,
+            finished - self._finished_seen,
             c.completion_tokens - self._tokens_seen,
             c.unsent_waits_ms,
         )
-        self._finished_seen, self._tokens_seen = c.finished, c.completion_tokens
+        self._finished_seen, self._tokens_seen = finished, c.completion_tokens
         c.unsent_waits_ms.clear()
         with self._lock:
             for k, v in gathered.items():
                 self._recent[k] = self._recent.get(k, 0) + v
         waiting, in_flight = self.holdings()
-        return stats_fields(self.identity, c, waiting=waiting, in_flight=in_flight)
+        waits = sorted(c.recent_waits_ms)
+        oldest: dict[str, int] = {}  # per priority: when the oldest request waiting here came in
+        for h in waiting:
+            p = h.request.priority
+            oldest[p] = min(oldest.get(p, h.enqueued_ms), h.enqueued_ms)
+        return {
+            **{k: v for k, v in vars(c).items() if isinstance(v, int)},  # (``as_hash``)
+            **self.identity.fields,
+            "last_seen_unix_ms": now_ms(),
+            "held": len(waiting),
+            "oldest_held_unix_ms": json.dumps(oldest),
+            "in_flight": len(in_flight),
+            "in_flight_by_tenant": json.dumps(Counter(h.request.tenant for h in in_flight)),
+            "in_flight_tokens": sum(h.cost_tokens for h in in_flight),
+            "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
+            "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,
+            "recent_batch_sizes": json.dumps(c.batch_sizes[-100:]),
+        }
 
     def recent(self) -> dict[str, int]:
         """Take the history increments gathered so far (to publish them)."""
@@ -270,30 +292,7 @@ class Heartbeat:
         fields since the last time."""
         with self._lock:
             latest, self.latest = self.latest, {}
-        if latest:
+            recent, self._recent = (self._recent, {}) if latest else (None, self._recent)
+        if recent is not None:
             self._last_s = time.monotonic()
-            self.queue.add_stats(pipe, latest, self.recent())
-
-
-def stats_fields(
-    identity: Identity, counters: Counters, *, waiting: Sequence[Held], in_flight: Sequence[Held]
-) -> dict[str, Any]:
-    """The fields of a worker's stats hash, now."""
-    waits = sorted(counters.recent_waits_ms)
-    oldest: dict[str, int] = {}  # per priority: when the oldest request waiting here came in
-    for h in waiting:
-        p = h.request.priority
-        oldest[p] = min(oldest.get(p, h.enqueued_ms), h.enqueued_ms)
-    return {
-        **counters.as_hash(),
-        **identity.fields,
-        "last_seen_unix_ms": now_ms(),
-        "held": len(waiting),
-        "oldest_held_unix_ms": json.dumps(oldest),
-        "in_flight": len(in_flight),
-        "in_flight_by_tenant": json.dumps(Counter(h.request.tenant for h in in_flight)),
-        "in_flight_tokens": sum(h.cost_tokens for h in in_flight),
-        "wait_p50_ms": waits[len(waits) // 2] if waits else 0,
-        "wait_p99_ms": waits[min(len(waits) - 1, len(waits) * 99 // 100)] if waits else 0,
-        "recent_batch_sizes": json.dumps(counters.batch_sizes[-100:]),
-    }
+            self.queue.add_stats(pipe, latest, recent)

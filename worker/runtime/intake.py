@@ -149,7 +149,9 @@ class Intake:
         ):
             verdict = judge_prompt(request, len(ids), self.limits)
             constraint = None
-            fmt = request.response_format or forced_format(request.tools, request.tool_choice)
+            fmt = request.response_format or (
+                forced_format(request.tools, request.tool_choice) if request.tools else None
+            )
             if verdict.action is Action.RUN and fmt is not None:
                 try:
                     constraint = self._constrain(fmt)

@@ -118,6 +118,9 @@ class QueueIO:
         self._left_in: dict[str, int] = {}  # per lane's doorbell: its backlog after a read
         self._unrung, self._pace_s = False, 0.0  # no ring ended the last wait; ``read``'s pace
         self._load = LoadNote()
+        self._backlogs = [(k.doorbell, k.waiting) for k in keys.lanes()]
+        """Each lane's doorbell and backlog (a read asks each backlog's length)."""
+        self._stats_key = keys.worker(consumer)
 
     def ensure_groups(self) -> None:
         """Create the consumer group on every priority stream (and the streams) if missing,
@@ -262,11 +265,10 @@ class QueueIO:
         args = [self.keys.config, *streams, self.consumer, rule, now, burst, *rooms, total]
         args += [probe[0], *self.affinity_args, *probe[1]]
         script_calls.add(pipe, PULL, 1 + len(streams), *args)
-        lanes = self.keys.lanes()
-        for lane in lanes:
-            pipe.llen(lane.waiting)
+        for _, backlog in self._backlogs:
+            pipe.llen(backlog)
         replies = self.tenants.weights.read_with(pipe)[skip:]
-        self._left_in = {k.doorbell: int(replies.pop()) for k in reversed(lanes)}
+        self._left_in = {bell: int(replies.pop()) for bell, _ in reversed(self._backlogs)}
         self.left_waiting = sum(self._left_in.values())
         self.tenants.sent(sending)
         if self.affinity is not None:
@@ -348,7 +350,7 @@ class QueueIO:
         """Queue the refresh of this worker's stats hash (and its TTL) on ``pipe``, of the
         doorbell's TTL (it lives while workers do: a joining worker makes it again), and the
         addition of ``recent`` (what it did since the last time) to the queue's history."""
-        key = self.keys.worker(self.consumer)
+        key = self._stats_key
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.settings.heartbeat_ttl_s)
         expire_doorbells(pipe, self.keys, self.settings.heartbeat_ttl_s)
@@ -371,7 +373,7 @@ class QueueIO:
         """Send the corrections still deferred; delete this worker's stats hash (else it
         expires on its own) and its load."""
         self.tenants.flush()
-        self.redis.delete(self.keys.worker(self.consumer))
+        self.redis.delete(self._stats_key)
         self.redis.hdel(self.keys.load, self.consumer)
 
 

@@ -29,7 +29,10 @@ class ReadAsks:
         """How many entries to read per stream: the look-ahead's room, within what the runner
         should hold (a continuous runner: only what it can start now, or by preempting a
         lower-priority running request: ``Runner.preemptible_by``)."""
-        room = self.lookahead.room(self.runner.read_limit(self.settings.max_batch_size))
+        runner = self.runner
+        room = self.lookahead.room(
+            runner.read_limit(self.settings.max_batch_size) if runner.limits_reads else None
+        )
         if not self.runner.preempts:
             return room
         return self.runner.widen(room, self.queue.keys.priority_of, self.lookahead.priorities())
@@ -39,14 +42,19 @@ class ReadAsks:
         batch's worth more from tenants it holds none of: a tenant that arrived behind another's
         backlog (a full look-ahead, or a read that brought only that backlog) is seen before
         the next batch is chosen, not after it (``PULL``'s probe)."""
-        if not self.order.sees_newcomers or self.runner.read_limit(1) is not None:
+        if not self.order.sees_newcomers or (
+            self.runner.limits_reads and self.runner.read_limit(1) is not None
+        ):
             return 0, []
         return self.settings.max_batch_size, self.lookahead.held_tenants()
 
     def listens(self) -> bool:
         """Whether the doorbell listener should wake this turn's wait on the engine: an
         iteration-level runner is generating and has room for more (``doorbell.py``)."""
-        if not self.runner.busy or self.runner.read_limit(self.settings.max_batch_size) is None:
+        runner = self.runner
+        if not (runner.limits_reads and runner.busy):
+            return False
+        if runner.read_limit(self.settings.max_batch_size) is None:
             return False
         return any(n > 0 for n in self.room().values())
 

@@ -70,6 +70,8 @@ class Runner:
     preempts = False
     """Whether higher-priority requests may take running ones' places (``rebalance``,
     ``preemptible_by``): the loop skips those steps for a runner that never preempts."""
+    limits_reads = False
+    """Whether ``read_limit`` can say anything but None (asked first: on every read's path)."""
     holds_loop_ms: float | None = None
     """How long the batch just started should keep the loop busy, expected (a runner whose loop
     is busy while a batch runs: ``hands_back``; set by ``start``); None: nothing running, not
@@ -109,7 +111,7 @@ class Runner:
         slots, filled from the highest priority first. (Its room per stream alone would let a
         read bring one of each priority, and the low one would then take the next free slot
         before the high ones still waiting in Redis.)"""
-        limit = self.read_limit(max_batch_size)
+        limit = self.read_limit(max_batch_size) if self.limits_reads else None
         if limit is None:
             return 0
         left = max(0, limit - len(lookahead.waiting))
@@ -271,7 +273,6 @@ class StaticRunner(Runner):
         generation_ms = int(elapsed_ms)
         step_ms = elapsed_ms / max(h.request.max_new_tokens for h in batch)
         self._ms_per_step = towards(self._ms_per_step, step_ms, 0.3)
-        self.counters.batch(len(batch))
         self.counters.generated(report, generation_ms)
         tokens = report.prompt_tokens + report.completion_tokens
         self.metrics.batch(len(batch), tokens, generation_ms / 1000)

@@ -80,13 +80,13 @@ class Starter:
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
         poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
         gone = (Applied.ALREADY_FINAL, Applied.DUPLICATE)  # acknowledged: nothing runs
-        self.tenants.refund(
-            [
-                Refund(tenant=h.request.tenant, charged=h.charge)  # moved to served just now
-                for h, a in zip(todo, answers, strict=True)
-                if a in gone
-            ]
-        )
+        refunds = [
+            Refund(tenant=h.request.tenant, charged=h.charge)  # moved to served just now
+            for h, a in zip(todo, answers, strict=True)
+            if a in gone
+        ]
+        if refunds:
+            self.tenants.refund(refunds)
         self.counters.count_answers(answers)
         ended = [
             outcomes.expired(

@@ -39,7 +39,7 @@ from genq.common.keys import Keys
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import Engine
 from genq.worker.policy.arrivals import ArrivalEstimate
-from genq.worker.policy.batching import BatchPolicy, Decision
+from genq.worker.policy.batching import BatchPolicy, Decision, batch_limits
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead, entry_key
 from genq.worker.policy.ordering import WaitingOrder
@@ -304,7 +304,7 @@ class Worker:
     def plan(self, wait_to_fill: bool) -> Decision:
         """What to start now: the suspect alone when the gate lets it, else the batching
         policy within the room the runner has left (``policy/planning.py``)."""
-        suspect = self.lookahead.next_suspect()
+        suspect = self.lookahead.next_suspect() if self.lookahead.suspects else None
         running = self.runner.active()
         gate = self.gate.check(
             suspect_waiting=suspect is not None,
@@ -381,9 +381,5 @@ def batch_policy(settings: WorkerSettings, budget: AdaptiveBudget) -> BatchPolic
     backoff after an out-of-memory error is over)."""
     if budget.restore_due(time.monotonic()):
         log.info("batch budget back to %d tokens", budget.full_tokens)
-    return BatchPolicy(
-        max_batch_tokens=budget.tokens,
-        max_batch_size=settings.max_batch_size,
-        max_wait_ms=settings.max_wait_ms,
-        priority_aging_ms=settings.priority_aging_ms,
-    )
+    s = settings
+    return batch_limits(budget.tokens, s.max_batch_size, s.max_wait_ms, s.priority_aging_ms)

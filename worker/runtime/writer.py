@@ -69,14 +69,16 @@ class ResultWriter(Generic[T]):
     # -- the loop's side -------------------------------------------------------------------
 
     def put(self, outcomes: Sequence[T]) -> None:
-        """Queue ``outcomes`` for writing; wait while the backlog is over ``max_backlog``."""
-        self.check()
+        """Queue ``outcomes`` for writing; wait while the backlog is over ``max_backlog``.
+        Raises the error that stopped the writer, if one did (``check``)."""
         with self._cond:
-            self._waiting.extend(outcomes)
-            self._cond.notify_all()
+            if self._error is None:
+                self._waiting.extend(outcomes)
+                self._cond.notify_all()
             while len(self._waiting) > self.max_backlog and self._error is None:
                 self._cond.wait(0.5)
-        self.check()
+        if self._error is not None:
+            raise self._error
 
     def check(self) -> None:
         """Raise the error that stopped the writer, if one did."""
