@@ -9,7 +9,7 @@ and the refunds when requests end (``policy/fair_share.py`` says what each is). 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import redis
@@ -43,7 +43,7 @@ class TenantAccounts:
         outcome of this worker's; a limited tenant's corrections)."""
         if refunds:
             pipe = self.redis.pipeline(transaction=False)
-            add_refunds(pipe, self.keys, refunds)
+            add_refunds(pipe, self.keys, refunds, self.weights.limited)
             pipe.execute()
 
     def defer(self, refunds: Sequence[Refund]) -> None:
@@ -52,7 +52,7 @@ class TenantAccounts:
 
     def add_deferred(self, pipe: Any) -> int:
         """Queue what was deferred on ``pipe``; how many, for ``sent`` once it went through."""
-        add_refunds(pipe, self.keys, self._deferred)
+        add_refunds(pipe, self.keys, self._deferred, self.weights.limited)
         return len(self._deferred)
 
     def sent(self, n: int) -> None:
@@ -117,11 +117,14 @@ def give_back_args(keys: Keys, held: Sequence[Held], rings: int) -> list[str | i
     return args
 
 
-def add_refunds(pipe: Any, keys: Keys, refunds: Sequence[Refund]) -> None:
+def add_refunds(
+    pipe: Any, keys: Keys, refunds: Sequence[Refund], limited: Container[str] = ()
+) -> None:
     """Queue on ``pipe`` what goes back to each tenant when these requests end: the charge of
-    the read less what they used, to its weighted service (or, never started, to its reserved)
-    and its last minute; and what they used, to its total (``policy/fair_share.py``). One set of
-    commands per tenant."""
+    the read less what they used, to its weighted service (or, never started, to its reserved),
+    its last minute and, for a ``limited`` tenant (a tokens-per-minute limit: the read charged
+    its bucket), its bucket; and what they used, to its total (``policy/fair_share.py``). One
+    set of commands per tenant."""
     second = str(clock.now_ms() // 1000)
     for tenant, back in merged(list(refunds)).items():
         if back.served:
@@ -131,6 +134,7 @@ def add_refunds(pipe: Any, keys: Keys, refunds: Sequence[Refund]) -> None:
         if back.tokens:
             pipe.hincrby(keys.window(tenant), second, -back.tokens)
             pipe.expire(keys.window(tenant), WINDOW_TTL_S)
+        if back.tokens and tenant in limited:
             pipe.hincrbyfloat(keys.bucket(tenant), "level", back.tokens)
             pipe.expire(keys.bucket(tenant), WINDOW_TTL_S)
         if back.used:

@@ -219,10 +219,11 @@ class Heartbeat:
         self._finished_seen = counters.finished
         self._tokens_seen = counters.completion_tokens
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self, drained: bool = False) -> dict[str, Any]:
         """The stats hash's fields, now (and gather the history increments since the last
         call; the loop's thread only). Built in one place: a closed loop builds them for every
-        request (``refresh``)."""
+        request (``refresh``). ``drained``: the worker holds nothing (none waiting, starting
+        or running)."""
         c = self.counters
         finished = c.succeeded + c.failed + c.expired  # (``Counters.finished``)
         gathered = history.increments(
@@ -235,7 +236,7 @@ class Heartbeat:
         with self._lock:
             for k, v in gathered.items():
                 self._recent[k] = self._recent.get(k, 0) + v
-        waiting, in_flight = self.holdings()
+        waiting, in_flight = ([], []) if drained else self.holdings()
         waits = sorted(c.recent_waits_ms)
         oldest: dict[str, int] = {}  # per priority: when the oldest request waiting here came in
         for h in waiting:
@@ -283,7 +284,7 @@ class Heartbeat:
         after its last result sees it counted) or a heartbeat is due; a busy worker's hash is
         then at most ``HEARTBEAT_S`` old, and the loop does not rebuild it for every batch."""
         if drained or time.monotonic() - self._last_s >= HEARTBEAT_S:
-            fields = self.fields()
+            fields = self.fields(drained)
             with self._lock:  # not lost to the writer taking the last ones at that moment
                 self.latest = fields
 

@@ -53,6 +53,8 @@ class PrefixAffinity:
         self._slots_told = self._slots_sending = ""
         """The free adapter slots the fleet was told of, and those being told."""
         self._ops: dict[str, str] = {}
+        self.untold = enabled and bool(self._adapters)  # (the free slots, at the first read)
+        """Whether there may be changes to tell (``add_to`` is not called without)."""
         """Key -> '+' (held, tell again: the holders list is most recent first) or '-'."""
 
     def scoped(self, tenant: str, raw: str, stream: str | None = None) -> str:
@@ -83,6 +85,7 @@ class PrefixAffinity:
         """``adapter`` ran here: it is resident (the least recently used past ``--max-loras``
         is not); the fleet knows this worker holds its key."""
         self._ops[adapter_key(adapter)] = "+"  # again: the holders are most recent first
+        self.untold = True
         for gone in self._resident.use(adapter):
             self._ops[adapter_key(gone)] = "-"
 
@@ -98,6 +101,7 @@ class PrefixAffinity:
     def _hold(self, key: str, tokens: int) -> None:
         _, gone = self.holdings.hold(key, tokens)
         self._ops[key] = "+"
+        self.untold = True
         for k in gone:
             self._ops[k] = "-"
 
@@ -118,6 +122,7 @@ class PrefixAffinity:
         if n:
             self._ops.clear()
             self._slots_told = self._slots_sending
+            self.untold = False
 
 
 class LoadNote:

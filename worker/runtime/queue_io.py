@@ -121,6 +121,8 @@ class QueueIO:
         self._backlogs = [(k.doorbell, k.waiting) for k in keys.lanes()]
         """Each lane's doorbell and backlog (a read asks each backlog's length)."""
         self._stats_key = keys.worker(consumer)
+        self._streams = keys.streams()  # (every lane's: what APPLY acknowledges entries of)
+        self._doorbells_renewed_s = -float("inf")  # (``add_stats``)
 
     def ensure_groups(self) -> None:
         """Create the consumer group on every priority stream (and the streams) if missing,
@@ -136,28 +138,8 @@ class QueueIO:
     def resume(
         self, room: Callable[[], dict[str, int]], admit: Callable[[str, list[Any]], None]
     ) -> int:
-        """Take back this consumer's own pending entries (a restart under the same name), as
-        the look-ahead has room, handing each page to ``admit(stream, entries)``. Entries
-        deleted while pending come back without fields: they are acknowledged. Returns how
-        many were resumed."""
-        total = 0
-        for stream in self.keys.streams():
-            start = "0"
-            while room()[stream] > 0:
-                resp: Any = self.redis.xreadgroup(
-                    GROUP, self.consumer, {stream: start}, count=room()[stream]
-                )
-                entries = resp[0][1] if resp else []
-                if not entries:
-                    break
-                start = entries[-1][0].decode()
-                gone = [e[0] for e in entries if not e[1]]
-                if gone:
-                    self.redis.xack(stream, GROUP, *gone)
-                live = [e for e in entries if e[1]]
-                total += len(live)
-                admit(stream, live)
-        return total
+        """Take back this consumer's own pending entries (``recovery.resume_own``)."""
+        return recovery.resume_own(self.redis, self.keys.streams(), self.consumer, room, admit)
 
     def reclaim(self, room: Callable[[], dict[str, int]]) -> list[tuple[str, list[Any]]]:
         """Entries idle for ``claim_idle_ms`` (their worker died: live workers renew theirs),
@@ -246,12 +228,13 @@ class QueueIO:
         self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]], total: int
     ) -> Delivered:
         """``read`` on the streams in ``asked`` (each with room), and ``probe``."""
-        streams = self.keys.streams()
+        streams = self._streams
         pipe = self.redis.pipeline(transaction=False)
         add_acks(pipe, self._rung)
         self._rung = []
         sending = self.tenants.add_deferred(pipe)
-        holds = 0 if self.affinity is None else self.affinity.add_to(pipe)
+        affinity = self.affinity
+        holds = affinity.add_to(pipe) if affinity is not None and affinity.untold else 0
         skip = len(pipe)
         # Entries handed back ring the doorbell: after a wait no ring ended, none came since
         # the last read's probe (one whose ring got lost is taken over after claim_idle_ms).
@@ -271,8 +254,8 @@ class QueueIO:
         self._left_in = {bell: int(replies.pop()) for bell, _ in reversed(self._backlogs)}
         self.left_waiting = sum(self._left_in.values())
         self.tenants.sent(sending)
-        if self.affinity is not None:
-            self.affinity.sent(holds)
+        if holds and affinity is not None:
+            affinity.sent(holds)
         fresh: Delivered = replies[-1] or []
         back = [s for s, probe in zip(probed, replies[:-1], strict=True) if probe]
         return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
@@ -306,11 +289,12 @@ class QueueIO:
 
         def also(pipe: Any) -> None:
             add_starts(pipe, self.keys, held)
-            holds[0] = affinity.add_to(pipe) if affinity else 0
+            holds[0] = affinity.add_to(pipe) if affinity and affinity.untold else 0
 
         args = (self.redis, self.keys, self.settings.result_ttl_s, "running", items)
-        answers = apply(*args, max_attempts=self.settings.max_attempts, also=also, token=token)
-        if affinity:
+        attempts, streams = self.settings.max_attempts, self._streams
+        answers = apply(*args, max_attempts=attempts, also=also, token=token, streams=streams)
+        if affinity and holds[0]:
             affinity.sent(holds[0])
         return answers
 
@@ -325,10 +309,11 @@ class QueueIO:
 
         def extra(pipe: Any) -> None:
             also(pipe)
-            add_refunds(pipe, self.keys, refunds)
+            add_refunds(pipe, self.keys, refunds, self.tenants.weights.limited)
 
         ttl_s = self.settings.result_ttl_s
-        return apply(self.redis, self.keys, ttl_s, "final", items, also=extra, unstarted=unstarted)
+        args = (self.redis, self.keys, ttl_s, "final", items)
+        return apply(*args, also=extra, unstarted=unstarted, streams=self._streams)
 
     def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
         """Add ``record`` to the dead-letter stream; with ``ack``, also drop its work entry (an
@@ -348,12 +333,15 @@ class QueueIO:
 
     def add_stats(self, pipe: Any, fields: dict[str, Any], recent: dict[str, int]) -> None:
         """Queue the refresh of this worker's stats hash (and its TTL) on ``pipe``, of the
-        doorbell's TTL (it lives while workers do: a joining worker makes it again), and the
-        addition of ``recent`` (what it did since the last time) to the queue's history."""
-        key = self._stats_key
+        doorbells' TTL (they live while workers do: a joining worker makes them again; renewed
+        every third of it, not with every result), and the addition of ``recent`` (what it did
+        since the last time) to the queue's history."""
+        key, ttl_s = self._stats_key, self.settings.heartbeat_ttl_s
         pipe.hset(key, mapping=fields)
-        pipe.expire(key, self.settings.heartbeat_ttl_s)
-        expire_doorbells(pipe, self.keys, self.settings.heartbeat_ttl_s)
+        pipe.expire(key, ttl_s)
+        if time.monotonic() - self._doorbells_renewed_s >= ttl_s / 3:
+            self._doorbells_renewed_s = time.monotonic()
+            expire_doorbells(pipe, self.keys, ttl_s)
         if recent or self.left_waiting:  # (idle, on an empty queue: nothing to add)
             history.add(pipe, self.keys, recent, clock.now_ms())
 

@@ -23,14 +23,15 @@ holder, its idle time and its delivery count. genq recovers with three rules:
    worker. Starts are counted, not deliveries: a request that only waited in a dead worker's
    look-ahead, or was handed back, has not been tried, and runs batched as any other.
 
-A worker restarted under the same consumer name first resumes its own pending entries.
+A worker restarted under the same consumer name first resumes its own pending entries
+(``resume_own``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -42,6 +43,35 @@ log = logging.getLogger("genq.worker")
 
 PENDING_PAGE = 1000
 """Pending entries read per XPENDING call."""
+
+
+def resume_own(
+    r: redis.Redis,
+    streams: Sequence[str],
+    consumer: str,
+    room: Callable[[], dict[str, int]],
+    admit: Callable[[str, list[Any]], None],
+) -> int:
+    """Take back ``consumer``'s own pending entries (a restart under the same name), as the
+    look-ahead has ``room``, handing each page to ``admit(stream, entries)``. Entries deleted
+    while pending come back without fields: they are acknowledged. Returns how many were
+    resumed."""
+    total = 0
+    for stream in streams:
+        start = "0"
+        while room()[stream] > 0:
+            resp: Any = r.xreadgroup(GROUP, consumer, {stream: start}, count=room()[stream])
+            entries = resp[0][1] if resp else []
+            if not entries:
+                break
+            start = entries[-1][0].decode()
+            gone = [e[0] for e in entries if not e[1]]
+            if gone:
+                r.xack(stream, GROUP, *gone)
+            live = [e for e in entries if e[1]]
+            total += len(live)
+            admit(stream, live)
+    return total
 
 
 def own_pending(r: redis.Redis, stream: str, consumer: str) -> list[str]:
