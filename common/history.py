@@ -92,19 +92,22 @@ def increments(requests: int, tokens: int, waits_ms: Iterable[int]) -> dict[str,
 
 
 @functools.cache
-def _unnamed(queue: str) -> Keys:
-    """The queue's unnamed lane's keys (a worker's ``Lanes`` has no single backlog): made once,
-    as this is on the heartbeat's path."""
-    return Keys(queue)
+def _script_keys(queue: str) -> tuple[str, str, str]:
+    """HISTORY's keys and bucket prefix: the unnamed lane's backlog (a worker's ``Lanes`` has
+    no single one), the lanes' registry and ``Keys.history``'s prefix. Made once, as this is
+    on the path of every write that publishes a worker's stats."""
+    keys = Keys(queue)
+    return keys.waiting, keys.models, keys.history("")
 
 
 def add(pipe: Any, keys: Keys, fields: Mapping[str, int], now_ms: int) -> None:
     """Queue ``HISTORY`` on ``pipe``: ``fields`` added to the current bucket, depth sampled
     (``now_ms``, the caller's clock, is used only where Redis' TIME is not allowed)."""
-    args: list[Any] = [keys.history(""), BUCKET_S, BUCKET_TTL_S, now_ms // 1000]
+    waiting, models, prefix = _script_keys(keys.queue)
+    args: list[Any] = [prefix, BUCKET_S, BUCKET_TTL_S, now_ms // 1000]
     for k, v in fields.items():
         args += [k, v]
-    script_calls.add(pipe, HISTORY, 2, _unnamed(keys.queue).waiting, keys.models, *args)
+    script_calls.add(pipe, HISTORY, 2, waiting, models, *args)
 
 
 def percentile(bins: Mapping[int, int], q: float) -> int | None:

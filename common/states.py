@@ -23,15 +23,11 @@ Metadata = Mapping[str, Any]
 _STATUS = re.compile(rb'^\{"id":"[^"]*","status":"([a-z]+)"')
 
 
-def _dump(state: dict[str, Any]) -> str:
-    return orjson.dumps(state).decode()
-
-
 def queued(
     *, request_id: str, priority: str, metadata: Metadata, tenant: str = DEFAULT_TENANT
 ) -> str:
     """The state the submit script writes: waiting for a worker."""
-    return _dump(
+    return orjson.dumps(
         {
             "id": request_id,
             "status": "queued",
@@ -39,7 +35,7 @@ def queued(
             "tenant": tenant,
             "metadata": metadata,
         }
-    )
+    ).decode()
 
 
 def with_entry(queued_state: str, entry: str) -> str:
@@ -61,7 +57,7 @@ def running(
     worker: str,
 ) -> str:
     """The state a worker writes when it starts the request."""
-    return _dump(
+    return orjson.dumps(
         {
             "id": request_id,
             "status": "running",
@@ -71,7 +67,7 @@ def running(
             "worker": worker,
             "metadata": metadata,
         }
-    )
+    ).decode()
 
 
 def succeeded(
@@ -129,7 +125,7 @@ def succeeded(
         state["choices"] = choices
     if tool_calls is not None:
         state["tool_calls"] = tool_calls
-    return _dump(state)
+    return orjson.dumps(state).decode()
 
 
 def ended(
@@ -149,7 +145,7 @@ def ended(
     """The final state of a request that did not generate: failed, expired or cancelled, with
     an error a person can act on."""
     wait_ms = None if started_ms is None or queued_ms is None else max(0, started_ms - queued_ms)
-    return _dump(
+    return orjson.dumps(
         {
             "id": request_id,
             "status": status,
@@ -165,7 +161,7 @@ def ended(
             "worker": worker,
             "metadata": metadata,
         }
-    )
+    ).decode()
 
 
 def cancelled(current: Result, *, finished_ms: int) -> str:
@@ -175,7 +171,7 @@ def cancelled(current: Result, *, finished_ms: int) -> str:
     doc.pop("entry", None)  # a queued state's owner: not part of a final state
     doc.update(status="cancelled", error={"code": "cancelled", "message": "cancelled by a client"})
     doc["timings"]["finished_unix_ms"] = finished_ms
-    return _dump(doc)
+    return orjson.dumps(doc).decode()
 
 
 def status_of(raw: bytes | str) -> str | None:

@@ -53,7 +53,9 @@ class PrefixAffinity:
         self._slots_told = self._slots_sending = ""
         """The free adapter slots the fleet was told of, and those being told."""
         self._ops: dict[str, str] = {}
-        self.untold = enabled and bool(self._adapters)  # (the free slots, at the first read)
+        self.tracks_adapters = enabled and bool(self._adapters)
+        """Whether it keeps adapters (``read`` has nothing to do without)."""
+        self.untold = self.tracks_adapters  # (the free slots, at the first read)
         """Whether there may be changes to tell (``add_to`` is not called without)."""
         """Key -> '+' (held, tell again: the holders list is most recent first) or '-'."""
 

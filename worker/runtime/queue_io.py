@@ -94,7 +94,8 @@ class QueueIO:
         self.keys = keys
         self.consumer = consumer
         self.settings = settings
-        self._last_reclaim_s = 0.0
+        self.reclaim_at_s = 0.0
+        """When ``reclaim`` looks for dead workers' entries next (monotonic s)."""
         self.tenants = tenants
         """The tenants' weights, and what goes back to their shares (``fair_share.py``): sent in
         the read's round trip."""
@@ -146,9 +147,9 @@ class QueueIO:
         taken over within ``room()`` (asked only when due); looked for at most every
         ``claim_idle_ms / 4``."""
         now_s = time.monotonic()
-        if now_s - self._last_reclaim_s < self.settings.claim_idle_ms / 4000:
+        if now_s < self.reclaim_at_s:
             return []
-        self._last_reclaim_s = now_s
+        self.reclaim_at_s = now_s + self.settings.claim_idle_ms / 4000
         taken = []
         for stream, n in room().items():
             if n <= 0:

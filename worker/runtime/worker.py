@@ -104,17 +104,14 @@ class Worker:
     _stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     asks: ReadAsks = field(init=False)  # what a read asks for, from what the worker holds
+    consumer: str = field(init=False)  # this worker's consumer name in the group
 
     def __post_init__(self) -> None:
         self.asks = ReadAsks(
             self.settings, self.lookahead, self.runner, self.order, self.queue, self.doorbell
         )
         self.batch_reads.read = self.asks.beside_batch
-
-    @property
-    def consumer(self) -> str:
-        """This worker's consumer name in the group."""
-        return self.settings.consumer_name
+        self.consumer = self.settings.consumer_name
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -207,7 +204,8 @@ class Worker:
     def read(self) -> None:
         """Take over dead workers' entries, then read new ones (paced while the runner says
         so, or while idle: ``QueueIO.idle_pace_s``; unless the doorbell rang); admit them."""
-        self.reclaim()
+        if time.monotonic() >= self.queue.reclaim_at_s:
+            self.reclaim()
         room, probe = self.asks.room(), self.asks.probe()
         total = self.runner.read_total(self.lookahead, self.settings.max_batch_size)
         rung, s = self.doorbell.take(), self.runner.read_pace_s(self.settings.max_batch_size)
@@ -295,7 +293,8 @@ class Worker:
             self.starter.dead_letter(record, ack=True)
         for held in admitted.held:
             self.lookahead.add(held)
-        self.prefixes.read(admitted.held)
+        if self.prefixes.tracks_adapters:
+            self.prefixes.read(admitted.held)
         if not redelivered:  # new arrivals; their charges made exact
             self.arrivals.observe(h.enqueued_ms for h in admitted.held)
             self.tenants.corrections(admitted.held)
@@ -379,7 +378,7 @@ class Worker:
 def batch_policy(settings: WorkerSettings, budget: AdaptiveBudget) -> BatchPolicy:
     """The batching policy now: the settings' limits, within the budget (restored once its
     backoff after an out-of-memory error is over)."""
-    if budget.restore_due(time.monotonic()):
+    if budget.restore_at_s is not None and budget.restore_due(time.monotonic()):
         log.info("batch budget back to %d tokens", budget.full_tokens)
     s = settings
     return batch_limits(budget.tokens, s.max_batch_size, s.max_wait_ms, s.priority_aging_ms)
