@@ -27,6 +27,8 @@ WARN_SKEW_MS = 1_000
 
 _offset_ms = 0
 _synced_at = -float("inf")
+sync_due_s = -float("inf")
+"""When ``sync`` measures again (monotonic s): the worker's loop calls it only from then."""
 
 
 def now_ms() -> int:
@@ -47,7 +49,7 @@ def redis_time_ms(r: Any) -> int | None:
 def sync(r: Any, force: bool = False) -> None:
     """Measure the offset to Redis' clock (``TIME``, halfway through the round trip) if
     ``SYNC_EVERY_S`` passed since the last time, or ``force``."""
-    global _offset_ms, _synced_at
+    global _offset_ms, _synced_at, sync_due_s
     if not force and time.monotonic() - _synced_at < SYNC_EVERY_S:
         return
     before = time.time_ns()
@@ -60,6 +62,7 @@ def sync(r: Any, force: bool = False) -> None:
                 "host's clock, which must then be right"
             )
         _synced_at = time.monotonic()
+        sync_due_s = _synced_at + SYNC_EVERY_S
         return
     offset = redis_ms - (before + after) // 2 // 1_000_000
     if abs(offset - _offset_ms) >= WARN_SKEW_MS or (force and abs(offset) >= WARN_SKEW_MS):
@@ -68,3 +71,4 @@ def sync(r: Any, force: bool = False) -> None:
             -offset / 1000,
         )
     _offset_ms, _synced_at = offset, time.monotonic()
+    sync_due_s = _synced_at + SYNC_EVERY_S

@@ -212,6 +212,8 @@ class Heartbeat:
         self.latest: dict[str, Any] = {}
         """Fields built for the writer to publish with its next write ({}: none new)."""
         self._last_s = 0.0
+        self.due_s = HEARTBEAT_S
+        """When ``beat`` may publish again (monotonic s): the loop calls it only from then."""
         self._published: dict[str, Any] = {}  # the last fields published, less the time
         self._lock = threading.Lock()
         self._recent: dict[str, int] = {}
@@ -275,6 +277,7 @@ class Heartbeat:
         if not force and quiet and since < self.idle_every_s:
             return False
         self._last_s, self._published = time.monotonic(), same
+        self.due_s = self._last_s + HEARTBEAT_S
         self.queue.publish_stats(fields, self.recent())
         return True
 
@@ -296,4 +299,5 @@ class Heartbeat:
             recent, self._recent = (self._recent, {}) if latest else (None, self._recent)
         if recent is not None:
             self._last_s = time.monotonic()
+            self.due_s = self._last_s + HEARTBEAT_S
             self.queue.add_stats(pipe, latest, recent)

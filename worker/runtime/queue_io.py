@@ -140,7 +140,10 @@ class QueueIO:
         self, room: Callable[[], dict[str, int]], admit: Callable[[str, list[Any]], None]
     ) -> int:
         """Take back this consumer's own pending entries (``recovery.resume_own``)."""
-        return recovery.resume_own(self.redis, self.keys.streams(), self.consumer, room, admit)
+        resumed = recovery.resume_own(self.redis, self.keys.streams(), self.consumer, room, admit)
+        if resumed:
+            log.info("resumed %d pending entries of consumer %s", resumed, self.consumer)
+        return resumed
 
     def reclaim(self, room: Callable[[], dict[str, int]]) -> list[tuple[str, list[Any]]]:
         """Entries idle for ``claim_idle_ms`` (their worker died: live workers renew theirs),

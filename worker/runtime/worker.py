@@ -150,9 +150,7 @@ class Worker:
         """Join the queue: groups, queue config, heartbeat, then this consumer's own pending."""
         self.queue.ensure_groups()
         self.heartbeat(force=True)
-        resumed = self.queue.resume(self.asks.room, self.admit_delivered)
-        if resumed:
-            log.info("resumed %d pending entries of consumer %s", resumed, self.consumer)
+        self.queue.resume(self.asks.room, self.admit_delivered)
 
     def wait_for_memory(self) -> None:
         """Redis is full: only the heartbeat (a write); once it goes through, turns again."""
@@ -184,7 +182,8 @@ class Worker:
     def turn(self, reading: bool = True) -> None:
         """One turn: read, plan, start, advance (collect, write). Without ``reading``
         (draining) it runs what is held and takes nothing new."""
-        self.heartbeat()
+        if time.monotonic() >= min(self.stats.due_s, clock.sync_due_s):
+            self.heartbeat()  # (else neither would do anything)
         covered = False
         if self.batch_reads.taken is False:  # a window since the last take
             fetched, covered = self.batch_reads.take()
@@ -207,8 +206,9 @@ class Worker:
         if time.monotonic() >= self.queue.reclaim_at_s:
             self.reclaim()
         room, probe = self.asks.room(), self.asks.probe()
-        total = self.runner.read_total(self.lookahead, self.settings.max_batch_size)
-        rung, s = self.doorbell.take(), self.runner.read_pace_s(self.settings.max_batch_size)
+        limits, size = self.runner.limits_reads, self.settings.max_batch_size
+        total = self.runner.read_total(self.lookahead, size) if limits else 0
+        rung, s = self.doorbell.take(), self.runner.read_pace_s(size)
         if not (s or self.runner.busy or self.queue.left_waiting or self.lookahead.waiting):
             s = self.queue.idle_pace_s  # idle: a ring ends the wait (``QueueIO.read``)
         self.admit(self.queue.read(room, pace_s=0.0 if rung else s, probe=probe, total=total))
