@@ -119,15 +119,10 @@ class Worker:
         """Serve until stopped; then run what is held, write it, and log one summary line."""
         install_signal_handlers(self.stop)
         self.availability.retrying(self.join, self._stopping)
-        self.keeper.start()
-        self.doorbell.start()
-        self.batch_reads.start()
-        log.info(
-            "worker %s serving queue %r with engine %s",
-            self.consumer,
-            self.keys.queue,
-            self.engine.name,
-        )
+        for helper in (self.keeper, self.doorbell, self.batch_reads):
+            helper.start()
+        where = (self.consumer, self.keys.queue, self.engine.name)
+        log.info("worker %s serving queue %r with engine %s", *where)
         while not self._stopping.is_set():
             step = self.turn if self.availability.full_since is None else self.wait_for_memory
             self.availability.retrying(step, self._stopping, once=True)
@@ -197,7 +192,7 @@ class Worker:
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
         self.launch(decision)
         self.advance(reading)
-        if reading and not decision.batch and not self.runner.busy:
+        if reading and not decision.batch and not self.runner.running:
             self.idle(decision.wait_ms if self.lookahead.waiting else None)
 
     def read(self) -> None:
@@ -208,8 +203,9 @@ class Worker:
         room, probe = self.asks.room(), self.asks.probe()
         limits, size = self.runner.limits_reads, self.settings.max_batch_size
         total = self.runner.read_total(self.lookahead, size) if limits else 0
-        rung, s = self.doorbell.take(), self.runner.read_pace_s(size)
-        if not (s or self.runner.busy or self.queue.left_waiting or self.lookahead.waiting):
+        rung, running = self.doorbell.take(), self.runner.running
+        s = self.runner.read_pace_s(size) if running else 0.0  # (0 for an idle runner)
+        if not (s or running or self.queue.left_waiting or self.lookahead.waiting):
             s = self.queue.idle_pace_s  # idle: a ring ends the wait (``QueueIO.read``)
         self.admit(self.queue.read(room, pace_s=0.0 if rung else s, probe=probe, total=total))
 
@@ -220,12 +216,14 @@ class Worker:
             self.arrivals.waiting(now_ms())  # scored when the batch starts: did anyone come?
         if not decision.batch:
             return
-        self.arrivals.batch_started()
+        if self.arrivals.in_wait:  # (``batch_started`` scores the wait under way)
+            self.arrivals.batch_started()
         self.order.started(decision.batch)
         batch = self.lookahead.take(c.key for c in decision.batch)
         self.prefixes.started(batch)  # told with the start's round trip (``mark_running``)
         self.write(self.start(batch))
-        self.starter.hand_back(self.lookahead, self.runner)
+        if self.lookahead.waiting:  # (what waits behind a long batch)
+            self.starter.hand_back(self.lookahead, self.runner)
 
     def advance(self, reading: bool) -> None:
         """Let the runner work until the next read is due (or the doorbell rings, when it
@@ -233,7 +231,7 @@ class Worker:
         a static batch runs, ``batch_reads`` reads in the loop's place (one expected to take
         from ``SHORTEST_MS`` to ``hand_back_after_ms``: a longer one handed back what waited
         here)."""
-        listening = reading and self.asks.listens()
+        listening = reading and self.runner.limits_reads and self.asks.listens()
         busy_ms = self.runner.holds_loop_ms if reading and not listening else None
         beside = busy_ms is not None and SHORTEST_MS <= busy_ms < self.settings.hand_back_after_ms
         self.doorbell.arm(listening or beside, self.batch_reads.ring if beside else None)
@@ -304,7 +302,7 @@ class Worker:
         """What to start now: the suspect alone when the gate lets it, else the batching
         policy within the room the runner has left (``policy/planning.py``)."""
         suspect = self.lookahead.next_suspect() if self.lookahead.suspects else None
-        running = self.runner.active()
+        running = self.runner.active() if self.runner.running else []
         gate = self.gate.check(
             suspect_waiting=suspect is not None,
             running=len(running),
@@ -355,7 +353,7 @@ class Worker:
             return
         self.counters.ended(outcomes)
         self.prefixes.finished(outcomes)
-        self.stats.refresh(drained=not (self.lookahead.waiting or self.runner.busy))
+        self.stats.refresh(drained=not (self.lookahead.waiting or self.runner.running))
         self.writer.put(list(outcomes))
 
     def account_written(self) -> None:
