@@ -27,7 +27,7 @@ other languages.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
@@ -436,19 +436,20 @@ def apply(
     mode: str,
     items: Sequence[ApplyItem],
     max_attempts: int = 0,
-    also: Callable[[Any], None] | None = None,
+    pipe: Any = None,
     token: str = "",
     unstarted: Sequence[bool] = (),
     streams: Sequence[str] = (),
 ) -> list[int]:
-    """Run APPLY over ``items`` and return its answer per item; ``also(pipe)`` adds commands to
-    the same round trip. On one Redis this is one atomic script call. On a Redis Cluster a
+    """Run APPLY over ``items`` and return its answer per item; ``pipe``: a pipeline of ``r``
+    with the caller's own commands queued already, run in the same round trip (before APPLY's
+    calls). On one Redis this is one atomic script call. On a Redis Cluster a
     request's keys and the queue's streams live in different slots, so each request gets its
     own call (atomic for that request) and the entries are acknowledged in a second round trip
     *after* their states are written: a crash in between leaves an entry that is redelivered,
     which APPLY answers 0 (already final) and acknowledges then."""
-    pipe = r.pipeline(transaction=False)
-    cluster = is_cluster(r)
+    pipe = r.pipeline(transaction=False) if pipe is None else pipe
+    first, cluster = len(pipe), is_cluster(r)
     if cluster:
         flags = list(unstarted) or [False] * len(items)
         calls = [
@@ -474,9 +475,7 @@ def apply(
         ]
     for script_keys, args in calls:
         script_calls.add(pipe, APPLY, len(script_keys), *script_keys, *args)
-    if also is not None:
-        also(pipe)
-    replies = script_calls.execute(pipe)
+    replies = script_calls.execute(pipe)[first:]
     if not cluster:
         return list(replies[0])
     written = [int(x[0]) for x in replies[: len(calls)]]

@@ -5,7 +5,7 @@ holds (a redelivery of one it is running or writing) are skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,28 +56,32 @@ class Intake:
         self.keys = keys
         self.consumer = consumer
         self._tokenizer = engine.tokenizer
+        self._priorities = {s: keys.priority_of(s) for s in keys.streams()}  # (every read's)
 
     def admit(
         self,
         delivered: Delivered,
         *,
         now_ms: int,
-        holding: Callable[[str], bool],
+        held: Sequence[Container[str]],
     ) -> Admitted:
-        """The verdicts on ``delivered``."""
+        """The verdicts on ``delivered``; an entry whose key (``entry_key``) is in one of
+        ``held`` (the look-ahead's, the runner's, the writer's) is held already: skipped."""
         out = Admitted()
         runnable: list[tuple[str, str, Request, tuple[int, int], int]] = []
         for raw_stream, entries in delivered:
             stream = as_text(raw_stream)
-            priority = self.keys.priority_of(stream)
+            priority = self._priorities.get(stream) or self.keys.priority_of(stream)
             for raw_id, fields in entries:
                 entry_id = as_text(raw_id)
-                if holding(entry_key(stream, entry_id)):
+                key = entry_key(stream, entry_id)
+                if any(key in keys for keys in held):
                     continue
                 decoded = decode_request(priority, fields or {})
                 enqueued_ms = entry_time_ms(entry_id)
                 verdict = judge_entry(decoded, now_ms, enqueued_ms)
-                charged = charge(body_of(fields))
+                common = isinstance(fields, list) and len(fields) == 4 and fields[2] == b"body"
+                charged = charge(fields[3] if common else body_of(fields))  # (as decode_request)
                 if verdict.action is Action.RUN and isinstance(decoded, Request):
                     runnable.append((stream, entry_id, decoded, charged, enqueued_ms))
                 elif verdict.action is Action.EXPIRE and isinstance(decoded, Request):

@@ -234,7 +234,12 @@ class QueueIO:
         """``read`` on the streams in ``asked`` (each with room), and ``probe``."""
         streams = self._streams
         pipe = self.redis.pipeline(transaction=False)
-        add_acks(pipe, self._rung)
+        by_bell: dict[str, list[Any]] = {}  # the rings heard, acknowledged and deleted
+        for doorbell, ring in self._rung:
+            by_bell.setdefault(doorbell, []).append(ring)
+        for doorbell, rings in by_bell.items():
+            pipe.xack(doorbell, GROUP, *rings)
+            pipe.xdel(doorbell, *rings)
         self._rung = []
         sending = self.tenants.add_deferred(pipe)
         affinity = self.affinity
@@ -289,17 +294,14 @@ class QueueIO:
         result can reach a client, who may send the next turn at once). Answers in order."""
         if not items:
             return []
-        holds, affinity = [0], self.affinity
-
-        def also(pipe: Any) -> None:
-            add_starts(pipe, self.keys, held)
-            holds[0] = affinity.add_to(pipe) if affinity and affinity.untold else 0
-
+        pipe, affinity = self.redis.pipeline(transaction=False), self.affinity
+        add_starts(pipe, self.keys, held)
+        holds = affinity.add_to(pipe) if affinity is not None and affinity.untold else 0
         args = (self.redis, self.keys, self.settings.result_ttl_s, "running", items)
         attempts, streams = self.settings.max_attempts, self._streams
-        answers = apply(*args, max_attempts=attempts, also=also, token=token, streams=streams)
-        if affinity and holds[0]:
-            affinity.sent(holds[0])
+        answers = apply(*args, max_attempts=attempts, pipe=pipe, token=token, streams=streams)
+        if holds and affinity is not None:
+            affinity.sent(holds)
         return answers
 
     def write_final(self, outcomes: Sequence[Outcome], also: Callable[[Any], None]) -> list[int]:
@@ -310,14 +312,11 @@ class QueueIO:
         items = [(o.request_id, o.stream, o.entry_id, o.state_json) for o in outcomes]
         unstarted = [o.queue_wait_ms is None for o in outcomes]
         refunds = [o.refund for o in outcomes if o.refund is not None]
-
-        def extra(pipe: Any) -> None:
-            also(pipe)
-            add_refunds(pipe, self.keys, refunds, self.tenants.weights.limited)
-
-        ttl_s = self.settings.result_ttl_s
-        args = (self.redis, self.keys, ttl_s, "final", items)
-        return apply(*args, also=extra, unstarted=unstarted, streams=self._streams)
+        pipe = self.redis.pipeline(transaction=False)
+        also(pipe)
+        add_refunds(pipe, self.keys, refunds, self.tenants.weights.limited)
+        args = (self.redis, self.keys, self.settings.result_ttl_s, "final", items)
+        return apply(*args, pipe=pipe, unstarted=unstarted, streams=self._streams)
 
     def dead_letter(self, record: dict[str, str | int], *, ack: bool) -> None:
         """Add ``record`` to the dead-letter stream; with ``ack``, also drop its work entry (an
@@ -425,13 +424,3 @@ def expire_doorbells(pipe: Any, keys: Keys, ttl_s: int) -> None:
     do: a joining worker makes them again)."""
     for doorbell in keys.doorbells:
         pipe.expire(doorbell, ttl_s)
-
-
-def add_acks(pipe: Any, rung: list[tuple[str, Any]]) -> None:
-    """Queue on ``pipe`` the acknowledgement and deletion of the rings heard, per doorbell."""
-    by_bell: dict[str, list[Any]] = {}
-    for doorbell, ring in rung:
-        by_bell.setdefault(doorbell, []).append(ring)
-    for doorbell, rings in by_bell.items():
-        pipe.xack(doorbell, GROUP, *rings)
-        pipe.xdel(doorbell, *rings)

@@ -74,7 +74,21 @@ class Starter:
         for h in batch:
             (late if deadline_passed(h.request, now, h.enqueued_ms) else todo).append(h)
         items = [
-            (h.request.id, h.stream, h.entry_id, self._running_state(h, started_ms)) for h in todo
+            (
+                h.request.id,
+                h.stream,
+                h.entry_id,
+                states.running(
+                    request_id=h.request.id,
+                    priority=h.request.priority,
+                    tenant=h.request.tenant,
+                    metadata=h.request.metadata,
+                    queued_ms=h.enqueued_ms,
+                    started_ms=started_ms,
+                    worker=self.consumer,
+                ),
+            )
+            for h in todo
         ]
         answers = self.queue.mark_running(items, token=f"{self.consumer}:{started_ms}", held=todo)
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
@@ -87,7 +101,8 @@ class Starter:
         ]
         if refunds:
             self.tenants.refund(refunds)
-        self.counters.count_answers(answers)
+        if Applied.ALREADY_FINAL in answers or Applied.DUPLICATE in answers:
+            self.counters.count_answers(answers)
         ended = [
             outcomes.expired(
                 stream=h.stream, entry_id=h.entry_id, request=h.request, charge=h.charge
@@ -95,17 +110,6 @@ class Starter:
             for h in late
         ]
         return live, ended + [self._poison(h) for h in poison]
-
-    def _running_state(self, h: Held, started_ms: int) -> str:
-        return states.running(
-            request_id=h.request.id,
-            priority=h.request.priority,
-            tenant=h.request.tenant,
-            metadata=h.request.metadata,
-            queued_ms=h.enqueued_ms,
-            started_ms=started_ms,
-            worker=self.consumer,
-        )
 
     def _poison(self, h: Held) -> Outcome:
         """A request started ``max_attempts`` times, every time by a worker that died: fail it

@@ -36,6 +36,7 @@ from typing import Any
 
 from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS
 from genq.common.keys import Keys
+from genq.common.scripts import Applied
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import Engine
 from genq.worker.policy.arrivals import ArrivalEstimate
@@ -220,7 +221,8 @@ class Worker:
             self.arrivals.batch_started()
         self.order.started(decision.batch)
         batch = self.lookahead.take(c.key for c in decision.batch)
-        self.prefixes.started(batch)  # told with the start's round trip (``mark_running``)
+        if self.prefixes.tracks_adapters or any(c.prefix for c in decision.batch):
+            self.prefixes.started(batch)  # told with the start's round trip (``mark_running``)
         self.write(self.start(batch))
         if self.lookahead.waiting:  # (what waits behind a long batch)
             self.starter.hand_back(self.lookahead, self.runner)
@@ -278,11 +280,8 @@ class Worker:
         if not delivered:
             return
         writing = {entry_key(s, e) for s, e in self.writer.entries()}
-
-        def holding(key: str) -> bool:
-            return self.lookahead.holds(key) or key in self.runner.running or key in writing
-
-        admitted = self.intake.admit(delivered, now_ms=now_ms(), holding=holding)
+        holders = (self.lookahead.waiting, self.lookahead.starting, self.runner.running, writing)
+        admitted = self.intake.admit(delivered, now_ms=now_ms(), held=holders)
         if redelivered and admitted.held:
             starts = self.queue.starts([h.request.id for h in admitted.held])
             for held in admitted.held:
@@ -317,7 +316,7 @@ class Worker:
         if suspect is not None:
             return Decision(batch=[suspect.candidate], reason="suspect")
         return plan_start(
-            self.lookahead.candidates(),
+            [h.candidate for h in self.lookahead.waiting.values()],  # (``candidates``)
             now_ms=now_ms(),
             policy=batch_policy(self.settings, self.budget),
             running=len(running),
@@ -352,7 +351,8 @@ class Worker:
         if not outcomes:
             return
         self.counters.ended(outcomes)
-        self.prefixes.finished(outcomes)
+        if any(o.continuation for o in outcomes):  # (a chat's next turn: ``PrefixAffinity``)
+            self.prefixes.finished(outcomes)
         self.stats.refresh(drained=not (self.lookahead.waiting or self.runner.running))
         self.writer.put(list(outcomes))
 
@@ -360,7 +360,8 @@ class Worker:
         """Count what the writer found already final since the last call (the counters are
         the loop's own: the writer thread never touches them)."""
         for _batch, answers in self.writer.take_written():
-            self.counters.count_answers(answers)
+            if Applied.ALREADY_FINAL in answers or Applied.DUPLICATE in answers:
+                self.counters.count_answers(answers)
 
     def heartbeat(self, force: bool = False) -> None:
         """Refresh this worker's stats hash (at most every ``HEARTBEAT_S`` unless forced)."""
