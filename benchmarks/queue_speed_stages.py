@@ -7,10 +7,13 @@ batches of 256):
   the commands a script calls included) for the submission alone (the jobs submitted while no
   worker runs), then for the drain (a worker reads, marks running and writes every job); and
   the drain's claims and reads (XCLAIM, XREADGROUP: inside scripts or not).
-- **The worker**, by thread CPU time: its loop thread and its writer thread, and the loop's
-  steps that every tree has (``Worker.admit`` with ``Intake.admit`` and its tokenizing inside,
-  ``Worker.plan``, ``Worker.start`` with its ``running`` write, and ``Outcomes.succeeded``:
-  wrapped in the worker process, which adds the same small cost to each tree).
+- **The worker**, by thread CPU time: its loop (the CPU of its turns, ``Worker.turn``, timed
+  in the worker process: read from ``/proc`` after the worker is serving, a short run's drain
+  could be over before the first reading, and ``/proc`` counts in 10 ms ticks), its other
+  threads (from ``/proc``), and the loop's steps that every tree has (``Worker.admit`` with
+  ``Intake.admit`` and its tokenizing inside, ``Worker.plan``, ``Worker.start`` with its
+  ``running`` write, and ``Outcomes.succeeded``: wrapped in the worker process, which adds the
+  same small cost to each tree).
 
     python benchmarks/queue_speed_stages.py --revs debcfa9,HEAD --rounds 3
 """
@@ -40,6 +43,8 @@ STAGES = (
     "Outcomes.succeeded",
 )
 """The loop's steps timed (``Class.method``), where the tree has them."""
+LOOP = "Worker.turn"
+"""Timed as well: the loop's CPU (``loop_us``), its turns'."""
 
 WORKER = """
 import atexit, collections, json, os, sys, time
@@ -120,7 +125,8 @@ def measure(jobs: int) -> dict[str, float]:
         submitted = redis_usec(r)
         out["redis_submit_cpu_us"] = submitted["cpu"] - before["cpu"]
         out["redis_submit_scripts_us"] = _scripts(submitted) - _scripts(before)
-        env = {**os.environ, "STAGES_WANTED": json.dumps(STAGES), "STAGES_OUT": f"{tmp}/s.json"}
+        wanted = json.dumps([*STAGES, LOOP])
+        env = {**os.environ, "STAGES_WANTED": wanted, "STAGES_OUT": f"{tmp}/s.json"}
         args = ["worker", "--redis-url", server.url, "--queue", "stages", "--engine", "echo"]
         args += ["--consumer", "w0", "--max-batch-size", "256", "--max-lookahead", "512"]
         proc = subprocess.Popen(
@@ -142,7 +148,7 @@ def measure(jobs: int) -> dict[str, float]:
     out["redis_drain_scripts_us"] = _scripts(end) - _scripts(start)
     for name in ("xclaim", "xreadgroup"):
         out[f"redis_{name}_us"] = end.get(name, 0) - start.get(name, 0)
-    loop = cpu1.get(proc.pid, 0.0) - cpu0.get(proc.pid, 0.0)
+    loop = spent.get(LOOP, cpu1.get(proc.pid, 0.0) - cpu0.get(proc.pid, 0.0))
     threads = [cpu1[t] - cpu0.get(t, 0.0) for t in cpu1 if t != proc.pid]
     out["loop_us"], out["other_threads_us"] = loop * 1e6, sum(threads) * 1e6
     for label in STAGES:
