@@ -271,10 +271,11 @@ class FairShare:
         counted until another comes (VTC lifts a newcomer to it: only differences count)."""
         self._weights = weights
         served, first = self._shares.served, candidates[0].tenant if candidates else ""
-        self._lone = len(served) == 1 and first in served
-        if self._lone and all(c.tenant == first for c in candidates):
+        self._lone = (
+            len(served) == 1 and first in served and all(c.tenant == first for c in candidates)
+        )
+        if self._lone:
             return None
-        self._lone = False
         view = self._shares.view(c.tenant for c in candidates)
         return Shares(service=view, weights=weights) if len(view) > 1 else None
 

@@ -26,9 +26,9 @@ WARN_SKEW_MS = 1_000
 """An offset this large is logged: the host's clock is wrong (genq does not mind)."""
 
 _offset_ms = 0
-_synced_at = -float("inf")
 sync_due_s = -float("inf")
-"""When ``sync`` measures again (monotonic s): the worker's loop calls it only from then."""
+"""When ``sync`` measures again (monotonic s; -inf: never measured): the worker's loop calls it
+only from then."""
 
 
 def now_ms() -> int:
@@ -49,20 +49,19 @@ def redis_time_ms(r: Any) -> int | None:
 def sync(r: Any, force: bool = False) -> None:
     """Measure the offset to Redis' clock (``TIME``, halfway through the round trip) if
     ``SYNC_EVERY_S`` passed since the last time, or ``force``."""
-    global _offset_ms, _synced_at, sync_due_s
-    if not force and time.monotonic() - _synced_at < SYNC_EVERY_S:
+    global _offset_ms, sync_due_s
+    if not force and time.monotonic() < sync_due_s:
         return
     before = time.time_ns()
     redis_ms = redis_time_ms(r)
     after = time.time_ns()
     if redis_ms is None:
-        if _synced_at == -float("inf"):
+        if sync_due_s == -float("inf"):
             log.warning(
                 "this Redis user may not run TIME (add +time to its ACL): timing by this "
                 "host's clock, which must then be right"
             )
-        _synced_at = time.monotonic()
-        sync_due_s = _synced_at + SYNC_EVERY_S
+        sync_due_s = time.monotonic() + SYNC_EVERY_S
         return
     offset = redis_ms - (before + after) // 2 // 1_000_000
     if abs(offset - _offset_ms) >= WARN_SKEW_MS or (force and abs(offset) >= WARN_SKEW_MS):
@@ -70,5 +69,4 @@ def sync(r: Any, force: bool = False) -> None:
             "this host's clock is %+.1f s off Redis' (genq times everything by Redis' clock)",
             -offset / 1000,
         )
-    _offset_ms, _synced_at = offset, time.monotonic()
-    sync_due_s = _synced_at + SYNC_EVERY_S
+    _offset_ms, sync_due_s = offset, time.monotonic() + SYNC_EVERY_S

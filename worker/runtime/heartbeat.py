@@ -211,9 +211,9 @@ class Heartbeat:
         """``() -> (waiting, in flight)``: what the worker holds now."""
         self.latest: dict[str, Any] = {}
         """Fields built for the writer to publish with its next write ({}: none new)."""
-        self._last_s = 0.0
         self.due_s = HEARTBEAT_S
-        """When ``beat`` may publish again (monotonic s): the loop calls it only from then."""
+        """When ``beat`` may publish again, ``HEARTBEAT_S`` after the last publication
+        (monotonic s): the loop calls it only from then."""
         self._published: dict[str, Any] = {}  # the last fields published, less the time
         self._lock = threading.Lock()
         self._recent: dict[str, int] = {}
@@ -267,7 +267,7 @@ class Heartbeat:
     def beat(self, *, force: bool = False) -> bool:
         """Publish now if ``HEARTBEAT_S`` passed since the last time (``idle_every_s`` while
         nothing changed), or ``force``; True if it did."""
-        since = time.monotonic() - self._last_s
+        since = time.monotonic() - (self.due_s - HEARTBEAT_S)  # since the last publication
         if not force and since < HEARTBEAT_S:
             return False
         fields = self.fields()
@@ -276,8 +276,7 @@ class Heartbeat:
             quiet = same == self._published and not self._recent
         if not force and quiet and since < self.idle_every_s:
             return False
-        self._last_s, self._published = time.monotonic(), same
-        self.due_s = self._last_s + HEARTBEAT_S
+        self.due_s, self._published = time.monotonic() + HEARTBEAT_S, same
         self.queue.publish_stats(fields, self.recent())
         return True
 
@@ -286,7 +285,7 @@ class Heartbeat:
         with them when the worker holds nothing more (``drained``: whoever reads the hash right
         after its last result sees it counted) or a heartbeat is due; a busy worker's hash is
         then at most ``HEARTBEAT_S`` old, and the loop does not rebuild it for every batch."""
-        if drained or time.monotonic() - self._last_s >= HEARTBEAT_S:
+        if drained or time.monotonic() >= self.due_s:
             fields = self.fields(drained)
             with self._lock:  # not lost to the writer taking the last ones at that moment
                 self.latest = fields
@@ -298,6 +297,5 @@ class Heartbeat:
             latest, self.latest = self.latest, {}
             recent, self._recent = (self._recent, {}) if latest else (None, self._recent)
         if recent is not None:
-            self._last_s = time.monotonic()
-            self.due_s = self._last_s + HEARTBEAT_S
+            self.due_s = time.monotonic() + HEARTBEAT_S
             self.queue.add_stats(pipe, latest, recent)

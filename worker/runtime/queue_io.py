@@ -342,8 +342,9 @@ class QueueIO:
         key, ttl_s = self._stats_key, self.settings.heartbeat_ttl_s
         pipe.hset(key, mapping=fields)
         pipe.expire(key, ttl_s)
-        if time.monotonic() - self._doorbells_renewed_s >= ttl_s / 3:
-            self._doorbells_renewed_s = time.monotonic()
+        now_s = time.monotonic()
+        if now_s - self._doorbells_renewed_s >= ttl_s / 3:
+            self._doorbells_renewed_s = now_s
             expire_doorbells(pipe, self.keys, ttl_s)
         if recent or self.left_waiting:  # (idle, on an empty queue: nothing to add)
             history.add(pipe, self.keys, recent, clock.now_ms())
