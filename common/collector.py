@@ -14,11 +14,18 @@ what is not in a cycle at once; cycles are found as before, in fewer passes.
 
 A process-wide setting: the commands call it, not ``Worker.run`` or ``create_app`` (a worker
 or an app run inside another program, as in tests, leaves that program's collector alone).
+
+The client library cannot settle its host's collector; it pauses it instead (``paused``) for
+the moment it decodes a round of results, which it keeps: with the default thresholds the
+passes during ``Client.results`` walked every result decoded before, about as much CPU as the
+decoding itself (BENCHMARKS.md, session 39).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 YOUNG_THRESHOLD = 10_000
 """Objects allocated (less those freed) before a young-generation pass (Python's default:
@@ -33,3 +40,19 @@ def settle_collector() -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """No collector passes inside: for a short loop that builds objects it keeps (a round of
+    decoded results, in no cycle). Objects allocated meanwhile still count: the first pass
+    after it comes at once if they passed the threshold. Leaves a collector that was off
+    alone."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from genq.common import script_calls
+from genq.common import collector, script_calls
 from genq.common.connection import (
     CLUSTER_RETRIES,
     TRANSIENT_ERRORS,
@@ -162,16 +162,20 @@ class AsyncClient:
         if is_cluster(self.redis):
             await self._poll_results(waiter)
             return [waiter.results[i] for i in ids]
-        raws = await self.redis.mget([self.keys.result(i) for i in ids]) if ids else []
-        # A missing key is waited for too: a request enqueued with a plain XADD (redis-cli,
-        # another language) has no state until a worker writes one.
-        waiter.take_stored(ids, raws)
+        with collector.paused():  # (what this read decodes is kept: ``collector.paused``)
+            raws = await self.redis.mget([self.keys.result(i) for i in ids]) if ids else []
+            # A missing key is waited for too: a request enqueued with a plain XADD
+            # (redis-cli, another language) has no state until a worker writes one.
+            waiter.take_stored(ids, raws)
         while waiter.pending:
-            pipe = self.redis.pipeline(transaction=False)
-            if not waiter.queue_read(pipe):
+            read = waiter.next_read()
+            if read is None:
                 raise waiter.timed_out()
-            for response in await pipe.execute():
-                waiter.take_events(response)
+            head, rest, block_ms = read
+            waiter.take_events(await self.redis.xread(head, block=block_ms))
+            if rest:  # (as above)
+                with collector.paused():
+                    waiter.take_events(await self.redis.xread(rest))
         return [waiter.results[i] for i in ids]
 
     async def _poll_results(self, waiter: Waiter) -> None:

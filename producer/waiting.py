@@ -100,7 +100,7 @@ class Waiter:
         self.pending.pop(key, None)
         self.last_ids.pop(key, None)
 
-    def next_read(self) -> tuple[dict[str, str], dict[str, str], int] | None:
+    def next_read(self) -> tuple[dict[Any, Any], dict[Any, Any], int] | None:
         """What to read next: the oldest pending request's event stream, to block on, and up
         to ``MAX_STREAMS_PER_READ - 1`` other pending ones to read without blocking right
         after (one pipeline), with the block time; None when the time is up.
@@ -119,17 +119,6 @@ class Waiter:
         head = dict(islice(streams, 1))
         return head, dict(islice(streams, MAX_STREAMS_PER_READ - 1)), block_ms
 
-    def queue_read(self, pipe: Any) -> bool:
-        """Queue the next round's reads (``next_read``) on ``pipe``; False when the time is up."""
-        read = self.next_read()
-        if read is None:
-            return False
-        head, rest, block_ms = read
-        pipe.xread(head, block=block_ms)
-        if rest:
-            pipe.xread(rest)
-        return True
-
     def queue_poll(self, pipe: Any) -> tuple[list[str], float] | None:
         """Redis Cluster: queue the next round's state reads (``next_poll``) on ``pipe``;
         return the ids read, in order, and the pause after; None when the time is up."""
@@ -139,7 +128,7 @@ class Waiter:
                 pipe.get(self._keys.result(request_id))
         return poll
 
-    def take_events(self, response: list[Any] | None) -> None:
+    def take_events(self, response: Any) -> None:
         """Record what one XREAD returned."""
         finals, last_ids = final_from_events(response)
         self.last_ids.update({k: v for k, v in last_ids.items() if k in self.last_ids})

@@ -292,3 +292,71 @@ def test_the_sync_client_is_written_from_the_async_one() -> None:
     spec.loader.exec_module(unasync)
     written = unasync.sync_source((ROOT / "producer" / "aio.py").read_text())
     assert written == (ROOT / "producer" / "client.py").read_text(), "run scripts/unasync.py"
+
+
+@pytest.mark.parametrize("where", ["result keys", "final events"])
+def test_results_decode_a_round_with_the_collector_paused(where: str) -> None:
+    """``Client.results`` keeps every result it decodes, so each collector pass while it
+    decoded walked all the results before it for nothing (half the client's CPU in
+    ``benchmarks/queue_speed.py``): the reads it decodes (the stored states, the others'
+    events after the blocking read) run with the collector paused, a pass at most after
+    each. Both ways a result comes: its key, or (key gone, as for a request whose state
+    expired first) its final event."""
+    import gc
+
+    from genq.common import states
+
+    r = fakeredis.FakeRedis()
+    client = Client(r, "q")
+    keys, n = Keys("q"), 3000
+    ids = [f"req-{i}" for i in range(n)]
+    times = {"queued_ms": 1, "started_ms": 2, "finished_ms": 3, "generation_ms": 1}
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "batch_size": 1}
+    for i in ids:
+        state = states.succeeded(
+            request_id=i,
+            priority="normal",
+            tenant="default",
+            metadata={"i": i},
+            text="t",
+            finish_reason="length",
+            worker="w",
+            model="m",
+            **times,
+            **usage,
+        )
+        if where == "result keys":
+            r.set(keys.result(i), state)
+        else:
+            r.xadd(keys.events(i), {EVENT_TYPE_FIELD: FINAL_EVENT, EVENT_DATA_FIELD: state})
+    passes = []
+    gc.callbacks.append(lambda phase, info: passes.append(1) if phase == "start" else None)
+    try:
+        got = client.results(ids, timeout=10)
+    finally:
+        gc.callbacks.pop()
+    assert [g.id for g in got] == ids and all(g.status == "succeeded" for g in got)
+    rounds = 1 if where == "result keys" else math.ceil(n / 500) + 1
+    assert gc.isenabled()
+    assert len(passes) <= 2 * rounds, f"{len(passes)} collector passes for {rounds} rounds"
+
+
+def test_a_paused_collector_comes_back_as_it_was() -> None:
+    """``collector.paused`` turns the collector off inside and back on after, even when the
+    body raises; a collector that was off stays off (the host program's choice)."""
+    import gc
+
+    from genq.common import collector
+
+    assert gc.isenabled()
+    with pytest.raises(KeyError), collector.paused():
+        assert not gc.isenabled()
+        raise KeyError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
