@@ -290,9 +290,9 @@ local done = {{}}  -- per work stream, the entries to acknowledge and delete
 local n_items = (#KEYS - ns - (outbox and 1 or 0)) / 4
 -- No record of any request here (most calls): no hook at all (HOOK_LUA: any_record).
 if outbox and not any_record(ns + 4, 4, n_items) then outbox = nil end
--- The common paths cost few commands: the new state is written with SET ... GET, which
--- answers the old one, and the old one is put back in the rare cases that must not change it
--- (already final: kept, with its TTL renewed; poison: left as it was).
+-- The common paths cost few commands: the new state (and a start's attempts) is written with
+-- SET ... GET, which answers the old one, and the old one is put back in the rare cases that
+-- must not change it (already final: kept, with its TTL renewed; poison: left as it was).
 for i = 1, n_items do
   local k = ns + 4 * (i - 1)
   local res, ev, att, record = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
@@ -305,7 +305,14 @@ for i = 1, n_items do
   local entry = s > 0 and PRIORITY[(s - 1) % 3 + 1] .. '/' .. eid or ''
   check = check and entry ~= '' and mode ~= 'cancel'
   local starts, owner, last = 0, nil, nil
-  if check or mode == 'running' then
+  local slot = entry ~= '' and entry or '-'
+  local prior = false  -- 'running': the attempts key's value before this start (false: none)
+  if mode == 'running' then
+    -- Written blind as a first start's (the common case), its old value read back by the same
+    -- command; put right below where there was one, or where nothing starts.
+    prior = redis.call('SET', att, '1 ' .. slot .. ' ' .. token, 'EX', ttl, 'GET')
+    starts, owner, last = attempts(prior or nil)
+  elseif check then
     starts, owner, last = attempts(redis.call('GET', att))
   end
   local current
@@ -344,8 +351,9 @@ for i = 1, n_items do
       -- A start is counted once even if this call is sent again (a client library that
       -- resends a pipeline after a lost reply, or a cluster failover): its token is kept.
       if last ~= token then starts = starts + 1 end
-      local slot = entry ~= '' and entry or '-'
-      redis.call('SET', att, starts .. ' ' .. slot .. ' ' .. token, 'EX', ttl)
+      if starts ~= 1 then  -- (the blind write above said 1)
+        redis.call('SET', att, starts .. ' ' .. slot .. ' ' .. token, 'EX', ttl)
+      end
       if not current then redis.call('EXPIRE', res, ttl) end
       out[i] = {Applied.WRITTEN:d}
     end
@@ -366,6 +374,9 @@ for i = 1, n_items do
       out[i] = {Applied.WRITTEN:d}
     end
     ack = out[i] >= {Applied.ALREADY_FINAL:d}
+  end
+  if mode == 'running' and out[i] ~= {Applied.WRITTEN:d} then  -- nothing started: as it was
+    if prior then redis.call('SET', att, prior, 'KEEPTTL') else redis.call('DEL', att) end
   end
   if ack and s > 0 and ns > 0 then
     done[s] = done[s] or {{}}

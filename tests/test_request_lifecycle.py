@@ -71,6 +71,7 @@ def test_a_final_result_is_written_once(r: redis.Redis, queue: str) -> None:
     running = [("once-1", None, "", '{"id":"once-1","status":"running"}')]
     assert apply(r, keys, 60, "running", running, max_attempts=3, token="late") == [0]
     assert client.status("once-1").text == "first worker"
+    assert r.get(keys.attempts("once-1")) is None  # a start refused counts nothing
     # A final state in another layout (keys in another order, spaces) is read in full.
     r.set(keys.result("once-2"), '{ "status": "cancelled", "id": "once-2" }')
     assert _apply_final(r, keys, "once-2", "too late") == 0
@@ -203,6 +204,26 @@ def test_a_start_sent_twice_is_counted_once(r: redis.Redis, queue: str) -> None:
     assert apply(r, keys, 60, "running", item, max_attempts=3, token="w:4") == [-2]  # poison
     assert (r.get(keys.result(f"{queue}-x")), r.ttl(keys.result(f"{queue}-x"))) == before
     assert r.get(keys.attempts(f"{queue}-x")) == b"3 - w:3"
+
+
+def test_a_second_entry_with_a_started_requests_id_changes_nothing(
+    r: redis.Redis, queue: str
+) -> None:
+    """An entry added later with the id of a request already started (a plain XADD from
+    another language, a replayed file) is a duplicate: its start writes nothing, and the
+    request's attempts still name its own entry, whose end then goes through."""
+    keys, client = Keys(queue), Client(r, queue)
+    rid = client.submit("first", request_id=f"{queue}-dup")
+    entry = (r.xrange(keys.stream("normal")) or [[b""]])[-1][0].decode()
+    mine = [(rid, keys.stream("normal"), entry, '{"id": "x", "status": "running"}')]
+    assert apply(r, keys, 60, "running", mine, max_attempts=3, token="w:1") == [1]
+    before = (r.get(keys.result(rid)), r.get(keys.attempts(rid)))
+    assert before[1] == f"1 normal/{entry} w:1".encode()
+    late = r.xadd(keys.stream("normal"), {"id": rid, "body": "{}"}).decode()
+    other = [(rid, keys.stream("normal"), late, '{"id": "y", "status": "running"}')]
+    assert apply(r, keys, 60, "running", other, max_attempts=3, token="w:2") == [-3]
+    assert (r.get(keys.result(rid)), r.get(keys.attempts(rid))) == before
+    assert _apply_final(r, keys, rid, "mine") == 1
 
 
 def test_an_attempts_key_written_before_ids_had_owners_still_counts_a_start_once(
