@@ -134,6 +134,7 @@ class HeldEngine(EchoEngine):
 
     def __init__(self) -> None:
         super().__init__()
+        self.ms_per_step = None  # (how long a batch holds is the test's: the first is guessed)
         self.go = threading.Event()
         self.in_batch = threading.Event()
 

@@ -48,6 +48,9 @@ class EchoEngine:
         self, step_ms: float = 0.0, prefill_us_per_token: float = 0.0, cache_tokens: int = 0
     ) -> None:
         self.step_ms = step_ms
+        self.ms_per_step: float | None = step_ms
+        """A batch's time per decode step, known before it runs (the static runner's first
+        batch needs no guess; prefill not counted)."""
         self.prefill_us_per_token = prefill_us_per_token
         self.cache = SimulatedPrefixCache(cache_tokens)
         self.prefix_room = cache_tokens

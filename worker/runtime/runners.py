@@ -41,7 +41,8 @@ POLL_SLICE_S = 0.005
 whether the doorbell rang (a request arrived: it should join the running batch now)."""
 FIRST_BATCH_GUESS_MS = 1000.0
 """What a static worker takes its first batch to last, before it has measured one: a real
-model's batch takes about this long, and guessing long only costs one hand-back."""
+model's batch takes about this long, and guessing long only costs one hand-back. (An engine
+that knows its time per decode step says so instead: echo's ``ms_per_step``.)"""
 CANCEL_CHECK_S = 0.25
 """How often a runner looks for running requests cancelled by a client."""
 
@@ -239,12 +240,15 @@ class StaticRunner(Runner):
         self.engine = engine
         self.budget = budget
         self._started_ms = 0
-        self._ms_per_step: float | None = None  # measured, weighted towards recent batches
+        # Measured, weighted towards recent batches; before the first, what the engine says
+        # (an optional ``ms_per_step``: echo's ``--echo-step-ms``), if it knows.
+        self._ms_per_step: float | None = getattr(engine, "ms_per_step", None)
 
     def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
         """Hold the batch: it runs in ``collect``, in the same turn. It will hold the loop
         (``holds_loop_ms``) for the measured time per decode step times its longest
-        ``max_new_tokens``; ``FIRST_BATCH_GUESS_MS`` before any batch was measured."""
+        ``max_new_tokens``; ``FIRST_BATCH_GUESS_MS`` before any batch was measured (unless the
+        engine knows its time per step)."""
         self.running.update((h.key, h) for h in batch)
         self._started_ms = started_ms
         per_step = self._ms_per_step
