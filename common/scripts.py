@@ -461,21 +461,11 @@ def apply(
     which APPLY answers 0 (already final) and acknowledges then."""
     pipe = r.pipeline(transaction=False) if pipe is None else pipe
     first, cluster = len(pipe), is_cluster(r)
-    if cluster:
+    if cluster:  # (one call a request: its keys and the streams' are in different slots)
         flags = list(unstarted) or [False] * len(items)
+        one: dict[str, Any] = {"acknowledge": False, "hooks": False, "streams": streams}
         calls = [
-            apply_args(
-                keys,
-                ttl_s,
-                mode,
-                [item],
-                max_attempts,
-                token,
-                acknowledge=False,
-                unstarted=[f],
-                hooks=False,
-                streams=streams,
-            )
+            apply_args(keys, ttl_s, mode, [item], max_attempts, token, unstarted=[f], **one)
             for item, f in zip(items, flags, strict=True)
         ]
     else:

@@ -475,3 +475,19 @@ def test_queue_speed_stages_says_where_each_tree_spends_its_time() -> None:
     for what in ("redis_submit_scripts", "redis_drain_cpu", "loop", "Intake.admit"):
         head, worktree, _diff = rows[what]
         assert float(head) > 0 and float(worktree) > 0, (what, rows[what])
+
+
+def test_script_cost_gives_each_scripts_time_a_request() -> None:
+    """benchmarks/script_cost.py: the read, the running mark and the final write of a few
+    small batches, each a positive time a request in Redis (one JSON line of medians)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "script_cost.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--batch", "8", "--rounds", "5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    medians = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(medians) == {"pull", "running", "final"}
+    assert all(v > 0 for v in medians.values()), medians
