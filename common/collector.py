@@ -47,7 +47,9 @@ def paused() -> Iterator[None]:
     """No collector passes inside: for a short loop that builds objects it keeps (a round of
     decoded results, in no cycle). Objects allocated meanwhile still count: the first pass
     after it comes at once if they passed the threshold. Leaves a collector that was off
-    alone."""
+    alone. Process-wide, like the collector: another thread's (or, around an ``await``,
+    another coroutine's) allocations are not collected inside either, so the clients never
+    hold it across a read that blocks."""
     if not gc.isenabled():
         yield
         return
