@@ -5,7 +5,7 @@ holds (a redelivery of one it is running or writing) are skipped.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,19 +63,20 @@ class Intake:
         delivered: Delivered,
         *,
         now_ms: int,
-        held: Sequence[Container[str]],
+        held: Sequence[Collection[str]],
     ) -> Admitted:
         """The verdicts on ``delivered``; an entry whose key (``entry_key``) is in one of
         ``held`` (the look-ahead's, the runner's, the writer's) is held already: skipped."""
         out = Admitted()
         runnable: list[tuple[str, str, Request, tuple[int, int], int]] = []
+        taken: set[str] = set().union(*held)  # (one lookup an entry, not one per container)
         for raw_stream, entries in delivered:
             stream = as_text(raw_stream)
             priority = self._priorities.get(stream) or self.keys.priority_of(stream)
             for raw_id, fields in entries:
                 entry_id = as_text(raw_id)
                 key = entry_key(stream, entry_id)
-                if any(key in keys for keys in held):
+                if key in taken:
                     continue
                 decoded = decode_request(priority, fields or {})
                 enqueued_ms = entry_time_ms(entry_id)
