@@ -185,6 +185,7 @@ def test_queue_speed_turns_runs_each_tree_of_genq_its_own(tmp_path: Path) -> Non
     )
     assert "| 1 | HEAD |" in done.stdout and "| 1 | worktree |" in done.stdout
     assert "| median | worktree |" in done.stdout and "(1.00x)" in done.stdout
+    assert "| CPU µs a job |" in done.stdout  # worker, Redis and client together
     assert "--jobs 200 --prompt-bytes 100`" in done.stdout  # each job's prompt 100 bytes more
 
 
