@@ -103,7 +103,8 @@ class Waiter:
     def next_read(self) -> tuple[dict[Any, Any], dict[Any, Any], int] | None:
         """What to read next: the oldest pending request's event stream, to block on, and up
         to ``MAX_STREAMS_PER_READ - 1`` other pending ones to read without blocking right
-        after (one pipeline), with the block time; None when the time is up.
+        after (a second read, decoded with the collector paused: ``collector.paused``), with
+        the block time; None when the time is up.
 
         Blocking on one stream costs Redis far less than on hundreds, and waits no longer: the
         wait cannot end before the oldest request is final anyway, and whatever else ended

@@ -132,9 +132,10 @@ class HeldEngine(EchoEngine):
     """Echo, but each batch waits for ``go`` (up to 20 s): a batch that runs as long as the
     test needs."""
 
+    ms_per_step = None  # (how long a batch holds is the test's: the first is guessed)
+
     def __init__(self) -> None:
         super().__init__()
-        self.ms_per_step = None  # (how long a batch holds is the test's: the first is guessed)
         self.go = threading.Event()
         self.in_batch = threading.Event()
 

@@ -48,12 +48,15 @@ class EchoEngine:
         self, step_ms: float = 0.0, prefill_us_per_token: float = 0.0, cache_tokens: int = 0
     ) -> None:
         self.step_ms = step_ms
-        self.ms_per_step: float | None = step_ms
-        """A batch's time per decode step, known before it runs (the static runner's first
-        batch needs no guess; prefill not counted)."""
         self.prefill_us_per_token = prefill_us_per_token
         self.cache = SimulatedPrefixCache(cache_tokens)
         self.prefix_room = cache_tokens
+
+    @property
+    def ms_per_step(self) -> float | None:
+        """A batch's time per decode step, known before it runs (``step_ms``; prefill not
+        counted): the static runner's first batch needs no guess."""
+        return self.step_ms
 
     def tokenize(self, prompts: Sequence[str]) -> list[list[int]]:
         """Each prompt's UTF-8 bytes."""
