@@ -56,11 +56,11 @@ def test_a_cluster_routing_error_at_a_start_keeps_the_batch_for_both_engines(
     with running_worker(redis_url, queue, engine) as worker:
         real = worker.starter.queue.mark_running
 
-        def fail_once(items: Any, token: str, held: Any = ()) -> list[int]:
+        def fail_once(items: Any, token: str, held: Any = (), read: Any = None) -> Any:
             if not failures:
                 failures.append([i[0] for i in items])
                 raise redis.exceptions.SlotNotCoveredError("slot not covered (injected)")
-            return real(items, token, held)
+            return real(items, token, held, read)
 
         worker.starter.queue.mark_running = fail_once  # type: ignore[method-assign]
         results = client.results(ids, timeout=30)
@@ -83,6 +83,40 @@ def test_both_engines_run_behind_the_same_turn(redis_url: str, queue: str) -> No
             assert c.generate("hello", max_new_tokens=3, timeout=30).status == "succeeded"
             wait_until(lambda w=worker: w.counters.succeeded == 1)  # type: ignore[misc]
             c.close()
+    client.close()
+
+
+def test_a_short_batchs_start_carries_the_next_read_while_a_backlog_waits(
+    redis_url: str, queue: str
+) -> None:
+    """Batches of echo (no step time) end before a read beside them could help: while the last
+    read left a backlog, each start's round trip reads the next batch's candidates too, and the
+    next turn plans without a read of its own. Every request still ends once."""
+    client = Client.from_url(redis_url, queue)
+    settings: dict[str, Any] = {"max_batch_size": 50, "max_lookahead": 100, "max_wait_ms": 0}
+    with worker_thread(redis_url, queue, EchoEngine(), **settings) as worker:
+        q = worker.queue
+        real_read, real_mark = q.read, q.mark_running
+        reads, starts, carried = [0], [0], [0]
+
+        def read(*args: Any, **kwargs: Any) -> Any:
+            reads[0] += 1
+            return real_read(*args, **kwargs)
+
+        def mark(*args: Any, **kwargs: Any) -> Any:
+            starts[0] += 1
+            answers, fetched = real_mark(*args, **kwargs)
+            carried[0] += fetched is not None
+            return answers, fetched
+
+        q.read, q.mark_running = read, mark  # type: ignore[method-assign]
+        ids = client.submit_many([f"job {i}" for i in range(600)], max_new_tokens=4)
+        results = client.results(ids, timeout=60)
+        wait_until(lambda: worker.counters.succeeded == 600)
+    assert [r.status for r in results] == ["succeeded"] * 600
+    assert starts[0] >= 12  # batches of 50 at most
+    assert carried[0] >= starts[0] // 2, (carried, starts, reads)
+    assert reads[0] < starts[0] - carried[0] + 5, (carried, starts, reads)  # (reads when idle)
     client.close()
 
 
@@ -127,13 +161,13 @@ def test_a_busy_worker_asks_an_empty_queue_at_most_every_read_pace(
     engine = SlowIterationEngine(hold_s=2.0)
     asks: list[float] = []
     with running_worker(redis_url, queue, engine) as worker:
-        real = worker.queue._read
+        real = worker.queue._add_read  # (each read sent to Redis, not the paced ones)
 
         def counting(*args: Any) -> Any:
             asks.append(time.monotonic())
             return real(*args)
 
-        worker.queue._read = counting  # type: ignore[method-assign]
+        worker.queue._add_read = counting  # type: ignore[method-assign]
         first = client.submit("running", max_new_tokens=4)
         wait_until(lambda: worker.runner.busy)
         asks.clear()

@@ -19,9 +19,8 @@ from genq.common import functions, history, script_calls, states
 from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
 from genq.common.keys import GROUP, RETURNED, Keys
 from genq.common.prefixes import HOLDINGS_TTL_S
-from genq.common.scripts import MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply
+from genq.common.scripts import APPLY, MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply, apply_args
 from genq.common.settings import WorkerSettings
-from genq.common.wire import as_text
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock, recovery
 from genq.worker.runtime.dead_letter import add_to_pipeline
@@ -45,6 +44,9 @@ sleeps instead of blocking on the doorbell again: the holders it rang for block 
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
+Reading = tuple[dict[str, int], tuple[int, list[str]]] | None
+"""A read sent in a start's round trip (``QueueIO.mark_running``): its room per stream and its
+probe, as ``QueueIO.read``'s; None: none."""
 
 
 TAKE_BACK = """
@@ -166,17 +168,8 @@ class QueueIO:
         return taken
 
     def starts(self, request_ids: Sequence[str]) -> dict[str, int]:
-        """How many times workers started each of these requests (its attempts key, ``STARTS
-        TOKEN``; absent: never started, or already ended)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for request_id in request_ids:
-            pipe.get(self.keys.attempts(request_id))
-        out = {}
-        for request_id, raw in zip(request_ids, pipe.execute(), strict=True):
-            if raw:
-                text = as_text(raw)
-                out[request_id] = int(text.split(" ", 1)[0])
-        return out
+        """How many times workers started each of these requests (``recovery.starts``)."""
+        return recovery.starts(self.redis, self.keys, request_ids)
 
     def read(
         self,
@@ -198,16 +191,11 @@ class QueueIO:
         per priority, up to so many more from tenants other than the ``PRIORITY|TENANT`` pairs
         named, even past the room (``Lookahead.probe``). ``total``: at most so many in all, the
         highest priorities first (0: no cap)."""
-        asked = [s for s, n in room.items() if n > 0]
-        self._pace_s = pace_s
-        if not (asked or probe[0]) or (not self._rung and self.read_wait_s() > 0):
+        self._pace_s, pipe = pace_s, self.redis.pipeline(transaction=False)
+        if not (any(room.values()) or probe[0]) or (not self._rung and self.read_wait_s() > 0):
             return []
-        woken = bool(self._rung)
-        delivered = self._read(asked, room, probe, total)
-        self._found_empty_s = None if delivered else time.monotonic()
-        if woken and delivered and self.left_waiting > 0:
-            pass_the_ring_on(self.redis, self._left_in)
-        return delivered
+        took = self._add_read(pipe, room, probe, total)
+        return took(self.tenants.weights.read_with(pipe))
 
     def read_wait_s(self) -> float:
         """How long until a paced read asks Redis again (0: it would ask now)."""
@@ -228,12 +216,13 @@ class QueueIO:
         if rung and self._unrung:  # none for this worker: not blocking, or it takes them back
             time.sleep(min(block_ms, OWN_RING_SLEEP_MS) / 1000)
 
-    def _read(
-        self, asked: list[str], room: dict[str, int], probe: tuple[int, list[str]], total: int
-    ) -> Delivered:
-        """``read`` on the streams in ``asked`` (each with room), and ``probe``."""
-        streams = self._streams
-        pipe = self.redis.pipeline(transaction=False)
+    def _add_read(
+        self, pipe: Any, room: dict[str, int], probe: tuple[int, list[str]], total: int
+    ) -> Callable[[list[Any]], Delivered]:
+        """Queue ``read``'s commands on ``pipe``; returns what takes its entries from the
+        replies, from its first command's on."""
+        streams, asked, first = self._streams, [s for s, n in room.items() if n > 0], len(pipe)
+        woken = bool(self._rung)
         by_bell: dict[str, list[Any]] = {}  # the rings heard, acknowledged and deleted
         for doorbell, ring in self._rung:
             by_bell.setdefault(doorbell, []).append(ring)
@@ -244,7 +233,7 @@ class QueueIO:
         sending = self.tenants.add_deferred(pipe)
         affinity = self.affinity
         holds = affinity.add_to(pipe) if affinity is not None and affinity.untold else 0
-        skip = len(pipe)
+        skip = len(pipe) - first
         # Entries handed back ring the doorbell: after a wait no ring ended, none came since
         # the last read's probe (one whose ring got lost is taken over after claim_idle_ms).
         probed = [] if self._unrung else asked
@@ -259,15 +248,23 @@ class QueueIO:
         script_calls.add(pipe, PULL, 1 + len(streams), *args)
         for _, backlog in self._backlogs:
             pipe.llen(backlog)
-        replies = self.tenants.weights.read_with(pipe)[skip:]
-        self._left_in = {bell: int(replies.pop()) for bell, _ in reversed(self._backlogs)}
-        self.left_waiting = sum(self._left_in.values())
-        self.tenants.sent(sending)
-        if holds and affinity is not None:
-            affinity.sent(holds)
-        fresh: Delivered = replies[-1] or []
-        back = [s for s, probe in zip(probed, replies[:-1], strict=True) if probe]
-        return self.take_back({s: room[s] for s in back}) + fresh if back else fresh
+
+        def took(replies: list[Any]) -> Delivered:
+            replies = replies[skip:]
+            self._left_in = {bell: int(replies.pop()) for bell, _ in reversed(self._backlogs)}
+            self.left_waiting = sum(self._left_in.values())
+            self.tenants.sent(sending)
+            if holds and affinity is not None:
+                affinity.sent(holds)
+            fresh: Delivered = replies[-1] or []
+            back = [s for s, probe in zip(probed, replies[:-1], strict=True) if probe]
+            delivered = self.take_back({s: room[s] for s in back}) + fresh if back else fresh
+            self._found_empty_s = None if delivered else time.monotonic()
+            if woken and delivered and self.left_waiting > 0:
+                pass_the_ring_on(self.redis, self._left_in)
+            return delivered
+
+        return took
 
     def take_back(self, room: dict[str, int]) -> Delivered:
         """Claim entries other workers handed back, up to ``room`` per stream (one script)."""
@@ -286,23 +283,37 @@ class QueueIO:
         script_calls.execute(pipe)
 
     def mark_running(
-        self, items: Sequence[ApplyItem], token: str, held: Sequence[Held] = ()
-    ) -> list[int]:
+        self,
+        items: Sequence[ApplyItem],
+        token: str,
+        held: Sequence[Held] = (),
+        read: Reading = None,
+    ) -> tuple[list[int], Delivered | None]:
         """Write these requests' ``running`` states (one APPLY call, counting a start each);
         in the same round trip, move the charges of ``held`` (the same requests) from their
         tenants' reserved to their service, and tell the prefixes held from now (before a
-        result can reach a client, who may send the next turn at once). Answers in order."""
+        result can reach a client, who may send the next turn at once). Answers in order, and
+        what ``read`` brought (None: not sent): the next batch's, in this round trip."""
         if not items:
-            return []
+            return [], None
         pipe, affinity = self.redis.pipeline(transaction=False), self.affinity
         add_starts(pipe, self.keys, held)
+        if read is not None:  # (the read tells the prefixes, before APPLY as below)
+            first, took = len(pipe), self._add_read(pipe, *read, 0)
+            ttl, attempts = self.settings.result_ttl_s, self.settings.max_attempts
+            call = apply_args(
+                self.keys, ttl, "running", items, attempts, token, streams=self._streams
+            )
+            script_calls.add(pipe, APPLY, len(call[0]), *call[0], *call[1])
+            replies = self.tenants.weights.read_with(pipe)[first:]
+            return list(replies.pop()), took(replies)
         holds = affinity.add_to(pipe) if affinity is not None and affinity.untold else 0
         args = (self.redis, self.keys, self.settings.result_ttl_s, "running", items)
         attempts, streams = self.settings.max_attempts, self._streams
         answers = apply(*args, max_attempts=attempts, pipe=pipe, token=token, streams=streams)
         if holds and affinity is not None:
             affinity.sent(holds)
-        return answers
+        return answers, None
 
     def write_final(self, outcomes: Sequence[Outcome], also: Callable[[Any], None]) -> list[int]:
         """Write these final states with their events and acknowledge their entries (one

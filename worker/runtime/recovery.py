@@ -74,6 +74,19 @@ def resume_own(
     return total
 
 
+def starts(r: redis.Redis, keys: Keys, request_ids: Sequence[str]) -> dict[str, int]:
+    """How many times workers started each of these requests (its attempts key, ``STARTS
+    ...``; absent: never started, or already ended): above 0, a worker died running it."""
+    pipe = r.pipeline(transaction=False)
+    for request_id in request_ids:
+        pipe.get(keys.attempts(request_id))
+    out = {}
+    for request_id, raw in zip(request_ids, pipe.execute(), strict=True):
+        if raw:
+            out[request_id] = int(as_text(raw).split(" ", 1)[0])
+    return out
+
+
 def own_pending(r: redis.Redis, stream: str, consumer: str) -> list[str]:
     """Ids of the entries pending for ``consumer`` on ``stream``."""
     ids: list[str] = []

@@ -148,6 +148,11 @@ class Runner:
         pool per stream, for choosing its batches)."""
         return None
 
+    def expected_ms(self, batch: Sequence[Held]) -> float | None:
+        """How long ``batch`` should keep the loop busy, if this runner runs it in the loop
+        and knows (a static runner that measured its time per step, or was told it)."""
+        return None
+
     def entries(self) -> list[tuple[str, str]]:
         """(stream, entry id) of every running request (safe from another thread)."""
         return [(h.stream, h.entry_id) for h in self.running.copy().values()]
@@ -251,10 +256,16 @@ class StaticRunner(Runner):
         engine knows its time per step)."""
         self.running.update((h.key, h) for h in batch)
         self._started_ms = started_ms
-        per_step = self._ms_per_step
-        steps = max((h.request.max_new_tokens for h in batch), default=0)
-        self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
+        expected = self.expected_ms(batch)
+        self.holds_loop_ms = FIRST_BATCH_GUESS_MS if expected is None else expected
         return []
+
+    def expected_ms(self, batch: Sequence[Held]) -> float | None:
+        """The measured time per decode step times the batch's longest ``max_new_tokens``."""
+        per_step = self._ms_per_step
+        if per_step is None:
+            return None
+        return per_step * max((h.request.max_new_tokens for h in batch), default=0)
 
     def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
         """Run the batch started this turn to the end."""

@@ -25,7 +25,7 @@ from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.outcomes import Outcome, Outcomes
-from genq.worker.runtime.queue_io import QueueIO
+from genq.worker.runtime.queue_io import Delivered, QueueIO, Reading
 from genq.worker.runtime.runners import Runner
 
 log = logging.getLogger("genq.worker")
@@ -61,11 +61,12 @@ class Starter:
         self.max_batch_size = max_batch_size
 
     def mark_running(
-        self, batch: Sequence[Held], started_ms: int
-    ) -> tuple[list[Held], list[Outcome]]:
-        """Mark ``batch`` running in one script call. Returns the requests to run, and the
+        self, batch: Sequence[Held], started_ms: int, read: Reading = None
+    ) -> tuple[list[Held], list[Outcome], Delivered | None]:
+        """Mark ``batch`` running in one script call. Returns the requests to run, the
         outcomes of those that must not: a deadline that passed (expired), a request started
-        ``max_attempts`` times already (poison). One already final (cancelled, or finished
+        ``max_attempts`` times already (poison), and what ``read`` brought (the next batch's,
+        in the same round trip; None: not sent). One already final (cancelled, or finished
         elsewhere) is acknowledged by the script and dropped."""
         outcomes = self.outcomes
         now = now_ms()
@@ -90,7 +91,8 @@ class Starter:
             )
             for h in todo
         ]
-        answers = self.queue.mark_running(items, token=f"{self.consumer}:{started_ms}", held=todo)
+        token = f"{self.consumer}:{started_ms}"
+        answers, fetched = self.queue.mark_running(items, token=token, held=todo, read=read)
         live = [h for h, a in zip(todo, answers, strict=True) if a == Applied.WRITTEN]
         poison = [h for h, a in zip(todo, answers, strict=True) if a == Applied.POISON]
         gone = (Applied.ALREADY_FINAL, Applied.DUPLICATE)  # acknowledged: nothing runs
@@ -109,7 +111,7 @@ class Starter:
             )
             for h in late
         ]
-        return live, ended + [self._poison(h) for h in poison]
+        return live, ended + [self._poison(h) for h in poison], fetched
 
     def _poison(self, h: Held) -> Outcome:
         """A request started ``max_attempts`` times, every time by a worker that died: fail it

@@ -3,8 +3,8 @@ are built and wired in ``builder.py`` (``build_worker``); this module only runs 
 
     join:   consumer groups and the queue's config, heartbeat, this consumer's own pending
     turn:   read (reclaim dead workers' entries, read, admit) -> plan -> launch (mark
-            running, hand to the runner) -> advance (collect what finished, write it to the
-            writer thread)
+            running, with the next read for a short batch; hand to the runner) -> advance
+            (collect what finished, write it to the writer thread)
     beside: the ClaimKeeper thread renews this worker's claims and heartbeat (recovery.py);
             the ResultWriter thread writes results, events, acks and stats (writer.py);
             the DoorbellListener thread wakes a generating loop for arrivals (doorbell.py);
@@ -105,6 +105,7 @@ class Worker:
     _stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     asks: ReadAsks = field(init=False)  # what a read asks for, from what the worker holds
+    carried: bool = field(default=False, init=False)  # the last start read (``start``)
     consumer: str = field(init=False)  # this worker's consumer name in the group
 
     def __post_init__(self) -> None:
@@ -180,7 +181,7 @@ class Worker:
         (draining) it runs what is held and takes nothing new."""
         if time.monotonic() >= min(self.stats.due_s, clock.sync_due_s):
             self.heartbeat()  # (else neither would do anything)
-        covered = False
+        covered, self.carried = self.carried, False  # (the last start read: ``start``)
         if self.batch_reads.taken is False:  # a window since the last take
             fetched, covered = self.batch_reads.take()
             self.admit(fetched)
@@ -191,7 +192,7 @@ class Worker:
         if self.runner.preempts:
             self.runner.rebalance(self.lookahead.asks, self.settings.max_batch_size)
         decision = self.plan(wait_to_fill=reading and self.runner.waits_to_fill)
-        self.launch(decision)
+        self.launch(decision, reading)
         self.advance(reading)
         if reading and not decision.batch and not self.runner.running:
             self.idle(decision.wait_ms if self.lookahead.waiting else None)
@@ -210,7 +211,7 @@ class Worker:
             s = self.queue.idle_pace_s  # idle: a ring ends the wait (``QueueIO.read``)
         self.admit(self.queue.read(room, pace_s=0.0 if rung else s, probe=probe, total=total))
 
-    def launch(self, decision: Decision) -> None:
+    def launch(self, decision: Decision, reading: bool = True) -> None:
         """Start the batch the plan chose: the order and the arrival estimate learn of it, it
         is marked running and handed to the runner; what waits behind a long batch goes back."""
         if decision.reason == "waiting":
@@ -223,7 +224,7 @@ class Worker:
         batch = self.lookahead.take(c.key for c in decision.batch)
         if self.prefixes.tracks_adapters or any(c.prefix for c in decision.batch):
             self.prefixes.started(batch)  # told with the start's round trip (``mark_running``)
-        self.write(self.start(batch))
+        self.write(self.start(batch, reading))
         if self.lookahead.waiting:  # (what waits behind a long batch)
             self.starter.hand_back(self.lookahead, self.runner)
 
@@ -327,18 +328,21 @@ class Worker:
             weights=self.tenants.weights.now,
         )
 
-    def start(self, batch: list[Held]) -> list[Outcome]:
-        """Mark ``batch`` running and hand it to the runner. If Redis fails before anything
-        started (any Redis error, cluster routing errors included), the batch goes back to the
-        look-ahead: nothing is dropped untracked."""
-        started_ms = now_ms()
+    def start(self, batch: list[Held], reading: bool = False) -> list[Outcome]:
+        """Mark ``batch`` running (its start may carry the next read: ``ReadAsks.with_start``)
+        and hand it to the runner. If Redis fails first, the batch goes back to waiting."""
+        started_ms, read = now_ms(), self.asks.with_start(batch) if reading else None
         try:
-            live, outcomes = self.starter.mark_running(batch, started_ms)
+            live, outcomes, fetched = self.starter.mark_running(batch, started_ms, read)
         except REDIS_ERRORS:
             self.lookahead.put_back(batch)
             raise
         self.lookahead.started(batch)
-        return outcomes + self.runner.start(live, started_ms)
+        outcomes += self.runner.start(live, started_ms)
+        if fetched is not None:  # (admitted once the batch is the runner's: held once)
+            self.carried = True
+            self.admit(fetched)
+        return outcomes
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -357,8 +361,7 @@ class Worker:
         self.writer.put(list(outcomes))
 
     def account_written(self) -> None:
-        """Count what the writer found already final since the last call (the counters are
-        the loop's own: the writer thread never touches them)."""
+        """Count what the writer found already final since the last call (the loop's own)."""
         for _batch, answers in self.writer.take_written():
             if Applied.ALREADY_FINAL in answers or Applied.DUPLICATE in answers:
                 self.counters.count_answers(answers)
