@@ -161,13 +161,13 @@ def test_a_busy_worker_asks_an_empty_queue_at_most_every_read_pace(
     engine = SlowIterationEngine(hold_s=2.0)
     asks: list[float] = []
     with running_worker(redis_url, queue, engine) as worker:
-        real = worker.queue._add_read  # (each read sent to Redis, not the paced ones)
+        real = worker.queue._read  # (each read sent to Redis, not the paced ones)
 
         def counting(*args: Any) -> Any:
             asks.append(time.monotonic())
             return real(*args)
 
-        worker.queue._add_read = counting  # type: ignore[method-assign]
+        worker.queue._read = counting  # type: ignore[method-assign]
         first = client.submit("running", max_new_tokens=4)
         wait_until(lambda: worker.runner.busy)
         asks.clear()

@@ -44,9 +44,13 @@ sleeps instead of blocking on the doorbell again: the holders it rang for block 
 
 Delivered = list[tuple[Any, list[Any]]]
 """An XREADGROUP reply: ``[[stream, [[entry id, fields], ...]], ...]``."""
-Reading = tuple[dict[str, int], tuple[int, list[str]]] | None
+Probe = tuple[int, list[str]]
+"""A read's probe for tenants a worker holds none of (``QueueIO.read``)."""
+Reading = tuple[dict[str, int], Probe] | None
 """A read sent in a start's round trip (``QueueIO.mark_running``): its room per stream and its
 probe, as ``QueueIO.read``'s; None: none."""
+Adds = Callable[[Any], None] | None
+"""What queues more commands on a pipeline (``QueueIO._read``'s ``more``)."""
 
 
 TAKE_BACK = """
@@ -172,11 +176,7 @@ class QueueIO:
         return recovery.starts(self.redis, self.keys, request_ids)
 
     def read(
-        self,
-        room: dict[str, int],
-        pace_s: float = 0.0,
-        probe: tuple[int, list[str]] = (0, []),
-        total: int = 0,
+        self, room: dict[str, int], pace_s: float = 0.0, probe: Probe = (0, []), total: int = 0
     ) -> Delivered:
         """Entries for this worker, each stream up to its room.
 
@@ -194,8 +194,7 @@ class QueueIO:
         self._pace_s, pipe = pace_s, self.redis.pipeline(transaction=False)
         if not (any(room.values()) or probe[0]) or (not self._rung and self.read_wait_s() > 0):
             return []
-        took = self._add_read(pipe, room, probe, total)
-        return took(self.tenants.weights.read_with(pipe))
+        return self._read(pipe, room, probe, total)[0]
 
     def read_wait_s(self) -> float:
         """How long until a paced read asks Redis again (0: it would ask now)."""
@@ -216,12 +215,13 @@ class QueueIO:
         if rung and self._unrung:  # none for this worker: not blocking, or it takes them back
             time.sleep(min(block_ms, OWN_RING_SLEEP_MS) / 1000)
 
-    def _add_read(
-        self, pipe: Any, room: dict[str, int], probe: tuple[int, list[str]], total: int
-    ) -> Callable[[list[Any]], Delivered]:
-        """Queue ``read``'s commands on ``pipe``; returns what takes its entries from the
-        replies, from its first command's on."""
-        streams, asked, first = self._streams, [s for s, n in room.items() if n > 0], len(pipe)
+    def _read(
+        self, pipe: Any, room: dict[str, int], probe: Probe, total: int, more: Adds = None
+    ) -> tuple[Delivered, Any]:
+        """``read``'s commands on ``pipe`` (after what it holds), then ``more(pipe)``'s (one
+        reply: the APPLY of the start that carries this read), in one round trip: what it
+        read, and ``more``'s reply (None without)."""
+        streams, asked = self._streams, [s for s, n in room.items() if n > 0]
         woken = bool(self._rung)
         by_bell: dict[str, list[Any]] = {}  # the rings heard, acknowledged and deleted
         for doorbell, ring in self._rung:
@@ -233,7 +233,7 @@ class QueueIO:
         sending = self.tenants.add_deferred(pipe)
         affinity = self.affinity
         holds = affinity.add_to(pipe) if affinity is not None and affinity.untold else 0
-        skip = len(pipe) - first
+        skip = len(pipe)
         # Entries handed back ring the doorbell: after a wait no ring ended, none came since
         # the last read's probe (one whose ring got lost is taken over after claim_idle_ms).
         probed = [] if self._unrung else asked
@@ -248,23 +248,23 @@ class QueueIO:
         script_calls.add(pipe, PULL, 1 + len(streams), *args)
         for _, backlog in self._backlogs:
             pipe.llen(backlog)
-
-        def took(replies: list[Any]) -> Delivered:
-            replies = replies[skip:]
-            self._left_in = {bell: int(replies.pop()) for bell, _ in reversed(self._backlogs)}
-            self.left_waiting = sum(self._left_in.values())
-            self.tenants.sent(sending)
-            if holds and affinity is not None:
-                affinity.sent(holds)
-            fresh: Delivered = replies[-1] or []
-            back = [s for s, probe in zip(probed, replies[:-1], strict=True) if probe]
-            delivered = self.take_back({s: room[s] for s in back}) + fresh if back else fresh
-            self._found_empty_s = None if delivered else time.monotonic()
-            if woken and delivered and self.left_waiting > 0:
-                pass_the_ring_on(self.redis, self._left_in)
-            return delivered
-
-        return took
+        if more is not None:
+            more(pipe)
+        replies = self.tenants.weights.read_with(pipe)
+        extra = replies.pop() if more is not None else None
+        replies = replies[skip:]
+        self._left_in = {bell: int(replies.pop()) for bell, _ in reversed(self._backlogs)}
+        self.left_waiting = sum(self._left_in.values())
+        self.tenants.sent(sending)
+        if holds and affinity is not None:
+            affinity.sent(holds)
+        fresh: Delivered = replies[-1] or []
+        back = [s for s, probe in zip(probed, replies[:-1], strict=True) if probe]
+        delivered = self.take_back({s: room[s] for s in back}) + fresh if back else fresh
+        self._found_empty_s = None if delivered else time.monotonic()
+        if woken and delivered and self.left_waiting > 0:
+            pass_the_ring_on(self.redis, self._left_in)
+        return delivered, extra
 
     def take_back(self, room: dict[str, int]) -> Delivered:
         """Claim entries other workers handed back, up to ``room`` per stream (one script)."""
@@ -299,14 +299,17 @@ class QueueIO:
         pipe, affinity = self.redis.pipeline(transaction=False), self.affinity
         add_starts(pipe, self.keys, held)
         if read is not None:  # (the read tells the prefixes, before APPLY as below)
-            first, took = len(pipe), self._add_read(pipe, *read, 0)
             ttl, attempts = self.settings.result_ttl_s, self.settings.max_attempts
             call = apply_args(
                 self.keys, ttl, "running", items, attempts, token, streams=self._streams
             )
-            script_calls.add(pipe, APPLY, len(call[0]), *call[0], *call[1])
-            replies = self.tenants.weights.read_with(pipe)[first:]
-            return list(replies.pop()), took(replies)
+            fetched, answers = self._read(
+                pipe,
+                *read,
+                0,
+                more=lambda p: script_calls.add(p, APPLY, len(call[0]), *call[0], *call[1]),
+            )
+            return list(answers), fetched
         holds = affinity.add_to(pipe) if affinity is not None and affinity.untold else 0
         args = (self.redis, self.keys, self.settings.result_ttl_s, "running", items)
         attempts, streams = self.settings.max_attempts, self._streams

@@ -256,8 +256,9 @@ class StaticRunner(Runner):
         engine knows its time per step)."""
         self.running.update((h.key, h) for h in batch)
         self._started_ms = started_ms
-        expected = self.expected_ms(batch)
-        self.holds_loop_ms = FIRST_BATCH_GUESS_MS if expected is None else expected
+        per_step = self._ms_per_step  # (``expected_ms``, inlined: on every batch's path)
+        steps = max((h.request.max_new_tokens for h in batch), default=0)
+        self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
         return []
 
     def expected_ms(self, batch: Sequence[Held]) -> float | None:

@@ -177,8 +177,7 @@ class Worker:
     # -- the turn --------------------------------------------------------------------------
 
     def turn(self, reading: bool = True) -> None:
-        """One turn: read, plan, start, advance (collect, write). Without ``reading``
-        (draining) it runs what is held and takes nothing new."""
+        """One turn: read, plan, start, advance; without ``reading`` (draining), no new work."""
         if time.monotonic() >= min(self.stats.due_s, clock.sync_due_s):
             self.heartbeat()  # (else neither would do anything)
         covered, self.carried = self.carried, False  # (the last start read: ``start``)
@@ -331,7 +330,8 @@ class Worker:
     def start(self, batch: list[Held], reading: bool = False) -> list[Outcome]:
         """Mark ``batch`` running (its start may carry the next read: ``ReadAsks.with_start``)
         and hand it to the runner. If Redis fails first, the batch goes back to waiting."""
-        started_ms, read = now_ms(), self.asks.with_start(batch) if reading else None
+        backlog = reading and self.queue.left_waiting > 0  # (else ``with_start`` says None)
+        started_ms, read = now_ms(), self.asks.with_start(batch) if backlog else None
         try:
             live, outcomes, fetched = self.starter.mark_running(batch, started_ms, read)
         except REDIS_ERRORS:
