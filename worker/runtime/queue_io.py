@@ -298,7 +298,8 @@ class QueueIO:
             return [], None
         pipe, affinity = self.redis.pipeline(transaction=False), self.affinity
         add_starts(pipe, self.keys, held)
-        if read is not None:  # (the read tells the prefixes, before APPLY as below)
+        if read is not None:  # (the read tells the prefixes; APPLY queued after it, not ``apply``:
+            # that would run the pipe and keep only its own replies)
             ttl, attempts = self.settings.result_ttl_s, self.settings.max_attempts
             call = apply_args(
                 self.keys, ttl, "running", items, attempts, token, streams=self._streams

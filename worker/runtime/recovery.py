@@ -76,7 +76,7 @@ def resume_own(
 
 def starts(r: redis.Redis, keys: Keys, request_ids: Sequence[str]) -> dict[str, int]:
     """How many times workers started each of these requests (its attempts key, ``STARTS
-    ...``; absent: never started, or already ended): above 0, a worker died running it."""
+    ENTRY TOKEN``; absent: never started, or already ended): above 0, a worker died running it."""
     pipe = r.pipeline(transaction=False)
     for request_id in request_ids:
         pipe.get(keys.attempts(request_id))
