@@ -1,8 +1,9 @@
-"""What a worker's three scripts cost Redis per request, with nothing else running: the read
-(PULL, a lone tenant's path), the running mark (APPLY ``running``) and the final write (APPLY
-``final``), each over a batch of ``--batch`` requests, ``--rounds`` batches; Redis' own time
-for the call (INFO commandstats, what the script calls included), µs a request, the median and
-the lowest of the rounds (the first two left out: the scripts' first calls load them).
+"""What the queue's four scripts cost Redis per request, with nothing else running: the
+client's submission (SUBMIT), a worker's read (PULL, a lone tenant's path), the running mark
+(APPLY ``running``) and the final write (APPLY ``final``), each over a batch of ``--batch``
+requests, ``--rounds`` batches; Redis' own time for the call (INFO commandstats, what the
+script calls included), µs a request, the median and the lowest of the rounds (the first two
+left out: the scripts' first calls load them).
 
 ``queue_speed_stages.py`` says where a whole run's time goes; this isolates the scripts, for
 changes to their Lua (a round of the two is quick: run it on each tree, taking turns).
@@ -39,15 +40,16 @@ def scripts_usec(r: redis.Redis) -> float:
 
 def measure(batch: int, rounds: int) -> dict[str, list[float]]:
     """µs a request of each script, per round."""
-    out: dict[str, list[float]] = {"pull": [], "running": [], "final": []}
+    out: dict[str, list[float]] = {"submit": [], "pull": [], "running": [], "final": []}
     with RedisServer() as server:
         r = redis.Redis(port=server.port)
         keys = Keys("cost")
-        Client.from_url(server.url, "cost").submit_many(
-            [f"job {i} " for i in range(batch * rounds)], max_new_tokens=16
-        )
+        client = Client.from_url(server.url, "cost")
         streams = keys.streams()
         for k in range(rounds):
+            before = scripts_usec(r)  # one SUBMIT call a round (--batch at most 500)
+            client.submit_many([f"job {k} {i} " for i in range(batch)], max_new_tokens=16)
+            out["submit"].append((scripts_usec(r) - before) / batch)
             now_ms = int(time.time() * 1000)
             room = [batch] * len(streams)
             args = [keys.config, *streams, "w0", "fair", now_ms, 100_000, *room, batch, 0, 0, 150]

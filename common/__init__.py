@@ -14,6 +14,7 @@ module             what it holds
 ``scripts``        the ``SUBMIT`` and ``APPLY`` Lua scripts and what they answer
 ``script_calls``   scripts sent by hash (EVALSHA), the source only where Redis lacks it
 ``fair_share``     the Lua of tenants' fair share: indexes, a worker's read and hand-back
+``claims``         the read's claim of waiting entries: by id alone, read back in one range
 ``prefixes``       prefix keys (no tokenizer), their scoping per tenant, the read's affinity
 ``tenants``        ``TenantSettings``: weight, tokens per minute, most queued; stored
 ``webhooks``       the webhook hook's Lua (APPLY adds events to the outbox) and owner keys

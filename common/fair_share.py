@@ -13,6 +13,7 @@ script's keys stay in one Redis Cluster slot.
 from __future__ import annotations
 
 from genq.common import models
+from genq.common.claims import CLAIM_LUA
 from genq.common.keys import GROUP, QUEUED
 from genq.common.prefixes import AFFINITY_LUA, SCOPED_LUA
 from genq.common.wire import BODY_FIELD, NUMBER_LUA
@@ -223,34 +224,34 @@ PULL = (
 --       tokens (a limited tenant's burst), then per stream: how many entries at most; then
 --       how many in all (0: no cap; a continuous reader: its free slots, taken from the
 --       highest priority first, so that it never holds a low request a high one still
---       waiting would have to pass); then the probe: per
---       priority, up to so many more from tenants the reader holds none of there (0: none; a
---       static reader with a fair order: a tenant that arrived behind another's backlog is
---       read before its next batch, not after it); the affinity's wait in ms (0: none, read
---       in order) and load factor x 100 (prefixes.py); and the 'PRIORITY|TENANT' pairs it holds
+--       waiting would have to pass); then the probe: per priority, up to so many more from
+--       tenants the reader holds none of there (0: none; a static reader with a fair order:
+--       a tenant that arrived behind another's backlog is read before its next batch, not
+--       after it); the affinity's wait in ms (0: none, read in order) and load factor x 100
+--       (prefixes.py); and the 'PRIORITY|TENANT' pairs it holds
 -- A worker's read: per priority, the waiting entries of the active tenants, fairly: each next entry
 -- is the oldest of the tenant with the least weighted tokens per unit of weight, served (vtc: what
 -- workers started) and reserved (what they read and have not started yet) (VTC; 'fifo': the oldest
 -- waiting entry, whoever sent it) among those under their tokens-per-minute, claimed from {QUEUED}
--- (JUSTID) for this consumer. Each is charged at once, by an upper bound from its body (PROMPT_EST
--- = the body's bytes: a prompt has no more tokens than bytes; and its max_new_tokens, times its
--- choices ``n``: 'charge' below, ``policy.fair_share.charge`` in Python): weighted PROMPT_EST + 2 x
--- max_new_tokens to the tenant's reserved, PROMPT_EST + max_new_tokens to its last minute and to
--- its token bucket; the worker corrects the estimate once it has tokenized the prompt, moves it
--- from reserved to vtc when it starts the request, and refunds what was not used when the request
--- ends. (Reserved apart from served: a tenant back from idle is lifted to the lowest served, not to
--- what others merely hold, which a hand-back returns.) A tenant with a tokens-per-minute N is read
--- only while its bucket (refilled at N a minute, holding at most min(N, the batch budget)) is above
--- 0: in any 60 s it takes at most N plus one batch's tokens, evenly, not in a burst at each
--- minute's turn. Entries a plain XADD added are swept into the indexes first. Returns XREADGROUP's
--- shape.
+-- for this consumer (claims.py: ``claim``). Each is charged at once, by an upper bound from its
+-- body (PROMPT_EST = the body's bytes: a prompt has no more tokens than bytes; and its
+-- max_new_tokens, times its choices ``n``: 'charge' below, ``policy.fair_share.charge`` in Python):
+-- weighted PROMPT_EST + 2 x max_new_tokens to the tenant's reserved, PROMPT_EST + max_new_tokens to
+-- its last minute and to its token bucket; the worker corrects the estimate once it has tokenized
+-- the prompt, moves it from reserved to vtc when it starts the request, and refunds what was not
+-- used when the request ends. (Reserved apart from served: a tenant back from idle is lifted to the
+-- lowest served, not to what others merely hold, which a hand-back returns.) A tenant with a
+-- tokens-per-minute N is read only while its bucket (refilled at N a minute, holding at most min(N,
+-- the batch budget)) is above 0: in any 60 s it takes at most N plus one batch's tokens, evenly,
+-- not in a burst at each minute's turn. Entries a plain XADD added are swept into the indexes
+-- first. Returns XREADGROUP's shape.
 local me, fifo = ARGV[1], ARGV[2] == 'fifo'
 if ARGV[2] ~= 'fifo' and ARGV[2] ~= 'fair' then
   return redis.error_reply('ERR genq PULL: unknown read rule ' .. tostring(ARGV[2]))
 end
 local now_ms, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now_s = math.floor(now_ms / 1000)
-{AFFINITY_LUA}
+{AFFINITY_LUA}{CLAIM_LUA}
 local NS = #KEYS - 1  -- the work streams: 3 per lane
 local A = 5 + NS  -- ARGV[A]: the cap in all; the rooms per stream (ARGV[5 .. 4 + NS]) before it
 AFF_WAIT_MS = tonumber(ARGV[A + 2] or '0') or 0
@@ -354,9 +355,8 @@ local function take(s, p, score, got, room, given)
       held_back[best] = true
     else
       popped[BASE] = (popped[BASE] or 0) + 1
-      -- XCLAIM answers only an entry still pending (a cancelled one is, until a worker
-      -- acknowledges it; one acknowledged and deleted is not), with its fields.
-      local found = redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, id)
+      -- Only an entry still pending (a cancelled one is until acknowledged), with its fields.
+      local found = claim(KEYS[s], me, {{id}})
       if #found > 0 and found[1] then
         table.insert(got, found[1])
         given[best] = true
@@ -396,7 +396,7 @@ for s_order = 0, NS - 1 do
       if #ids > 0 then
         popped[BASE] = (popped[BASE] or 0) + #ids
         local w, tok = 0, 0
-        for _, e in ipairs(redis.call('XCLAIM', KEYS[s], '{GROUP}', me, 0, unpack(ids))) do
+        for _, e in ipairs(claim(KEYS[s], me, ids)) do
           if e then
             table.insert(got, e)
             local est, max_new = charge(body_of(e[2]))

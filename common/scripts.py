@@ -16,9 +16,7 @@ Each runs inside Redis as one step, so there is no window between a check and a 
   does not own its id (a second plain XADD with an id already in use) changes nothing: it is
   acknowledged as a duplicate.
 
-Callers send them by their hash (``script_calls``: EVALSHA, and the source again only for a
-call that answered NOSCRIPT, after a Redis restart or ``SCRIPT FLUSH``; the other commands of
-its pipeline are not repeated).
+Callers send them by their hash (``script_calls``: EVALSHA; the source only after NOSCRIPT).
 
 Keys are passed as KEYS (never built in Lua), so every key still comes from ``keys.py``.
 The same Lua is also loaded as a Redis Functions library (``functions.py``) for clients in
@@ -43,11 +41,11 @@ from genq.common.wire import BODY_FIELD, EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FIN
 QUEUE_FULL_PREFIX = "GENQ_QUEUE_FULL"
 """Start of the error SUBMIT returns when the queue is full (the client raises QueueFull)."""
 INVALID_PREFIX = "GENQ_INVALID"
+"""Start of the error SUBMIT returns for a call it cannot take (a bad id, priority or body)."""
 TENANT_FULL_PREFIX = "GENQ_TENANT_FULL"
+"""Start of the error SUBMIT returns when a tenant has ``max_queued`` requests waiting."""
 PRIORITY_DENIED_PREFIX = "GENQ_PRIORITY_DENIED"
 """Start of the error SUBMIT returns for a request above its tenant's ``max_priority``."""
-"""Start of the error SUBMIT returns when a tenant has ``max_queued`` requests waiting."""
-"""Start of the error SUBMIT returns for a call it cannot take (a bad id, priority or body)."""
 MAX_QUEUE_DEPTH_FIELD = "max_queue_depth"
 """The field of the queue's config hash holding its maximum depth (0 or absent: no limit)."""
 GROUPS_FIELD = "groups"
@@ -132,8 +130,10 @@ for i = 1, n do  -- everything is checked before anything is written: all or not
     queued[i] = '{{"id":"' .. id .. '","status":"queued","priority":"' .. priority
       .. '","tenant":"' .. tenant .. '","metadata":' .. meta .. '}}'
   end
-  -- The client's queued state names the tenant before anything the request wrote (metadata).
-  tenant_of[i] = string.match(queued[i], '"tenant":"([^"]*)"') or '{DEFAULT_TENANT}'
+  -- The client's queued state names the tenant before anything the request wrote (metadata):
+  -- found as plain text first (a pattern's search from each place took 5 µs a request).
+  local at = string.find(queued[i], '"tenant":"', 1, true)
+  tenant_of[i] = at and string.match(queued[i], '^([^"]*)"', at + 10) or '{DEFAULT_TENANT}'
   raw_of[i] = raw_key(body, doc)
   model_of[i] = model_of[i] or string.match(body, '^{{"model":"([^"]*)"') or ''
   if not tenant_ok(tenant_of[i]) then

@@ -473,6 +473,36 @@ def test_a_lone_tenants_requests_are_read_in_order_and_charged_in_one_go(
     assert r.llen(keys.waiting) == 0 and not r.smembers(keys.active("normal"))
 
 
+def test_a_read_claims_entries_out_of_order_and_far_apart_as_xclaim_would(
+    redis_url: str, queue: str, r: redis.Redis
+) -> None:
+    # The read claims by id alone and reads the fields back over the ids' span (claims.py): an
+    # index out of stream order (hand-backs, prefixes picked first), ids far apart, and an
+    # entry deleted while waiting must still give exactly XCLAIM's answer, in the index's order.
+    keys = Keys(queue)
+    Client.from_url(redis_url, queue).submit_many([f"p{i}" for i in range(80)], tenant="solo")
+    index = keys.tenant_index("normal", "solo")
+    ids = [i.decode() for i in r.lrange(index, 0, -1)]
+    order = [ids[70], ids[2], ids[3], ids[4], ids[79], ids[0], ids[40], ids[41]]
+    r.delete(index)
+    r.rpush(index, *order, *[i for i in ids if i not in order])
+    r.xdel(keys.stream("normal"), ids[3])  # gone while waiting: XCLAIM skips it
+    got = pull(r, keys, len(order))
+    want = [70, 2, 4, 79, 0, 40, 41]
+    assert [json.loads(b)["prompt"] for _, b in got] == [f"p{i}" for i in want]
+    mine = r.xpending_range(keys.stream("normal"), GROUP, "-", "+", 100, consumername="reader")
+    assert sorted(m["message_id"].decode() for m in mine) == sorted(ids[i] for i in want)
+    waiting = r.xpending_range(keys.stream("normal"), GROUP, "-", "+", 100, consumername=QUEUED)
+    assert len(waiting) == 80 - len(order)
+    rest = [i for i in ids if i not in order]  # in order: 1, 5, 6, ..., 78
+    r.delete(index)
+    r.rpush(index, rest[0], rest[-1], *rest[1:-1])
+    far = pull(r, keys, 2)  # their span is longer than the one XRANGE reads
+    assert [json.loads(b)["prompt"] for _, b in far] == ["p1", "p78"]
+    near = pull(r, keys, 5)  # one after another: all in the span
+    assert [json.loads(b)["prompt"] for _, b in near] == ["p5", "p6", "p7", "p8", "p9"]
+
+
 def test_a_read_over_several_priorities_charges_each_of_them(
     redis_url: str, queue: str, r: redis.Redis
 ) -> None:
