@@ -99,13 +99,13 @@ class Outcomes:
         """A request that generated its text."""
         r = held.request
         calls = None if r.tools is None else self._tool_calls(r, out)
-        state = states.succeeded(
-            request_id=r.id,
-            priority=r.priority,
-            tenant=r.tenant,
-            metadata=r.metadata,
-            text=out.text,
-            finish_reason="tool_calls" if calls else out.finish_reason,
+        state = states.succeeded(  # six by position: 19 keywords cost 1.5 µs more (states.py)
+            r.id,
+            r.priority,
+            r.tenant,
+            r.metadata,
+            out.text,
+            "tool_calls" if calls else out.finish_reason,
             prompt_tokens=len(held.prompt_ids),
             completion_tokens=out.completion_tokens,
             cached_tokens=min(out.cached_tokens, len(held.prompt_ids)),
