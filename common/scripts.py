@@ -302,7 +302,7 @@ for i = 1, n_items do
   -- the caller never started (s < 0: expired, malformed); one it started was checked then.
   local check = mode == 'running' or s < 0
   s = math.abs(s)
-  local entry = s > 0 and PRIORITY[(s - 1) % 3 + 1] .. '/' .. eid or ''
+  local entry = check and s > 0 and PRIORITY[(s - 1) % 3 + 1] .. '/' .. eid or ''
   check = check and entry ~= '' and mode ~= 'cancel'
   local starts, owner, last = 0, nil, nil
   local slot = entry ~= '' and entry or '-'
@@ -311,7 +311,7 @@ for i = 1, n_items do
     -- Written blind as a first start's (the common case), its old value read back by the same
     -- command; put right below where there was one, or where nothing starts.
     prior = redis.call('SET', att, '1 ' .. slot .. ' ' .. token, 'EX', ttl, 'GET')
-    starts, owner, last = attempts(prior or nil)
+    if prior then starts, owner, last = attempts(prior) end  -- none: 0, nil, nil as above
   elseif check then
     starts, owner, last = attempts(redis.call('GET', att))
   end
