@@ -478,17 +478,28 @@ def test_queue_speed_stages_says_where_each_tree_spends_its_time() -> None:
         assert float(head) > 0 and float(worktree) > 0, (what, rows[what])
 
 
+def _bench(name: str, *args: str) -> str:
+    """What ``benchmarks/NAME ARGS`` printed (it must succeed within two minutes)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / name
+    command = [sys.executable, str(script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
 def test_script_cost_gives_each_scripts_time_a_request() -> None:
-    """benchmarks/script_cost.py: the read, the running mark and the final write of a few
-    small batches, each a positive time a request in Redis (one JSON line of medians)."""
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "script_cost.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--batch", "8", "--rounds", "5", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    medians = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(medians) == {"pull", "running", "final"}
+    """benchmarks/script_cost.py: the submission, the read, the running mark and the final
+    write of a few small batches, each a positive time a request in Redis (one JSON line of
+    medians)."""
+    out = _bench("script_cost.py", "--batch", "8", "--rounds", "5", "--json")
+    medians = json.loads(out.strip().splitlines()[-1])
+    assert set(medians) == {"submit", "pull", "running", "final"}
     assert all(v > 0 for v in medians.values()), medians
+
+
+def test_script_turns_compares_a_revisions_scripts_with_the_checkouts() -> None:
+    """benchmarks/script_turns.py: a revision's Lua and this checkout's, in turns on one
+    redis-server: a row per script, each tree's time a request positive."""
+    out = _bench("script_turns.py", "--rev", "HEAD", "--batch", "8", "--rounds", "6")
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")]
+    by_script = {row[1].strip(): row for row in rows[1:]}
+    assert set(by_script) == {"submit", "pull", "running", "final"}, out
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in by_script.values())
