@@ -93,8 +93,8 @@ def succeeded(
     tool_calls: list[dict[str, Any]] | None = None,
 ) -> str:
     """The final state of a request that generated its text (``logprobs``: asked for;
-    ``choices``: all of them, for ``n`` > 1). The first six may come by position: a call of 16
-    keywords or more costs CPython 3.11 four times one of 15 (the worker's, every request)."""
+    ``choices``: all of them, for ``n`` > 1). The first six may come by position: CPython
+    3.11 takes a slower path for a call of 16 keywords or more (the worker's: 0.4 µs less)."""
     state: dict[str, Any] = {
         "id": request_id,
         "status": "succeeded",
