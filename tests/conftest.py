@@ -37,6 +37,19 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 _queue_names = itertools.count()
 
+SLOWEST_FILES = ("test_vllm_engine.py", "test_bench.py", "test_gpu_check.py", "test_preemption.py")
+"""Collected first. pytest-xdist hands whole files to its two processes in collection order
+(``--dist loadfile --no-loadscope-reorder``, pyproject.toml): a long file handed out last runs
+alone at the end. By ``--durations`` (session 42) these four take 454, 421, 175 and 103 s of
+2,550; longest first, the two processes end within a minute of each other instead of three.
+Only the order changes, never what runs."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of ``SLOWEST_FILES`` first, in that order; the rest as collected."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable)
+
 
 def wait_until(
     predicate: Callable[[], object], timeout_s: float = 30.0, every_s: float = 0.02

@@ -20,7 +20,7 @@ from genq.common.keys import DEFAULT_MODEL_FIELD, Keys
 from genq.common.settings import WorkerSettings
 from genq.worker.devtools.redis_server import RedisServer
 
-from tests.conftest import WorkerProcess
+from tests.conftest import SLOWEST_FILES, WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENING = (ROOT / "README.md").read_text()
@@ -88,6 +88,12 @@ def test_readme_opens_with_the_two_commands() -> None:
     blocks = re.findall(r"```bash\n(.*?)```", OPENING, re.S)
     assert blocks[0].strip() == "bash scripts/setup.sh && .venv/bin/genq demo"
     assert blocks[1].strip() == "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2"
+
+
+def test_the_files_scheduled_first_exist() -> None:
+    # The README's -n 2 run starts the slowest files first (conftest: SLOWEST_FILES); a name
+    # left behind by a rename would silently put its file back in the alphabet.
+    assert all((ROOT / "tests" / name).is_file() for name in SLOWEST_FILES)
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
