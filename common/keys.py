@@ -62,6 +62,8 @@ key                    type    written by                  read by             T
 ``genq:{Q}:load``      hash    workers at each heartbeat   PULL (affinity:     1 day after its
                                (consumer -> requests held) the load bound;     last write
                                                            drops dead ones)
+``genq:{Q}:starts``   hash    static workers (a batch's   static workers      heartbeat_ttl_s
+                               start, their turn)          (start spacing)
 ``genq:{Q}:hist:N``    hash    workers at each heartbeat   the dashboard       16 min (180
                                (HISTORY: requests, tokens, (SNAPSHOT)          buckets of 5 s
                                waits by bin, depth_max of                      are shown)
@@ -311,14 +313,12 @@ class Keys:
 
     @cached_property
     def served(self) -> str:
-        """Tokens (prompt + generated) and requests served per tenant in all (a hash:
-        ``TENANT`` and ``TENANT:requests``)."""
+        """Tokens (prompt + generated) and requests served per tenant (``T``, ``T:requests``)."""
         return f"{self._base}:served"
 
     @cached_property
     def waiting(self) -> str:
-        """One item per request waiting for a worker (a list; its length is the queue's
-        backlog, what an autoscaler reads)."""
+        """One item per request waiting for a worker (a list: its length, the lane's backlog)."""
         return f"{self._lane}:waiting"
 
     def submitted(self, request_id: str) -> str:
@@ -345,9 +345,14 @@ class Keys:
 
     @cached_property
     def load(self) -> str:
-        """Each worker's requests held (a hash: consumer -> count), for the affinity's load
-        bound; written with the heartbeat."""
+        """Each worker's requests held (consumer -> count; heartbeat): the affinity's load bound."""
         return f"{self._base}:load"
+
+    @cached_property
+    def starts(self) -> str:
+        """A lane's static workers' phases (consumer -> "START_MS TURN_MS"): they space their
+        batches' starts over a turn (``worker/policy/spacing.py``)."""
+        return f"{self._lane}:starts"
 
     def history(self, bucket: int | str) -> str:
         """The queue's history for one 5-s bucket of Redis' Unix time (``unix_s // 5``), a
@@ -363,9 +368,8 @@ class Keys:
     @staticmethod
     def batch(batch_id: str) -> str:
         """A batch file's record: id, queue, created_at, total, input name, model, cancelled,
-        ``open`` (its requests not yet final: APPLY counts it down, and the last adds the
-        batch's webhook event) and the counters of what its requests came to, added where
-        each ends (``batch_counts.py``)."""
+        ``open`` (requests not yet final: APPLY counts it down; the last adds the webhook
+        event) and the counters of what they came to, added where each ends (batch_counts)."""
         return f"{PREFIX}:batch:{{{batch_id}}}"
 
     @staticmethod
@@ -375,8 +379,7 @@ class Keys:
 
     @staticmethod
     def batch_open(batch_id: str) -> str:
-        """A wave batch's requests fed into the queue and not yet written to its output (a hash:
-        request id -> its endpoint; at most its window; ``batch_waves.py``)."""
+        """A wave batch's requests fed, not yet written out (id -> endpoint; ``batch_waves.py``)."""
         return f"{PREFIX}:batch:{{{batch_id}}}:open"
 
     @staticmethod
@@ -391,8 +394,7 @@ class Keys:
 
     @cached_property
     def batches_running(self) -> str:
-        """The queue's wave batches still being fed or written out (a set of batch ids: the
-        gateways run their rounds)."""
+        """The wave batches still fed or written out (a set of ids: gateways run their rounds)."""
         return f"{self._base}:batches:running"
 
     @cached_property
@@ -409,8 +411,7 @@ class Keys:
 
     @cached_property
     def files(self) -> str:
-        """The queue's uploaded files by when they expire (a sorted set, Unix s): a gateway
-        removes the expired ones' bytes from the file store."""
+        """The queue's uploaded files by expiry (a zset, Unix s): gateways delete expired ones."""
         return f"{self._base}:files"
 
     @staticmethod
@@ -442,8 +443,7 @@ class Keys:
 
     @cached_property
     def webhook_done(self) -> str:
-        """Which endpoints already took which pending webhook event (a hash: field ``ENTRY
-        ENDPOINT``), so a retry skips them; emptied as each event is acknowledged."""
+        """Which endpoints took which pending webhook event (``ENTRY ENDPOINT``): retries skip."""
         return f"{self._base}:hooks:done"
 
     @cached_property

@@ -192,6 +192,12 @@ class WorkerSettings(BaseModel):
         description="a static worker about to run a batch expected to take this long or more "
         "hands the requests it did not choose back to the group first",
     )
+    stagger_starts: bool = Field(
+        True,
+        description="a saturated fleet's static workers spread their batches' starts over a "
+        "turn, by brief holds (never of a newcomer); --no-stagger-starts: start at once",
+        json_schema_extra={"flag_pair": True},
+    )
     max_new_tokens_limit: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = Field(
         1024, description="requests asking for more new tokens fail"
     )
@@ -369,13 +375,16 @@ class WorkerSettings(BaseModel):
         try:
             return cls.model_validate(values, strict=False)
         except ValidationError as err:
-            msgs = []
-            for e in err.errors():
-                name = str(e["loc"][0]) if e["loc"] else "?"
-                msgs.append(
-                    f"{name} (--{name.replace('_', '-')} / {cls.env_var(name)}): {e['msg']}"
-                )
-            raise ConfigError("invalid setting: " + "; ".join(msgs)) from None
+            raise ConfigError("invalid setting: " + _problems(cls, err)) from None
+
+
+def _problems(cls: type[WorkerSettings], err: ValidationError) -> str:
+    """Each invalid setting, named with its flag and its environment twin."""
+    msgs = []
+    for e in err.errors():
+        name = str(e["loc"][0]) if e["loc"] else "?"
+        msgs.append(f"{name} (--{name.replace('_', '-')} / {cls.env_var(name)}): {e['msg']}")
+    return "; ".join(msgs)
 
 
 def lora_items(v: Any) -> tuple[str, ...]:

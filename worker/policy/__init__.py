@@ -18,6 +18,8 @@ clock (time is an argument). Each is unit-tested on plain data.
 - ``budget``: the token budget, halved for a while after an out-of-memory error;
 - ``sizing``: the batch limits ``auto`` picks (fixed on a CPU, from free memory on a GPU);
 - ``suspects``: when a request delivered before (maybe the one that kills workers) may start;
+- ``spacing``: how long a saturated static worker holds a batch so that the fleet's starts
+  spread over a turn (staggered starts);
 - ``preemption``: which running requests yield their places to higher-priority waiting ones,
   and which paused ones run again.
 """

@@ -19,7 +19,8 @@
   streaming requests' text, a step's pieces in one round trip; ``recovery``: claims and
   takeover;
 - ``doorbell``: the thread that wakes a generating loop when a request arrives;
-  ``batch_reads``: the thread that reads while a short static batch runs;
+  ``batch_reads``: the thread that reads while a short static batch runs; ``spacing``: the
+  fleet's phases exchanged through Redis, and a batch held for them (staggered starts);
 - ``heartbeat``: counters and the stats hash; ``metrics``: Prometheus;
 - ``clock``: Redis' clock, which everything the worker records is in;
 - ``redis_checks``: the eviction policy checked before a model loads;

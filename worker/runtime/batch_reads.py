@@ -15,6 +15,10 @@ it reads is kept, not admitted: admission (tokenizing, the look-ahead) stays on 
 its next turn, which then plans at once without a read of its own. The loop's state is never
 touched by both threads at once: reads run only inside ``window()``, which the loop holds
 while it is inside the engine, and leaving it waits for a read in flight.
+
+The thread also calls ``exchange`` (the start spacing's exchange of phases, ``spacing.py``) as a
+window opens (the batch just started: the others learn of it at once) and after its first read
+(the phases the next plan uses, fresh), outside any read: the loop waits for neither.
 """
 
 from __future__ import annotations
@@ -46,9 +50,16 @@ class ReadsDuringBatch:
     (rings during a read: one more). ``fetched``: per stream, how many entries earlier reads
     brought and the loop has not taken yet (they count against the look-ahead's room)."""
 
-    def __init__(self, read: Callable[[dict[str, int]], Delivered] | None = None) -> None:
+    def __init__(
+        self,
+        read: Callable[[dict[str, int]], Delivered] | None = None,
+        exchange: Callable[[], None] | None = None,
+    ) -> None:
         self.read = read
         """The read itself (``ReadAsks.beside_batch``, bound once the worker is built)."""
+        self.exchange = exchange
+        """Called as a window opens and after its first read (``StaggeredStarts.exchange``)."""
+        self._opened = self._first = False
         self._cond = threading.Condition()
         self._open = self._wanted = self._reading = self._stopping = False
         self._got: Delivered = []
@@ -84,6 +95,7 @@ class ReadsDuringBatch:
         read in flight, so that the loop has its state to itself again."""
         with self._cond:
             self._open, self._wanted, self.taken = True, True, False
+            self._opened = self._first = self.exchange is not None
             self._covered = self._failed = False
             self._read_at = time.monotonic() + max(0.0, ends_in_ms - self.lead_ms()) / 1000
             self._cond.notify_all()
@@ -129,15 +141,21 @@ class ReadsDuringBatch:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._due()):
+                while not (self._stopping or self._due() or self._opened):
                     wait_s = (
                         self._read_at - time.monotonic() if self._open and self._wanted else None
                     )
                     self._cond.wait(None if wait_s is None else max(wait_s, 0.0005))
                 if self._stopping:
                     return
-                self._wanted, self._reading = False, True
-                fetched = self._fetched()
+                self._opened = False
+                due = self._due()
+                if due:
+                    self._wanted, self._reading = False, True
+                    fetched, first, self._first = self._fetched(), self._first, False
+            if not due:  # (the window just opened: the exchange touches none of the loop's state)
+                self._exchange()
+                continue
             t0 = time.perf_counter()
             got, ok = self._read_once(fetched)
             took_ms = (time.perf_counter() - t0) * 1000
@@ -149,12 +167,21 @@ class ReadsDuringBatch:
                 self._covered = not self._failed
                 self.reads += 1
                 self._cond.notify_all()
+            if first:
+                self._exchange()
 
     def _fetched(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for stream, entries in self._got:
             counts[as_text(stream)] = counts.get(as_text(stream), 0) + len(entries)
         return counts
+
+    def _exchange(self) -> None:
+        try:
+            if self.exchange is not None:
+                self.exchange()
+        except Exception:  # a bug: the thread goes on reading
+            log.exception("the start spacing's exchange failed")
 
     def _read_once(self, fetched: dict[str, int]) -> tuple[Delivered, bool]:
         try:

@@ -2,9 +2,10 @@
 
 ``build_worker`` is the one place that knows which part needs which: the Redis connections,
 the queue's IO and the tenants' accounts, the policy units (look-ahead, order, budget, suspect
-gate, arrival estimate), intake, runner, starter, writer, heartbeat, claim keeper and doorbell
-listener. ``Worker`` (``worker.py``) declares them as its fields and only runs them; this
-module imports it, never the other way round. A new part is a field of ``Worker``, built here.
+gate, arrival estimate), intake, runner, starter, writer, heartbeat, claim keeper, doorbell
+listener and start spacing. ``Worker`` (``worker.py``) declares them as its fields and only runs
+them; this module imports it, never the other way round. A new part is a field of ``Worker``,
+built here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.policy.ordering import WaitingOrder, make_order
 from genq.worker.policy.sizing import batch_limits
+from genq.worker.policy.spacing import StartSpacing
 from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
 from genq.worker.runtime.availability import Availability
@@ -40,6 +42,7 @@ from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import QueueIO, raw_read_reply
 from genq.worker.runtime.runners import Runner, RunnerContext, StaticRunner
+from genq.worker.runtime.spacing import StaggeredStarts
 from genq.worker.runtime.starting import Starter
 from genq.worker.runtime.streamed_text import TextSender
 from genq.worker.runtime.worker import Worker
@@ -93,7 +96,8 @@ def build_worker(
         max_backlog=2 * settings.max_batch_size,
         on_away=lambda: refresh_cluster_view(r),
     )
-    batch_reads = ReadsDuringBatch()  # its read: ``ReadAsks.beside_batch``
+    spacing = _spacing(settings, keys, r, queue)
+    batch_reads = ReadsDuringBatch(exchange=spacing.exchange)  # its read: ``ReadAsks``
     keeper = _keeper(
         settings,
         keys,
@@ -124,6 +128,7 @@ def build_worker(
         keeper=keeper,
         doorbell=DoorbellListener(side_connection(), keys.doorbells),
         batch_reads=batch_reads,
+        spacing=spacing,
     )
 
 
@@ -142,6 +147,21 @@ def _keeper(
         claim_idle_ms=settings.claim_idle_ms,
         heartbeat_ttl_s=settings.heartbeat_ttl_s,
         claimed=claimed,
+    )
+
+
+def _spacing(
+    settings: WorkerSettings, keys: Keys, r: redis.Redis, queue: QueueIO
+) -> StaggeredStarts:
+    """The start spacing (``--stagger-starts``), on the loop's connection (the batch-reads
+    thread's exchange takes a connection of the pool), its phases in the first lane's hash."""
+    return StaggeredStarts(
+        r,
+        keys.lanes()[0].starts,
+        settings.consumer_name,
+        StartSpacing(enabled=settings.stagger_starts),
+        saturated=lambda: queue.left_waiting > 0,
+        ttl_s=settings.heartbeat_ttl_s,
     )
 
 

@@ -62,6 +62,7 @@ from genq.worker.runtime.read_asks import ReadAsks
 from genq.worker.runtime.recovery import ClaimKeeper
 from genq.worker.runtime.runners import POLL_S, Runner
 from genq.worker.runtime.signals import install_signal_handlers
+from genq.worker.runtime.spacing import StaggeredStarts
 from genq.worker.runtime.starting import Starter
 from genq.worker.runtime.streamed_text import TextSender
 from genq.worker.runtime.writer import ResultWriter
@@ -102,6 +103,7 @@ class Worker:
     keeper: ClaimKeeper  # renews claims and the heartbeat, on a connection of its own
     doorbell: DoorbellListener  # wakes a generating loop for arrivals, on its own connection
     batch_reads: ReadsDuringBatch  # reads while a short static batch holds the loop
+    spacing: StaggeredStarts  # a saturated static fleet's starts spread over a turn
     _stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     asks: ReadAsks = field(init=False)  # what a read asks for, from what the worker holds
@@ -165,13 +167,12 @@ class Worker:
         while (self.lookahead.waiting or self.runner.busy) and time.monotonic() < deadline:
             self.availability.retrying(lambda: self.turn(reading=False), self._stopping, once=True)
         self.writer.flush(max(0.0, deadline - time.monotonic()))
+        left = (len(self.lookahead.waiting), len(self.runner.running), len(self.writer))
         if self.lookahead.waiting or self.runner.busy or len(self.writer):
             log.warning(
-                "grace period over: %d held, %d running, %d unwritten requests stay pending "
-                "for other workers",
-                len(self.lookahead.waiting),
-                len(self.runner.running),
-                len(self.writer),
+                "grace period over: %d held, %d running, %d unwritten requests stay "
+                "pending for other workers",
+                *left,
             )
 
     # -- the turn --------------------------------------------------------------------------
@@ -315,7 +316,7 @@ class Worker:
             self.gate.passed(suspect=suspect is not None)
         if suspect is not None:
             return Decision(batch=[suspect.candidate], reason="suspect")
-        return plan_start(
+        decision = plan_start(
             [h.candidate for h in self.lookahead.waiting.values()],  # (``candidates``)
             now_ms=now_ms(),
             policy=batch_policy(self.settings, self.budget),
@@ -326,6 +327,7 @@ class Worker:
             order=self.order,
             weights=self.tenants.weights.now,
         )
+        return self.spacing.held(decision, static=wait_to_fill)  # (a static worker reading)
 
     def start(self, batch: list[Held], reading: bool = False) -> list[Outcome]:
         """Mark ``batch`` running (its start may carry the next read: ``ReadAsks.with_start``)
@@ -343,8 +345,6 @@ class Worker:
             self.carried = True
             self.admit(fetched)
         return outcomes
-
-    # -- writing ---------------------------------------------------------------------------
 
     def write(self, outcomes: Sequence[Outcome]) -> None:
         """Count final results and hand them to the writer (``writer.py``), which writes them

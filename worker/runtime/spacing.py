@@ -1,0 +1,111 @@
+"""Staggered starts, the Redis side (the rule: ``worker/policy/spacing.py``).
+
+The workers of a lane publish their phases on its ``starts`` hash (``Keys.starts``: consumer ->
+"START_MS TURN_MS"). A static worker exchanges its own for everyone else's once a batch, from the
+batch-reads thread right after that batch's first read (``batch_reads.py``), so the loop pays no
+round trip for it: the phases it plans with are a read's lead old. A worker that holds a batch
+publishes the start it plans at once, from the loop, while it waits anyway, so that the workers
+deciding meanwhile space themselves against where it will be, not where it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import redis
+from genq.common.connection import REDIS_ERRORS
+from genq.common.wire import as_text
+from genq.worker.policy.batching import Decision
+from genq.worker.policy.spacing import Phase, StartSpacing
+from genq.worker.runtime.clock import now_ms
+
+log = logging.getLogger("genq.worker")
+
+STALE_MS = 60_000
+"""A phase this old is a worker gone (or idle a long while): the exchange deletes it."""
+
+
+class StaggeredStarts:
+    """The loop's ``held`` (a batch held for the spacing becomes a wait) and the batch-reads
+    thread's ``exchange``."""
+
+    def __init__(
+        self,
+        r: redis.Redis,
+        key: str,
+        consumer: str,
+        spacing: StartSpacing,
+        *,
+        saturated: Callable[[], bool],
+        ttl_s: int,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.r, self.key, self.consumer, self.spacing = r, key, consumer, spacing
+        self.saturated = saturated
+        """Whether the last read left requests waiting in Redis (``QueueIO.left_waiting``)."""
+        self.ttl_s, self.clock = ttl_s, clock
+        self.held_batches = 0
+        """Batches held for the spacing, in all (for tests and logs)."""
+
+    def held(self, decision: Decision, static: bool) -> Decision:
+        """``decision``, or a wait instead while its batch is held (``static``: a static
+        worker reading, the only kind that is spaced)."""
+        if not (static and decision.batch):
+            return decision
+        holding = self.spacing.target_ms is not None
+        wait = self.spacing.hold(decision.batch, self.clock(), self.saturated())
+        if not wait:
+            return decision
+        if not holding:
+            self.held_batches += 1
+            self._publish(self.spacing.target_ms or 0)
+        return Decision(reason="spacing", wait_ms=wait)
+
+    def exchange(self) -> None:
+        """Publish this worker's latest start and take the others' phases (one round trip; the
+        batch-reads thread's, after a batch's first read). Redis away: the old phases stay."""
+        s = self.spacing
+        if not (s.enabled and s.turn_ms):
+            return
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hset(self.key, self.consumer, f"{s.last_start_ms} {s.turn_ms}")
+            pipe.expire(self.key, self.ttl_s)
+            pipe.hgetall(self.key)
+            raw = pipe.execute()[-1]
+        except REDIS_ERRORS as err:
+            log.debug("start spacing: phases not exchanged: %r", err)
+            return
+        others, stale = {}, []
+        for name, value in raw.items():
+            who = as_text(name)
+            if who == self.consumer:
+                continue
+            phase = _phase(as_text(value))
+            if phase is None or s.last_start_ms - phase.start_ms > STALE_MS:
+                stale.append(who)
+            else:
+                others[who] = phase
+        s.others = others  # (replaced whole: the loop reads it)
+        if stale:
+            self._quietly(lambda: self.r.hdel(self.key, *stale))
+
+    def _publish(self, start_ms: int) -> None:
+        turn = self.spacing.turn_ms
+        self._quietly(lambda: self.r.hset(self.key, self.consumer, f"{start_ms} {turn}"))
+
+    @staticmethod
+    def _quietly(command: Callable[[], object]) -> None:
+        try:
+            command()
+        except REDIS_ERRORS as err:
+            log.debug("start spacing: %r", err)
+
+
+def _phase(value: str) -> Phase | None:
+    """A published "START_MS TURN_MS", or None if it is not one."""
+    parts = value.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return Phase(start_ms=int(parts[0]), turn_ms=int(parts[1]))
