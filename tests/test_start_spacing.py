@@ -17,6 +17,7 @@ from genq.worker.policy.batching import Candidate, Decision
 from genq.worker.policy.spacing import MIN_HOLD_MS, Phase, StartSpacing, hold_ms
 from genq.worker.runtime.batch_reads import ReadsDuringBatch
 from genq.worker.runtime.clock import now_ms
+from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.spacing import STALE_MS, StaggeredStarts
 
 from tests.conftest import wait_until, worker_thread
@@ -119,7 +120,14 @@ def staggered(
     for k in range(4):
         spacing.hold([candidate(0)], last_start_ms - (3 - k) * T, saturated=False)
     return StaggeredStarts(
-        r, Keys(queue).starts, consumer, spacing, saturated=lambda: True, ttl_s=30, clock=clock
+        r,
+        Keys(queue).starts,
+        consumer,
+        spacing,
+        saturated=lambda: True,
+        counters=Counters(),
+        ttl_s=30,
+        clock=clock,
     )
 
 
@@ -140,7 +148,7 @@ def test_workers_exchange_phases_and_one_just_behind_publishes_its_hold(
     decision = Decision(batch=[candidate(0)], reason="full")
     held = b.held(decision, static=True)
     assert held.reason == "spacing" and not held.batch and held.wait_ms == 19
-    assert b.held_batches == 1
+    assert b.counters.spacing_holds == 1
     planned, turn = (int(x) for x in r.hget(key, "b").split())
     assert turn == T and planned == b.spacing.target_ms
     # a's next start, a turn later, sees b's planned start mid-way: no hold.
@@ -191,7 +199,8 @@ def test_a_saturated_static_fleet_publishes_its_phases_and_serves_everything(
             wait_until(lambda: r.hlen(key) == 2, timeout_s=30)
         newcomer = client.submit("newcomer", tenant="b", max_new_tokens=16)
         results = client.results([*flood, newcomer], timeout=120)
-        held = a.spacing.held_batches + b.spacing.held_batches
+        held = a.counters.spacing_holds + b.counters.spacing_holds
+        assert r.hexists(Keys(queue).worker("a"), "spacing_holds")  # (its stats hash)
     client.close()
     assert [x.status for x in results] == ["succeeded"] * 321
     assert results[-1].text.startswith("newcomer")

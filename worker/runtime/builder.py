@@ -96,7 +96,7 @@ def build_worker(
         max_backlog=2 * settings.max_batch_size,
         on_away=lambda: refresh_cluster_view(r),
     )
-    spacing = _spacing(settings, keys, r, queue)
+    spacing = _spacing(settings, keys, r, queue, counters)
     batch_reads = ReadsDuringBatch(exchange=spacing.exchange)  # its read: ``ReadAsks``
     keeper = _keeper(
         settings,
@@ -151,7 +151,7 @@ def _keeper(
 
 
 def _spacing(
-    settings: WorkerSettings, keys: Keys, r: redis.Redis, queue: QueueIO
+    settings: WorkerSettings, keys: Keys, r: redis.Redis, queue: QueueIO, counters: Counters
 ) -> StaggeredStarts:
     """The start spacing (``--stagger-starts``), on the loop's connection (the batch-reads
     thread's exchange takes a connection of the pool), its phases in the first lane's hash."""
@@ -161,6 +161,7 @@ def _spacing(
         settings.consumer_name,
         StartSpacing(enabled=settings.stagger_starts),
         saturated=lambda: queue.left_waiting > 0,
+        counters=counters,
         ttl_s=settings.heartbeat_ttl_s,
     )
 

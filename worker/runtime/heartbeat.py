@@ -69,6 +69,8 @@ class Counters:
     handed_back: int = 0
     """Entries given back to the group unstarted (this worker was about to be busy)."""
     oom_splits: int = 0
+    spacing_holds: int = 0
+    """Batches a static worker held to space its start from the others' (``spacing.py``)."""
     preempted: int = 0
     """Running requests that gave their place to a higher-priority one (paused, run again)."""
     adapter_loads: int = 0

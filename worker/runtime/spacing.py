@@ -19,6 +19,7 @@ from genq.common.wire import as_text
 from genq.worker.policy.batching import Decision
 from genq.worker.policy.spacing import Phase, StartSpacing
 from genq.worker.runtime.clock import now_ms
+from genq.worker.runtime.heartbeat import Counters
 
 log = logging.getLogger("genq.worker")
 
@@ -38,15 +39,14 @@ class StaggeredStarts:
         spacing: StartSpacing,
         *,
         saturated: Callable[[], bool],
+        counters: Counters,
         ttl_s: int,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.r, self.key, self.consumer, self.spacing = r, key, consumer, spacing
         self.saturated = saturated
         """Whether the last read left requests waiting in Redis (``QueueIO.left_waiting``)."""
-        self.ttl_s, self.clock = ttl_s, clock
-        self.held_batches = 0
-        """Batches held for the spacing, in all (for tests and logs)."""
+        self.counters, self.ttl_s, self.clock = counters, ttl_s, clock
 
     def held(self, decision: Decision, static: bool) -> Decision:
         """``decision``, or a wait instead while its batch is held (``static``: a static
@@ -58,7 +58,7 @@ class StaggeredStarts:
         if not wait:
             return decision
         if not holding:
-            self.held_batches += 1
+            self.counters.spacing_holds += 1  # (the stats hash's ``spacing_holds``)
             self._publish(self.spacing.target_ms or 0)
         return Decision(reason="spacing", wait_ms=wait)
 
