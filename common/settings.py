@@ -195,7 +195,8 @@ class WorkerSettings(BaseModel):
     stagger_starts: bool = Field(
         True,
         description="a saturated fleet's static workers spread their batches' starts over a "
-        "turn, by brief holds (never of a newcomer); --no-stagger-starts: start at once",
+        "turn, by brief holds (never of a newcomer; only while requests of several tenants or "
+        "priorities mix); --no-stagger-starts: start at once",
         json_schema_extra={"flag_pair": True},
     )
     max_new_tokens_limit: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = Field(

@@ -14,7 +14,7 @@ from genq.common.keys import Keys
 from genq.producer import Client
 from genq.worker.engines.echo import EchoEngine
 from genq.worker.policy.batching import Candidate, Decision
-from genq.worker.policy.spacing import MIN_HOLD_MS, Phase, StartSpacing, hold_ms
+from genq.worker.policy.spacing import MIN_HOLD_MS, MIXED_MS, Phase, StartSpacing, hold_ms
 from genq.worker.runtime.batch_reads import ReadsDuringBatch
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
@@ -25,9 +25,13 @@ from tests.conftest import wait_until, worker_thread
 T = 40  # a turn, ms
 
 
-def candidate(enqueued_ms: int) -> Candidate:
+def candidate(enqueued_ms: int, tenant: str = "default") -> Candidate:
     return Candidate(
-        key=f"k{enqueued_ms}", prompt_tokens=4, max_new_tokens=16, enqueued_ms=enqueued_ms
+        tenant=tenant,
+        key=f"k{enqueued_ms}",
+        prompt_tokens=4,
+        max_new_tokens=16,
+        enqueued_ms=enqueued_ms,
     )
 
 
@@ -62,12 +66,16 @@ def test_spread_or_unlike_workers_are_not_held_for() -> None:
     assert hold_ms(1_000, 38, [Phase(998, 38), Phase(1_005, 38)]) == 0
 
 
+MIXED = [candidate(0), candidate(0, tenant="b")]
+"""A batch of two tenants: requests can pass a backlog here, so the spacing holds."""
+
+
 def spacing_after_turns(enabled: bool = True, start_ms: int = 10_000) -> StartSpacing:
-    """A spacing that has started four batches a turn apart (its turn known), the last at
-    ``start_ms``."""
+    """A spacing that has started four batches of two tenants a turn apart (its turn known),
+    the last at ``start_ms``."""
     s = StartSpacing(enabled)
     for k in range(4):
-        assert s.hold([candidate(0)], start_ms - (3 - k) * T, saturated=False) == 0
+        assert s.hold(MIXED, start_ms - (3 - k) * T, saturated=False) == 0
     assert s.turn_ms == T and s.last_start_ms == start_ms
     return s
 
@@ -110,6 +118,24 @@ def test_off_or_unsaturated_nothing_is_held(enabled: bool, saturated: bool) -> N
     assert s.hold([candidate(0)], 10_040, saturated=saturated) == 0
 
 
+def test_in_one_tenants_line_nothing_is_held() -> None:
+    """Nobody can pass one tenant's backlog of one priority, wherever the starts are: holding
+    would only cost. A batch of two tenants (or priorities) makes the spacing hold again for
+    ``MIXED_MS``."""
+    s = StartSpacing()
+    for k in range(5):
+        assert s.hold([candidate(0)], 10_000 + k * T, saturated=True) == 0
+    s.others = {"b": Phase(10_000 + 5 * T - 1, T)}
+    assert s.hold([candidate(0)], 10_000 + 5 * T, saturated=True) == 0
+    assert s.hold(MIXED, 10_000 + 6 * T, saturated=True) == 0  # (nobody just behind)
+    s.others = {"b": Phase(10_000 + 7 * T - 1, T)}
+    assert s.hold([candidate(0)], 10_000 + 7 * T, saturated=True) == 19
+    s.target_ms = None
+    late = 10_000 + 6 * T + MIXED_MS + 1
+    s.others = {"b": Phase(late - 1, T)}
+    assert s.hold([candidate(0)], late, saturated=True) == 0
+
+
 # -- the phases, through Redis -------------------------------------------------------------
 
 
@@ -118,7 +144,7 @@ def staggered(
 ) -> StaggeredStarts:
     spacing = StartSpacing()
     for k in range(4):
-        spacing.hold([candidate(0)], last_start_ms - (3 - k) * T, saturated=False)
+        spacing.hold(MIXED, last_start_ms - (3 - k) * T, saturated=False)
     return StaggeredStarts(
         r,
         Keys(queue).starts,
