@@ -1,11 +1,14 @@
 """Staggered starts, the Redis side (the rule: ``worker/policy/spacing.py``).
 
 The workers of a lane publish their phases on its ``starts`` hash (``Keys.starts``: consumer ->
-"START_MS TURN_MS"). A static worker exchanges its own for everyone else's once a batch, from the
-batch-reads thread right after that batch's first read (``batch_reads.py``), so the loop pays no
-round trip for it: the phases it plans with are a read's lead old. A worker that holds a batch
-publishes the start it plans at once, from the loop, while it waits anyway, so that the workers
-deciding meanwhile space themselves against where it will be, not where it was.
+"START_MS TURN_MS"). A static worker exchanges its own for everyone else's twice a batch, from
+the batch-reads thread (``batch_reads.py``): as the batch's window opens (the others learn of
+its start at once) and after its first read (the phases its next plan uses are a read's lead
+old), so the loop pays no round trip for either. A worker that holds a batch publishes the
+start it plans at once, from the loop, while it waits anyway, so that the workers deciding
+meanwhile space themselves against where it will be, not where it was. (An exchange that ends
+after the batch, on a host that starves the thread, can put the latest start back over a planned
+one: the others then predict this worker a hold early, once.)
 """
 
 from __future__ import annotations
@@ -63,8 +66,8 @@ class StaggeredStarts:
         return Decision(reason="spacing", wait_ms=wait)
 
     def exchange(self) -> None:
-        """Publish this worker's latest start and take the others' phases (one round trip; the
-        batch-reads thread's, after a batch's first read). Redis away: the old phases stay."""
+        """Publish this worker's latest start and take the others' phases (one round trip, on
+        the batch-reads thread: ``batch_reads.py`` says when). Redis away: the old phases stay."""
         s = self.spacing
         if not (s.enabled and s.turn_ms):
             return
