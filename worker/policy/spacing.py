@@ -120,8 +120,11 @@ class StartSpacing:
         return any(now_ms - c.enqueued_ms < self.turn_ms for c in batch)
 
     def _started(self, now_ms: int, batch: Sequence[Candidate]) -> None:
-        if len({(c.tenant, c.priority_rank) for c in batch}) > 1:
-            self.mixed_ms = now_ms
+        head = batch[0] if batch else None
+        if head and any(
+            c.tenant != head.tenant or c.priority_rank != head.priority_rank for c in batch
+        ):
+            self.mixed_ms = now_ms  # (stops at the first request unlike the anchor)
         gap = now_ms - self.last_start_ms
         if self.last_start_ms and 0 < gap <= LONGEST_TURN_MS:
             self._turns.append(gap)

@@ -54,8 +54,8 @@ class StaggeredStarts:
     def held(self, decision: Decision, static: bool) -> Decision:
         """``decision``, or a wait instead while its batch is held (``static``: a static
         worker reading, the only kind that is spaced)."""
-        if not (static and decision.batch):
-            return decision
+        if not (static and decision.batch and self.spacing.enabled):
+            return decision  # (off: no bookkeeping either; the exchange needs a turn)
         holding = self.spacing.target_ms is not None
         wait = self.spacing.hold(decision.batch, self.clock(), self.saturated())
         if not wait:
@@ -73,7 +73,7 @@ class StaggeredStarts:
             return
         try:
             pipe = self.r.pipeline(transaction=False)
-            pipe.hset(self.key, self.consumer, f"{s.last_start_ms} {s.turn_ms}")
+            pipe.hset(self.key, self.consumer, _phase_text(s.last_start_ms, s.turn_ms))
             pipe.expire(self.key, self.ttl_s)
             pipe.hgetall(self.key)
             raw = pipe.execute()[-1]
@@ -95,8 +95,8 @@ class StaggeredStarts:
             self._quietly(lambda: self.r.hdel(self.key, *stale))
 
     def _publish(self, start_ms: int) -> None:
-        turn = self.spacing.turn_ms
-        self._quietly(lambda: self.r.hset(self.key, self.consumer, f"{start_ms} {turn}"))
+        text = _phase_text(start_ms, self.spacing.turn_ms)
+        self._quietly(lambda: self.r.hset(self.key, self.consumer, text))
 
     @staticmethod
     def _quietly(command: Callable[[], object]) -> None:
@@ -104,6 +104,11 @@ class StaggeredStarts:
             command()
         except REDIS_ERRORS as err:
             log.debug("start spacing: %r", err)
+
+
+def _phase_text(start_ms: int, turn_ms: int) -> str:
+    """A phase as the hash holds it: "START_MS TURN_MS" (``_phase`` reads it back)."""
+    return f"{start_ms} {turn_ms}"
 
 
 def _phase(value: str) -> Phase | None:
