@@ -321,11 +321,14 @@ def test_a_worker_killed_while_holding_a_hot_prefix_loses_nothing_and_another_ta
 ) -> None:
     keys = Keys(queue)
     client = Client.from_url(redis_url, queue)
+    # Both take over entries idle for 1 s: the taker's setting is the one that counts (at the
+    # default 20 s the dead holder's running batch came back 20 s after the kill, of 30 allowed).
     common = ("--engine", "echo", "--echo-cache-tokens", "65536", "--max-batch-size", "2")
+    common += ("--claim-idle-ms", "1000")
     # The holder looks alive for the whole test (its stats hash outlives the kill): only the
     # bound hands its prefix's waiting work to the other worker.
     slow = ("--echo-step-ms", "100", "--heartbeat-ttl-s", "60", "--max-lookahead", "2")
-    holder = start_worker(queue, *common, *slow, "--claim-idle-ms", "1000")
+    holder = start_worker(queue, *common, *slow)
     hot = [{"role": "system", "content": "Hot context. " * 100}, {"role": "user", "content": "q"}]
     first = client.generate(messages=hot, max_new_tokens=4, timeout=60)
     assert first.worker == "w0"
@@ -333,9 +336,12 @@ def test_a_worker_killed_while_holding_a_hot_prefix_loses_nothing_and_another_ta
     # Told with its start (the running mark's round trip), not with the holder's next read,
     # which a client reading right after its result could come before (CI saw None here once).
     assert r.hget(keys.holders, key) == b"w0"
+    # 3 s a batch of the holder's (30 steps of 100 ms): its 12 would take 18 s, longer than the
+    # other worker's start on a busy machine. (At 4 tokens they took 2.4 s, and a CI run saw the
+    # holder end all 12 before the other was up: nothing was left to take over.)
     ids = client.submit_many(
         [{"messages": [*hot[:1], {"role": "user", "content": f"q{i}"}]} for i in range(12)],
-        max_new_tokens=4,
+        max_new_tokens=30,
     )
     wait_until(lambda: client.status(ids[0]).status == "running", timeout_s=30)
     other = start_worker(queue, *common, "--prefix-wait-ms", "300")
