@@ -20,8 +20,8 @@ import time
 
 import redis
 from genq.common import script_calls, states
-from genq.common.fair_share import PULL
 from genq.common.keys import Keys
+from genq.common.lua.read import PULL
 from genq.common.scripts import apply
 from genq.producer import Client
 from genq.worker.devtools.redis_server import RedisServer

@@ -30,8 +30,8 @@ from typing import Any
 
 import redis
 from genq.common import states
-from genq.common.fair_share import PULL
 from genq.common.keys import Keys
+from genq.common.lua.read import PULL
 from genq.common.scripts import APPLY, SUBMIT, apply_args
 from genq.producer.building import prepare_many
 from genq.producer.submitting import submit_calls
@@ -47,7 +47,10 @@ WARM_ROUNDS = 4
 """Rounds left out: the first calls of each script load it."""
 SOURCES = """
 import json
-from genq.common.fair_share import PULL
+try:
+    from genq.common.lua.read import PULL
+except ImportError:  # a revision before genq.common.lua
+    from genq.common.fair_share import PULL
 from genq.common.scripts import APPLY, SUBMIT
 print(json.dumps({"SUBMIT": SUBMIT, "PULL": PULL, "APPLY": APPLY}))
 """

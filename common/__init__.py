@@ -1,4 +1,5 @@
-"""Shared pieces of genq: request/result models, settings, the Redis key layout, errors.
+"""Shared pieces of genq: request/result models, settings, the Redis key layout, errors, and
+Redis' side: every Lua script, in the ``lua`` package.
 
 Nothing here imports torch or transformers; the client library and the worker both use it.
 
@@ -11,16 +12,15 @@ module             what it holds
 ``states``         the result document's one owner: every state written at a result key
 ``keys``           every Redis key, with the key table
 ``wire``           stream entries and requests, events
-``scripts``        the ``SUBMIT`` and ``APPLY`` Lua scripts and what they answer
+``scripts``        calling ``SUBMIT`` and ``APPLY`` from Python (the scripts: ``lua``)
 ``script_calls``   scripts sent by hash (EVALSHA), the source only where Redis lacks it
-``fair_share``     the Lua of tenants' fair share: indexes, a worker's read and hand-back
-``claims``         the read's claim of waiting entries: by id alone, read back in one range
-``prefixes``       prefix keys (no tokenizer), their scoping per tenant, the read's affinity
+``fair_share``     the fair share's one cost formula, the read rules, the doorbell's bounds
+``prefixes``       prefix keys (no tokenizer), their scoping per tenant, the affinity's bounds
 ``tenants``        ``TenantSettings``: weight, tokens per minute, most queued; stored
-``webhooks``       the webhook hook's Lua (APPLY adds events to the outbox) and owner keys
+``webhooks``       endpoints, payloads, signatures, retries, and a final state's owner key
 ``batch_counts``   a batch's counters, kept on its record where its requests end
 ``functions``      the same Lua as a Redis Functions library for other languages
-``snapshot``       the whole queue in one script call (``genq stats``, the dashboard)
+``snapshot``       the whole queue from one script call (``genq stats``, the dashboard)
 ``history``        the queue's history in 5-s buckets, the wait histogram, chart series
 ``settings``       ``WorkerSettings``: each setting once, with its flag and env twin
 ``connection``     connections that ride out restarts and failovers

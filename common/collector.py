@@ -6,7 +6,7 @@ gateway its HTTP request, its models, its tasks), and hundreds of them live at o
 Python's default thresholds the collector ran about 300 young and 2 full passes per 20,000 echo
 requests in a worker, each full pass walking every object the imports and the model made:
 0.15-0.25 s of the worker's ~2 s of CPU in ``benchmarks/queue_speed.py`` (counted with
-``gc.callbacks``, BENCHMARKS.md, session 34). ``settle_collector`` moves what start-up made
+``gc.callbacks``, BENCHMARKS.md). ``settle_collector`` moves what start-up made
 out of the collector's sight (``gc.freeze``: those objects live as long as the process) and
 lets the young generation grow to ``YOUNG_THRESHOLD`` objects before a pass, as serving engines
 do once they are up (vLLM freezes its heap after start-up). Reference counting still frees
@@ -18,7 +18,7 @@ or an app run inside another program, as in tests, leaves that program's collect
 The client library cannot settle its host's collector; it pauses it instead (``paused``) for
 the moment it decodes a round of results, which it keeps: with the default thresholds the
 passes during ``Client.results`` walked every result decoded before, about as much CPU as the
-decoding itself (BENCHMARKS.md, session 39).
+decoding itself (BENCHMARKS.md).
 """
 
 from __future__ import annotations

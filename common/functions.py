@@ -25,11 +25,8 @@ import logging
 from typing import Any
 
 import redis
-from genq.common.scripts import SUBMIT
-from genq.common.settings import DEFAULT_RESULT_TTL_S
-from genq.common.states import IS_FINAL_LUA
-from genq.common.webhooks import HOOK_LUA
-from genq.common.wire import EVENT_DATA_FIELD, EVENT_TYPE_FIELD, FINAL_EVENT
+from genq.common.lua.cancel import CANCEL
+from genq.common.lua.submit import SUBMIT
 
 log = logging.getLogger("genq")
 
@@ -39,45 +36,6 @@ VERSION = 5
 under its tenant and may answer GENQ_TENANT_FULL; 3: genq_cancel takes a response's record and
 the webhook outbox as optional KEYS 4 and 5; 4: genq_submit may answer GENQ_PRIORITY_DENIED; 5:
 genq_submit puts a request whose body names a ``model`` in that model's lane)."""
-
-CANCEL = (
-    IS_FINAL_LUA
-    + HOOK_LUA
-    + f"""
--- KEYS: state key, event key, attempts key of one request [, its owner record key (its
---       response's, or its batch's for a batch line), the queue's webhook outbox: the
---       response's or the batch's webhook event is then added as APPLY adds it]
--- ARGV: [ttl_s (default {DEFAULT_RESULT_TTL_S})]
--- Returns 1 (cancelled: its state is now final 'cancelled', with its final event), 0 (it was
--- final already: nothing changed) or -1 (no such request: never submitted, or expired).
-local res, ev, att = KEYS[1], KEYS[2], KEYS[3]
-local ttl = tonumber(ARGV[1] or '') or {DEFAULT_RESULT_TTL_S}
-local current = redis.call('GET', res)
-if not current then return -1 end
-if is_final(current) then return 0 end
-local ok, doc = pcall(cjson.decode, current)
-if not ok or type(doc) ~= 'table' then
-  return redis.error_reply('GENQ_INVALID the state at ' .. res .. ' is not a JSON object')
-end
-local t = redis.call('TIME')
-local id = doc['id']
-doc['id'], doc['status'], doc['entry'] = nil, nil, nil
-doc['error'] = {{code = 'cancelled', message = 'cancelled by a client'}}
-if type(doc['timings']) ~= 'table' then doc['timings'] = {{}} end
-doc['timings']['finished_unix_ms'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Every state starts with its id and status (the scripts and clients read them there).
-local state = '{{"id":' .. cjson.encode(id) .. ',"status":"cancelled",'
-  .. string.sub(cjson.encode(doc), 2)
-redis.call('SET', res, state, 'EX', ttl)
-redis.call('DEL', att)
-if not (KEYS[5] and hook(KEYS[5], KEYS[4], state)) then  -- a wave batch's line: none
-  redis.call('XADD', ev, '*', '{EVENT_TYPE_FIELD}', '{FINAL_EVENT}', '{EVENT_DATA_FIELD}', state)
-  redis.call('EXPIRE', ev, ttl)
-end
-flush_tallies()
-return 1
-"""
-)
 
 
 def _function(name: str, body: str) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from genq.common import script_calls
 from genq.common.keys import Keys
+from genq.common.lua.history import HISTORY
 from genq.common.wire import as_text
 
 BUCKET_S = 5
@@ -42,27 +43,6 @@ BINS_PER_OCTAVE = 4
 """Resolution of the wait histogram: a bin spans a factor of 2 ** (1/4), about 19 %."""
 
 WAIT_PREFIX = "w:"
-
-HISTORY = """
--- KEYS: the queue's waiting list, and its registry of named lanes (the depth sampled is the
---       length of the waiting lists of every lane: keys.py, ``Keys.lane``)
--- ARGV: the history key prefix, seconds per bucket, bucket TTL, the caller's Unix seconds (if
---       this user may not run TIME), then FIELD INCREMENT pairs
--- Adds the increments to the bucket of Redis' clock now and raises its depth_max.
-local ok, t = pcall(redis.call, 'TIME')
-if not ok then t = {ARGV[4]} end
-local key = ARGV[1] .. math.floor(tonumber(t[1]) / tonumber(ARGV[2]))
-for i = 5, #ARGV, 2 do redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1]) end
-local depth = redis.call('LLEN', KEYS[1])
-local base = string.sub(KEYS[1], 1, #KEYS[1] - #':waiting')
-for _, m in ipairs(redis.call('SMEMBERS', KEYS[2] or '')) do
-  depth = depth + redis.call('LLEN', base .. ':m<' .. m .. '>:waiting')
-end
-local top = tonumber(redis.call('HGET', key, 'depth_max') or '-1')
-if depth > top then redis.call('HSET', key, 'depth_max', depth) end
-redis.call('EXPIRE', key, ARGV[3])
-return depth
-"""
 
 
 def wait_bin(wait_ms: int) -> int:

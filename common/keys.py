@@ -384,7 +384,7 @@ class Keys:
 
     @staticmethod
     def batch_done(batch_id: str) -> str:
-        """A wave batch's ended requests to write out (ids; ``HOOK_LUA`` builds this name)."""
+        """A wave batch's ended requests to write out (ids; the scripts' ``tally`` adds them)."""
         return f"{PREFIX}:batch:{{{batch_id}}}:done"
 
     @staticmethod

@@ -193,20 +193,3 @@ def status_of(raw: bytes | str) -> str | None:
 def is_final(raw: bytes | str | None) -> bool:
     """Whether a stored state is final (None: no state)."""
     return raw is not None and status_of(raw) in FINAL_STATUSES
-
-
-_FINAL_TABLE = "{" + ", ".join(f"[{s!r}]=true" for s in sorted(FINAL_STATUSES)) + "}"
-
-IS_FINAL_LUA = f"""
-local FINAL = {_FINAL_TABLE}
-local function is_final(raw)
-  if not raw then return false end
-  -- Every state genq writes starts with its id (which holds no quote) and then its status:
-  -- read that without decoding the whole document, which costs several times more.
-  local status = string.match(raw, '^{{"id":"[^"]*","status":"(%a+)"')
-  if status then return FINAL[status] == true end
-  local ok, doc = pcall(cjson.decode, raw)
-  return ok and type(doc) == 'table' and FINAL[doc['status']] == true
-end
-"""
-"""``is_final`` in the scripts: ``is_final`` above, read the same way (APPLY, ``genq_cancel``)."""

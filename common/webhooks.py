@@ -1,7 +1,7 @@
 """Webhooks, the pure part: endpoints, OpenAI's event payload, Standard Webhooks signatures, the
-retry schedule, and the Lua that adds an event where a state becomes final (``HOOK_LUA``, run by
-APPLY and ``genq_cancel``). No Redis calls, no HTTP (the gateway's ``webhook_delivery.py``
-delivers).
+retry schedule, and the owner of a final state's event (the Lua that adds it where a state
+becomes final is ``genq.common.lua.hook``, run by APPLY and ``genq_cancel``). No Redis calls,
+no HTTP (the gateway's ``webhook_delivery.py`` delivers).
 
 An event is an entry of the queue's outbox (``Keys.webhook_events``), added where the state is
 decided: APPLY (and ``genq_cancel``) when a ``/v1/responses`` response becomes final, or the
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import orjson
-from genq.common.batch_counts import TALLY_LUA
 from genq.common.errors import ConfigError
 from genq.common.keys import Keys
 
@@ -131,71 +130,11 @@ def targets(tenant: str, own: Endpoint | None, tenants: Mapping[str, Endpoint]) 
     return found
 
 
-HOOK_LUA = (
-    TALLY_LUA
-    + """
-local function any_record(first, step, n)
-  -- Whether any of the n keys KEYS[first], KEYS[first + step], ... exists, in one EXISTS a
-  -- thousand keys (unpack's limit). Most writes end no response's and no batch's request:
-  -- then none of them looks for its record (a call each: ~10% of APPLY's time).
-  local found = 0
-  for j = 0, n - 1, 1000 do
-    local slice = {}
-    for i = j, math.min(j + 999, n - 1) do slice[#slice + 1] = KEYS[first + step * i] end
-    found = found + redis.call('EXISTS', unpack(slice))
-  end
-  return found > 0
-end
--- A request became final: if OWNER is a response's record (a string), add that response's
--- event to OUTBOX, its type from the final STATE; if OWNER is a batch's record (a hash with
--- 'open', the requests not yet final), add it to the batch's counters, count one down, and at
--- zero add the batch's event. (genq writes these records and states: their fields are where
--- it put them.) Returns true for a line of a wave batch: its result is read from the batch's
--- output file, so the caller writes no final event stream for it (no one waits on one). The
--- caller runs flush_tallies() at its end (TALLY_LUA: the counts are written once a call).
-local function hook(outbox, owner, state)
-  -- A batch's record (a hash): the fields this needs, in one call (waves, open, then tally's:
-  -- batch_counts); a response's record is a string (WRONGTYPE); no record: all nil.
-  local f = redis.pcall('HMGET', owner, 'waves', 'open', 'counted', 'ended_at_ms')
-  if f.err then
-    local record = redis.call('GET', owner)
-    local status = string.match(state, '^{"id":"[^"]*","status":"(%a+)"')
-    local event = 'response.failed'
-    if status == 'succeeded' then
-      event = string.find(state, '"finish_reason":"length"', 1, true) and 'response.incomplete'
-        or 'response.completed'
-    elseif status == 'cancelled' then
-      event = 'response.cancelled'
-    end
-    local id = string.match(record, '^{"id":"([^"]*)"') or ''
-    local tenant = string.match(record, '"tenant":"([^"]*)"') or 'default'
-    redis.call('XADD', outbox, '*', 'type', event, 'id', id, 'tenant', tenant)
-  elseif f[1] == '1' then
-    -- A wave batch: counted, and its id queued to be written out (Keys.batch_done: the
-    -- record's key and ':done'); its event comes when its output is written (batch_waves).
-    tally(owner, state, f[3], f[4])
-    local id = string.match(state, '^{"id":"([^"]*)"')
-    if id then queue_done(owner, id) end
-    return true
-  elseif f[2] then
-    tally(owner, state, f[3], f[4])
-    if redis.call('HINCRBY', owner, 'open', -1) ~= 0 then return false end
-    local g = redis.call('HMGET', owner, 'id', 'tenant', 'cancelled')
-    local event = g[3] == '1' and 'batch.cancelled' or 'batch.completed'
-    redis.call('XADD', outbox, '*', 'type', event, 'id', g[1] or '', 'tenant', g[2] or 'default')
-  end
-  return false
-end
-"""
-)
-"""Lua: the webhook event of a response, or of a batch whose last request became final
-(APPLY and ``genq_cancel``)."""
-
-
 def batch_owner_key(keys: Keys, request_id: str, state: str) -> str | None:
-    """The record a request's final state tells of (``HOOK_LUA``) when it is one of a batch's
-    lines (id ``BATCH-LINE``, metadata ``batch``): its batch's; None for any other request,
-    whose record is its response's (which exists only for a ``/v1/responses`` response)."""
+    """The record a request's final state tells of (the scripts' ``hook``) when it is one of a
+    batch's lines (id ``BATCH-LINE``, metadata ``batch``): its batch's; None for any other
+    request, whose record is its response's (which exists only for a ``/v1/responses``
+    response)."""
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         batch = orjson.loads(state).get("metadata", {}).get("batch")
         if isinstance(batch, str) and request_id.startswith(batch + "-"):

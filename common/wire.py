@@ -29,19 +29,6 @@ EVENT_DATA_FIELD = "data"
 FINAL_EVENT = "final"
 DELTA_EVENT = "delta"
 
-NUMBER_LUA = """
-local function number_of(doc, key, pattern)
-  -- The number of pattern's first match in the JSON text doc ('"NAME":%s*(%d+)'), or nil. Its
-  -- key ('"NAME":', where every match starts) is searched for as plain text first, which skips
-  -- along the text where a pattern's search tries each position: reading a charge from a body
-  -- with an 8 KB prompt took 5x less (session 35). Same answer: no match starts before it.
-  local at = string.find(doc, key, 1, true)
-  if not at then return nil end
-  return tonumber(string.match(doc, pattern, at) or '')
-end
-"""
-"""Lua: a number from a body or a state without decoding it (PULL's charge, a batch's tally)."""
-
 
 def encode_request(request: Request) -> dict[str, str]:
     """The fields of the stream entry for ``request``."""

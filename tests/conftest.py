@@ -40,7 +40,7 @@ _queue_names = itertools.count()
 SLOWEST_FILES = ("test_vllm_engine.py", "test_bench.py", "test_gpu_check.py", "test_preemption.py")
 """Collected first. pytest-xdist hands whole files to its two processes in collection order
 (``--dist loadfile --no-loadscope-reorder``, pyproject.toml): a long file handed out last runs
-alone at the end. By ``--durations`` (session 42) these four take 454, 421, 175 and 103 s of
+alone at the end. By ``--durations`` these four take 454, 421, 175 and 103 s of
 2,550; a simulation of the schedule from those times ends the longer process at 1,281 s with
 them first, against 1,332 s by number of tests. Only the order changes, never what runs."""
 

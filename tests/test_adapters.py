@@ -1,4 +1,4 @@
-"""LoRA adapters per request (issue #37): ``genq worker --lora NAME=PATH`` serves each adapter
+"""LoRA adapters per request: ``genq worker --lora NAME=PATH`` serves each adapter
 as a model of its own; one batch holds rows of different adapters and of the base model, each
 equal to its text alone; ``--max-loras`` bounds what is resident, the rest loading on demand.
 Adapters are built offline on the tiny model (PEFT, random non-zero weights)."""

@@ -81,7 +81,7 @@ def test_the_folders_show_the_architecture() -> None:
     assert packages(worker) == {"bench", "commands", "devtools", "engines", "policy", "runtime"}
     assert not [p.name for p in worker.glob("*.py") if p.name not in {"__init__.py", "__main__.py"}]
     assert packages(ROOT / "producer") == {"commands", "gateway"}
-    assert packages(ROOT / "common") == set()
+    assert packages(ROOT / "common") == {"lua"}
 
 
 PACKAGES = sorted(p.parent for p in SOURCES if p.name == "__init__.py")
@@ -262,3 +262,21 @@ def test_each_command_loads_when_asked_and_a_worker_imports_no_gateway() -> None
     assert "genq.worker.commands.worker" in loaded
     for heavy in ("genq.producer.gateway", "genq.producer.commands.batch", "genq.worker.bench"):
         assert not [m for m in loaded if m.startswith(heavy)], heavy
+
+
+HISTORY_MARKER = re.compile(r"\b[Ss]essions? \d+|(?<![\w\"/])(?<!vLLM )#\d+\b")
+"""A work-log number or an issue number: when something came, not what it is (the commit log
+and BENCHMARKS.md keep the history; an outside project's issue, such as vLLM's, may be cited)."""
+GUIDES = [ROOT / n for n in ("README.md", "ARCHITECTURE.md", "RELIABILITY.md")]
+
+
+def test_code_tests_and_guides_say_the_rule_in_force_not_when_it_came() -> None:
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    pages = [*GUIDES, *sorted((ROOT / "docs").rglob("*.md"))]
+    marked = [
+        f"{p.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for p in [*SOURCES, *tests, *pages]
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        for m in HISTORY_MARKER.finditer(line)
+    ]
+    assert not marked

@@ -154,7 +154,7 @@ def test_a_batch_can_be_cancelled(redis_url: str, queue: str, tmp_path: Path) ->
 def test_a_batchs_status_reads_its_counters_the_same_at_any_size(
     redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
 ) -> None:
-    """#38: where each request of a batch ends, its batch's record counts it (completed, failed,
+    """Where each request of a batch ends, its batch's record counts it (completed, failed,
     cancelled, tokens), so a status read is one hash at 4 lines and at 300: no request's state
     read. The counters equal what the requests' states say, and the Batch object carries
     ``usage`` and ``model``."""

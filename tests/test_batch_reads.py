@@ -1,4 +1,4 @@
-"""Reads while a static batch runs (``worker/runtime/batch_reads.py``, #38): the turn's read
+"""Reads while a static batch runs (``worker/runtime/batch_reads.py``): the turn's read
 moved off its critical path, into a thread that reads only while the loop is inside the
 engine, shortly before the batch's expected end and at each ring after that."""
 

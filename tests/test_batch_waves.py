@@ -1,4 +1,4 @@
-"""#38: batch files of any size, run in waves. Fed into the queue as it drains (never more than
+"""Batch files of any size, run in waves. Fed into the queue as it drains (never more than
 the window in Redis), results appended to the file store as they end (each line once, across
 crashes), the window's room waited for instead of a full queue's refusal, the completion
 window honoured, a file deleted under a running batch a failure that says so. (Kills of the

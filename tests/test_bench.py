@@ -197,7 +197,7 @@ def test_fleet_scenario_reports_makespan_shares_and_redis_cost() -> None:
 
 
 def test_the_dashboard_bench_can_tell_the_snapshot_script_in_redis_slowlog() -> None:
-    from genq.common.snapshot import SNAPSHOT
+    from genq.common.lua.snapshot import SNAPSHOT
     from genq.worker.bench.dashboard import SCRIPT_MARK
 
     # The SLOWLOG keeps the first 128 characters of each argument.
@@ -413,7 +413,7 @@ def test_flood_scenario_serves_every_chat_and_reports_connections_and_memory() -
 
 
 def test_attacks_scenario_refuses_each_attack_clearly_and_serves_the_other_tenant() -> None:
-    """Each of #40's attacks by alice at a gateway's defaults: a 4xx (429 for the uploads: her
+    """Each attack by alice at a gateway's defaults: a 4xx (429 for the uploads: her
     quota of files) for what must be refused, bob's chats all served meanwhile, and Redis under
     its maxmemory."""
     res = bench_json("--scenario", "attacks", "--quick", timeout_s=300)

@@ -1,4 +1,4 @@
-"""``n`` choices per request (#24 item 3): each choice its own text, finish reason and
+"""``n`` choices per request: each choice its own text, finish reason and
 logprobs; reproducible with a seed; n times the cost in the batch budget; on every door."""
 
 from __future__ import annotations

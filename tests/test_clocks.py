@@ -1,4 +1,4 @@
-"""Skewed clocks (#16): a worker whose host clock is hours or seconds off times everything by
+"""Skewed clocks: a worker whose host clock is hours or seconds off times everything by
 Redis' clock, and deadlines are relative to the entry's time. Workers run under libfaketime
 (Debian's ``faketime``) against a real redis-server."""
 

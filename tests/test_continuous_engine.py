@@ -69,7 +69,7 @@ def _until(engine: ContinuousEngine, key: str, done: dict[str, Any]) -> None:
 def test_a_paused_request_gives_its_place_and_ends_as_it_would_have_streaming_nothing_twice(
     engine: ContinuousEngine,
 ) -> None:
-    """Preemption's engine half (#41): a running greedy request paused mid-generation frees its
+    """Preemption's engine half: a running greedy request paused mid-generation frees its
     place for another, and resumed it ends with the text it would have had alone; its stream's
     pieces add up to that text, none sent twice."""
     a, b, c = engine.tokenize(varied_prompts(3, seed=21))

@@ -15,8 +15,11 @@ import pytest
 import redis
 from genq.common import tenants as registry
 from genq.common.errors import QueueFull
-from genq.common.fair_share import PULL, READ_RULES, WEIGHTED_LUA, weighted_tokens
+from genq.common.fair_share import READ_RULES, weighted_tokens
 from genq.common.keys import GROUP, QUEUED, Keys
+from genq.common.lua.compose import compose
+from genq.common.lua.read import PULL
+from genq.common.lua.tenants import COST
 from genq.producer import Client
 from genq.worker.policy.batching import BatchPolicy, Candidate, next_batch
 from genq.worker.policy.fair_share import Refund, Shares, TenantShares, Totals, charge, merged
@@ -552,7 +555,7 @@ def test_a_read_capped_in_all_takes_the_highest_priorities_first(
 def test_the_cost_has_one_formula_and_its_lua_twin_agrees(
     r: redis.Redis, prompt: int, generated: int
 ) -> None:
-    lua = WEIGHTED_LUA + "return weighted(tonumber(ARGV[1]), tonumber(ARGV[2]))"
+    lua = compose("return weighted(tonumber(ARGV[1]), tonumber(ARGV[2]))", COST)
     assert r.eval(lua, 0, prompt, generated) == weighted_tokens(prompt, generated)
 
 

@@ -1,4 +1,4 @@
-"""#38: batch files outside Redis. The file store (a local directory, or an S3-compatible object
+"""Batch files outside Redis. The file store (a local directory, or an S3-compatible object
 store: moto's server mode, started here), uploads streamed through the gateway and checked as
 they pass, and what a bad file, a full store and an unreachable one answer: one clear error,
 nothing half-written."""

@@ -18,7 +18,7 @@ from tests.conftest import workers_on
 
 IDLE_COMMANDS_PER_S = 2.5
 """The bound this test keeps: an idle echo worker measured 2.0 a second (3.0 while it read the
-queue at every wake, 24 before, 117 before that; #39 asks for 2). What is left, per 40 s: its
+queue at every wake; the goal is 2). What is left, per 40 s: its
 looks for dead workers' entries every claim_idle_ms / 4 (XINFO CONSUMERS per stream, 24), a read
 every --read-block-ms (the PULL and what it runs, 28), the blocked waits (8), the heartbeat
 (12)."""

@@ -1,4 +1,4 @@
-"""logprobs and top_logprobs (#24 item 2): on the Result, in OpenAI's chat and legacy
+"""logprobs and top_logprobs: on the Result, in OpenAI's chat and legacy
 completions shapes, batched equal to alone (float32, greedy, within 1e-4), on every engine."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Many models on one queue (issue #37): every request names its model (or none: the queue's
+"""Many models on one queue: every request names its model (or none: the queue's
 default), and only workers serving that name take it. Each model's requests wait in their own
 lane (``Keys.lane``), so a worker never scans another model's backlog and never answers with
 the wrong model, whoever is alive."""

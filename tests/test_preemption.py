@@ -1,4 +1,4 @@
-"""Preemption (#41) on the continuous engine: a high-priority request takes the place of a
+"""Preemption on the continuous engine: a high-priority request takes the place of a
 running low one, which is paused and run again; greedy, it ends with the text it would have had,
 its stream sends nothing twice, and cancel still works on it. The policy is tested alone; the
 rest with a real redis-server and ``genq worker --engine continuous`` on the tiny model."""

@@ -14,11 +14,12 @@ import redis
 from genq.common import script_calls
 from genq.common import tenants as registry
 from genq.common.errors import InvalidRequest
-from genq.common.fair_share import PULL
 from genq.common.keys import Keys
+from genq.common.lua.compose import compose
+from genq.common.lua.prefix_keys import PREFIX_KEYS
+from genq.common.lua.read import PULL
 from genq.common.prefixes import (
     PREFIX_BYTES,
-    SCOPED_LUA,
     adapter_key,
     cache_key_of,
     chat_chain,
@@ -75,7 +76,9 @@ def test_prompt_cache_key_wins_over_the_content() -> None:
 def test_scoping_and_cache_keys_agree_with_their_lua_twins(
     r: redis.Redis, tenant: str, shared: bool
 ) -> None:
-    lua = SCOPED_LUA + "return {scoped(ARGV[1], ARGV[2], ARGV[3] == '1'), cache_key_of(ARGV[4])}"
+    lua = compose(
+        "return {scoped(ARGV[1], ARGV[2], ARGV[3] == '1'), cache_key_of(ARGV[4])}", PREFIX_KEYS
+    )
     got = r.eval(lua, 0, tenant, "0123456789abcdef", "1" if shared else "0", "my-key é")
     assert [x.decode() for x in got] == [  # type: ignore[union-attr]
         scoped(tenant, "0123456789abcdef", shared),
@@ -383,7 +386,7 @@ def test_a_started_requests_prefix_is_told_to_the_fleet_while_it_runs(
 def test_an_entry_handed_back_keeps_its_key_and_its_place(
     redis_url: str, queue: str, r: redis.Redis
 ) -> None:
-    from genq.common.fair_share import GIVE_BACK
+    from genq.common.lua.hand_back import GIVE_BACK
 
     keys = Keys(queue)
     client = Client.from_url(redis_url, queue)
@@ -448,7 +451,7 @@ def test_a_reader_with_its_own_prefixes_leaves_unheld_ones_to_a_reader_without(
 
 
 def test_adapter_keys_agree_with_their_lua_twin(r: redis.Redis) -> None:
-    lua = SCOPED_LUA + "return adapter_key(ARGV[1])"
+    lua = compose("return adapter_key(ARGV[1])", PREFIX_KEYS)
     for name in ("a1", "org/my-lora@v2"):
         assert r.eval(lua, 0, name) == adapter_key(name).encode()
     assert adapter_key("a1") != adapter_key("a2")

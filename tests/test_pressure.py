@@ -1,4 +1,4 @@
-"""Redis under pressure (#16): a full Redis, an evicting Redis, partial multi-submits, huge or
+"""Redis under pressure: a full Redis, an evicting Redis, partial multi-submits, huge or
 ambiguous junk entries. Each against its own real redis-server, with real worker processes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One request's path through a worker, counted (#39: "a short path, kept under test"): the
+"""One request's path through a worker, counted (a short path, kept under test): the
 Redis round trips the worker makes for it and the genq functions it runs, on the echo engine,
 in a closed loop (one request after another) after a warm-up; medians of 30 requests. The
 bounds are what the path measured when this test was written, with a little room: the test
@@ -25,23 +25,15 @@ from redis.connection import Connection
 from tests.conftest import worker_thread
 
 ROUND_TRIPS = 6
-"""#39's goal; measured 4.5-5 (the read, the running mark, the final write, the blocked wait
+"""The goal; measured 4.5-5 (the read, the running mark, the final write, the blocked wait
 on the doorbell that follows, now and then a heartbeat)."""
 FUNCTIONS = 117
-"""Named genq functions (comprehensions and lambdas not counted) the worker ran for one
-request, over time: 174-175 when first measured; 189-196 once a worker read lanes (#37);
-178-185 after the queue's fixed key names became cached properties; 170-177 once the hot path
-lost its detours for a prompt with no tools, a runner that does not preempt and an echo engine
-with no cache (session 25); 161-168 once a plain batch skipped the affinity rule, preemption's
-steps and the drop checks (session 27); 171-172 at session 31's end; 166 once a write named
-a request's four keys in one call (session 32); **162-168** once a static runner noted its
-batch's expected time at its start (session 36; the reads during a batch add none);
-**114** once what every read and plan rebuilt was built once (the stream map, the batch limits,
-the stats fields, the history's keys) and steps with nothing to do were skipped (a lone
-tenant's shares, the suspects' scan, a heartbeat or a reclaim not due, what only a running or
-preempting runner needs, empty refunds, a bucket refund for a tenant without a limit, untold
-prefixes, a plain prompt's prefix and next-turn keys; session 38): #39's goal, a third fewer
-than the 171 it counted."""
+"""Named genq functions (comprehensions and lambdas not counted) the worker runs for one
+request: what every read and plan needs is built once (the stream map, the batch limits, the
+stats fields, the history's keys), and steps with nothing to do are skipped (a lone tenant's
+shares, the suspects' scan, a heartbeat or a reclaim not due, what only a running or
+preempting runner needs, empty refunds, untold prefixes). The count's history is in the commit
+log and BENCHMARKS.md."""
 
 
 GENQ_DIR = os.path.dirname(os.path.dirname(genq.producer.__file__)) + os.sep

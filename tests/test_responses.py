@@ -1,4 +1,4 @@
-"""``/v1/responses`` (issue #25 item 1): the unmodified openai SDK against ``genq serve``,
+"""``/v1/responses``: the unmodified openai SDK against ``genq serve``,
 background and foreground, streamed, continued with ``previous_response_id``, cancelled,
 deleted, across gateway replicas (one killed with -9), per tenant; every Response object the
 gateway sends validated with ``openai.types.responses.Response``. The wire shapes alone are

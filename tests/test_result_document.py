@@ -61,7 +61,7 @@ def test_every_built_state_is_a_strict_result_read_first_by_its_status(status: s
 def test_a_succeeded_state_with_logprobs_choices_and_tool_calls_still_starts_with_its_status() -> (
     None
 ):
-    # Found in session 25: these went before id and status, and status_of (and the scripts'
+    # These went before id and status, and status_of (and the scripts'
     # is_final) then decoded the whole document instead of reading its first fields.
     token = {"token": "hi", "logprob": -0.5, "bytes": [104, 105], "top_logprobs": []}
     raw = states.succeeded(

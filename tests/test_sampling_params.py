@@ -1,4 +1,4 @@
-"""The sampling parameters clients send (#24 item 5): OpenAI's frequency_penalty,
+"""The sampling parameters clients send: OpenAI's frequency_penalty,
 presence_penalty and logit_bias, and vLLM's min_p, repetition_penalty, min_tokens and ignore_eos.
 Checked before anything is queued, honoured per row on the tiny model (batched equals alone),
 and through genq serve with the unmodified openai SDK."""

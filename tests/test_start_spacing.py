@@ -1,4 +1,4 @@
-"""Staggered starts (#38): a saturated fleet of static workers spreads its batches' starts over a
+"""Staggered starts: a saturated fleet of static workers spreads its batches' starts over a
 turn, so that a newcomer waits for the next start anywhere, not a whole batch. The rule is a pure
 unit (``worker/policy/spacing.py``); the phases go through a real Redis
 (``worker/runtime/spacing.py``); and the fleet is tried end to end."""

@@ -1,4 +1,4 @@
-"""Structured outputs (#24 items 1 and 6): ``response_format`` (json_schema, json_object, regex,
+"""Structured outputs: ``response_format`` (json_schema, json_object, regex,
 choice) through every door, enforced by constrained decoding on the transformers engines,
 compiled once per worker, batched equal to alone; bad formats refused before queuing, and one
 the grammar library cannot compile failing its request alone."""

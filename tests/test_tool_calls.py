@@ -1,4 +1,4 @@
-"""Tool calls on chats (#24 item 4): tools and tool_choice on every door; a named function
+"""Tool calls on chats: tools and tool_choice on every door; a named function
 and ``required`` forced by constrained decoding (arguments valid under the schema, any model);
 ``auto`` read from Hermes-format blocks where the template teaches them; OpenAI's shapes."""
 

@@ -344,7 +344,7 @@ def test_a_batch_file_with_one_schema_all_validate(client: Client) -> None:
 def test_a_high_request_takes_a_running_low_ones_place_and_the_low_one_ends_as_alone(
     client: Client, redis_server: RedisServer
 ) -> None:
-    """#41 on vLLM: eight low counting requests take every place; a high one starts at once
+    """Preemption on vLLM: eight low counting requests take every place; a high one starts at once
     (one is paused: its run aborted in vLLM) and finishes first; each low one ends with the text
     and usage it has alone (greedy: the batch of the same eight, with nothing to preempt them),
     a streamed one's pieces adding up to its text."""

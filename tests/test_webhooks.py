@@ -1,4 +1,4 @@
-"""Webhooks (issue #25 item 2): a response that becomes final is one event in the queue's
+"""Webhooks: a response that becomes final is one event in the queue's
 outbox, added by the script that decides the state, and gateways deliver it signed per
 Standard Webhooks, at least once, retried with the same ``webhook-id``, to the gateway's
 endpoint and the tenant's; deliveries that give up are dead letters (``genq webhooks``).

@@ -59,7 +59,6 @@ module                  what it holds
                         constant time) or its requests' states
 ``batch_waves``         a batch file of any size run in waves: fed as the queue drains,
                         written out to the file store as its requests end
-``batch_scripts``       the wave batches' scripts (feed, commit a part, stop, finish)
 ``wave_files``          a local file copied in as a batch, rounds run until a state, its
                         output parts read back (``genq batch``)
 ``file_store``          ``FileStore``: where batch files' bytes are, a directory or an object

@@ -1,4 +1,4 @@
-"""A batch file of any size, run in waves (#38): its lines fed into the queue as it drains, its
+"""A batch file of any size, run in waves: its lines fed into the queue as it drains, its
 results appended to the file store as they end. Used by the gateway (``batch_runner.py``) and
 by ``genq batch``; whichever of them is alive runs a batch's rounds (``run_round``).
 
@@ -11,13 +11,13 @@ ended (``Keys.batch_done``, pushed where each ends), the error-file lines waitin
 1. **Feed**: while fewer than ``window`` of its requests are in Redis, read the next lines from
    the file (from the byte ``offset`` the record keeps), submit the valid ones (ids
    ``BATCH-LINE``: a line submitted twice is one request) and move the offset on with
-   ``FEED_LUA``, which does it only if the offset is still the one the round read from: two
+   ``FEED``, which does it only if the offset is still the one the round read from: two
    feeders, or one that crashed between its submit and its write, never feed a line twice or
    skip one. A full queue (``--max-queue-depth``, a tenant's ``max_queued``) is waited out.
 2. **Collect**: the requests that ended (``Keys.batch_done``), and the refused lines, are
    planned as one part (the record's ``plan``: its number and ids), written to the store as
    ``batches/B/output/NNNNNNNNN.jsonl`` and ``.../errors/...`` (create-only: written once, whoever
-   tries again), then ``COMMIT_LUA`` drops them from Redis (states included: a batch's results
+   tries again), then ``COMMIT`` drops them from Redis (states included: a batch's results
    do not wait for the result TTL) if the plan is still the record's. A crash between the two
    writes the same part again, which the store refuses, and commits.
 
@@ -43,6 +43,7 @@ import orjson
 from genq.common import script_calls
 from genq.common.connection import is_cluster
 from genq.common.errors import GenqError, InvalidRequest, RequestNotFound, SubmitFailed
+from genq.common.lua.batch_waves import COMMIT, FEED, STOP
 from genq.common.wire import as_text
 from genq.producer.client import Client
 from genq.producer.gateway.batch_lines import (
@@ -56,7 +57,6 @@ from genq.producer.gateway.batch_lines import (
     plain_output_line,
     rejected_output,
 )
-from genq.producer.gateway.batch_scripts import COMMIT_LUA, FEED_LUA, STOP_LUA
 from genq.producer.gateway.file_store import (
     READ_CHUNK_BYTES,
     FileStore,
@@ -239,7 +239,7 @@ def feed(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, str]
     args += [x for g in fits.good for x in (g.prepared.id, g.url)] + fits.errors
     states = [keys.result(g.prepared.id) for g in fits.good]
     script_keys = _batch_keys(client, batch_id) + states
-    if not script_calls.call(client.redis, FEED_LUA, len(script_keys), *script_keys, *args):
+    if not script_calls.call(client.redis, FEED, len(script_keys), *script_keys, *args):
         return Round()  # another process fed these lines first
     done.fed = len(fits.good)
     done.refused = [x for x in read.refused if x.line <= fits.number]
@@ -377,7 +377,7 @@ def collect(client: Client, store: FileStore, batch_id: str, rec: Mapping[str, s
     args = [plan, taken, int(p["done"]), len(ok), len(errors), _hooks(client), *ids]
     states = [keys.result(i) for i in ids]  # (a wave line writes no event stream)
     script_keys = _batch_keys(client, batch_id) + states
-    script_calls.call(r, COMMIT_LUA, len(script_keys), *script_keys, *args)
+    script_calls.call(r, COMMIT, len(script_keys), *script_keys, *args)
     return len(ids) + taken
 
 
@@ -438,7 +438,7 @@ def cancel(client: Client, batch_id: str) -> int:
 def _stop(client: Client, batch_id: str, why: str) -> None:
     keys = client.keys
     stop_keys = [keys.batch(batch_id), keys.webhook_events, keys.batches_running]
-    script_calls.call(client.redis, STOP_LUA, 3, *stop_keys, why, int(time.time()), _hooks(client))
+    script_calls.call(client.redis, STOP, 3, *stop_keys, why, int(time.time()), _hooks(client))
 
 
 def _cancel_open(client: Client, batch_id: str) -> int:

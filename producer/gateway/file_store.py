@@ -1,4 +1,4 @@
-"""Where batch files live (#38: files outside Redis): ``FileStore``, a local directory by default
+"""Where batch files live (files outside Redis): ``FileStore``, a local directory by default
 or an object store by URL (``s3://bucket/prefix``, and S3-compatible stores), through obstore.
 
 Redis keeps only each file's record (``Keys.file``: its name, size, owner and where it is);

@@ -3,7 +3,7 @@ and their bytes together), batches and stored responses, each counted while it i
 result TTL).
 
 Each kind is a sorted set per tenant (``Keys.stored``): a member per thing kept (a file's
-member carries its size: ``FILE_ID:BYTES``), scored by when it expires. One script (``CLAIM``)
+member carries its size: ``FILE_ID:BYTES``), scored by when it expires. One script (``QUOTA_CLAIM``)
 drops the expired members, checks the limit and adds the new one, atomically, so two gateways
 cannot both take the last place; deleting a file or a response gives its place back. The
 limits are the gateway's defaults (``--tenant-max-files`` ...), or the tenant's own (``genq
@@ -19,29 +19,11 @@ from typing import Any
 
 from genq.common import script_calls
 from genq.common.keys import Keys
+from genq.common.lua.quotas import QUOTA_CLAIM
 from genq.common.tenants import TenantSettings
 from genq.common.wire import as_text
 from genq.producer.gateway.openai_errors import ApiError
 
-CLAIM = """
--- KEYS[1]: one tenant's kept things of one kind (Keys.stored)
--- ARGV: now (unix s), expires_at, member, most (0: no limit), most_bytes (0: none), bytes, ttl_s
--- Returns {'ok', count} (added), or {'count', count} / {'bytes', total} (refused: nothing added)
-local now, most, most_bytes = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local n = redis.call('ZCARD', KEYS[1])
-if most > 0 and n >= most then return {'count', n} end
-if most_bytes > 0 then
-  local total = 0
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    total = total + (tonumber(string.match(m, ':(%d+)$')) or 0)
-  end
-  if total + tonumber(ARGV[6]) > most_bytes then return {'bytes', total} end
-end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[7])
-return {'ok', n + 1}
-"""
 SETTINGS_CACHE_S = 5.0
 """How long a tenant's own limits are reused before they are read again."""
 KINDS = {"files": "max_files", "batches": "max_batches", "responses": "max_responses"}
@@ -100,7 +82,7 @@ class Quotas:
         key = self._keys.stored(tenant, kind)
         answer = await script_calls.call_async(
             self._redis,
-            CLAIM,
+            QUOTA_CLAIM,
             1,
             key,
             now,

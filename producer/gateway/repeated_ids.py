@@ -1,4 +1,4 @@
-"""Batch lines that repeat an earlier line's ``custom_id``, found as a file is uploaded (#38).
+"""Batch lines that repeat an earlier line's ``custom_id``, found as a file is uploaded.
 
 A batch's output is joined to its input by ``custom_id``, so each must be unique (OpenAI's
 rule). A wave batch reads its file a window at a time and never holds every id, so the check

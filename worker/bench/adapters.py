@@ -1,4 +1,4 @@
-"""``genq bench --scenario adapters [--engine vllm]``: LoRA adapters per request (#37).
+"""``genq bench --scenario adapters [--engine vllm]``: LoRA adapters per request.
 
 One worker on smollm2-135m (or ``--model``, on ``--device``), the same greedy workload three
 ways, taking turns, each on a fresh worker and queue:

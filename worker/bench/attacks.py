@@ -1,5 +1,5 @@
-"""``genq bench --scenario attacks``: issue #40's attacks by one tenant, repeated against one
-``genq serve`` with its defaults, while another tenant works (#40's "quotas and limits").
+"""``genq bench --scenario attacks``: attacks by one tenant, repeated against one
+``genq serve`` with its defaults, while another tenant works (its quotas and limits).
 
 A Redis with a ``maxmemory`` (``REDIS_MB``, noeviction), one echo worker, one gateway with two
 keys (alice attacks, bob chats). Bob sends chats one after another for the whole run; a sampler

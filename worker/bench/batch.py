@@ -1,4 +1,4 @@
-"""``genq bench --scenario batch``: a batch file of any size, run in waves (#38).
+"""``genq bench --scenario batch``: a batch file of any size, run in waves.
 
 Each case runs on its own fresh redis-server (so that ``used_memory_peak`` is the case's),
 with echo workers (``WORKERS``, steps of 0 ms: the queue's own cost) and one ``genq serve``

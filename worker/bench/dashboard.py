@@ -1,4 +1,4 @@
-"""``genq bench --scenario dashboard``: what the dashboard costs on a busy queue (#26).
+"""``genq bench --scenario dashboard``: what the dashboard costs on a busy queue.
 
 A private redis-server (unless ``--redis-url``), 10 echo workers busy on long steps (each holds
 a batch, the rest waits), 10,000 waiting requests over 20 tenants and three priorities, and one
@@ -117,7 +117,7 @@ def _script_reads(r: Any, queue: str, reads: int) -> tuple[list[float], list[flo
     last snapshot."""
     from genq.common import history, script_calls, snapshot
     from genq.common.keys import Keys
-    from genq.common.snapshot import SNAPSHOT
+    from genq.common.lua.snapshot import SNAPSHOT
 
     keys = Keys(queue)
     snapshot.read(r, keys, history.BUCKETS)  # untimed: Redis caches the script (by hash after)

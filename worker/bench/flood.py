@@ -1,5 +1,5 @@
 """``genq bench --scenario flood``: one tenant's thousands of waiting chats against another's
-single requests, on one ``genq serve`` (#40).
+single requests, on one ``genq serve``.
 
 A private redis-server (unless ``--redis-url``), one echo worker (slow steps: a batch takes
 ``STEP_MS`` x ``TOKENS``; alice's chats take ~40 batches), one gateway with two keys.

@@ -1,4 +1,4 @@
-"""``genq bench --scenario models``: two models on one queue behind one gateway (#37).
+"""``genq bench --scenario models``: two models on one queue behind one gateway.
 
 Workers of ``tiny`` (two of them) and ``smollm2-135m`` serve one queue; ``genq serve`` is in
 front. First each distinct prompt runs alone on each model (one request at a time: the

@@ -1,4 +1,4 @@
-"""``genq bench --scenario priority``: #41's cases, preemption and time slices on and off,
+"""``genq bench --scenario priority``: the priority cases, preemption and time slices on and off,
 taking turns, each on a fresh queue and worker (smollm2-135m unless ``--model``):
 
 - **high behind low**: every place of a worker (8) taken by low requests of 200 new tokens

@@ -1,5 +1,5 @@
 """``genq bench --scenario prefix``: what placing requests by prefix does for a fleet whose
-engines cache prefixes (#36), measured with echo workers and their simulated caches.
+engines cache prefixes, measured with echo workers and their simulated caches.
 
 The workload: ``SYSTEMS`` system prompts of ~2,000 tokens (the echo engine's tokens are bytes),
 each request one of them plus 64-256 unique tokens, submitted at once; ``WORKERS`` echo

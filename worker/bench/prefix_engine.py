@@ -1,12 +1,12 @@
 """``genq bench --scenario prefix-vllm``: placement by prefix and the cache beyond the batch on
-a real engine (#36): one ``genq worker --engine vllm`` on smollm2-135m (vLLM's automatic
+a real engine: one ``genq worker --engine vllm`` on smollm2-135m (vLLM's automatic
 prefix caching; on a CPU, 128-token blocks).
 
 - **Shared prefixes, shuffled**: ``SYSTEMS`` system prompts of ~``SYSTEM_TOKENS`` tokens, each
   request one of them (in a shuffled order) plus a short question, submitted at once. Three
   configurations, taking turns, each on a fresh worker and queue: the KV cache sized to the
   batch alone and no placement (``--prefix-cache-tokens 0 --no-prefix-aware``: genq before
-  #36), the default room for prefixes without placement (``--no-prefix-aware``), and both
+  of placement), the default room for prefixes without placement (``--no-prefix-aware``), and both
   (the defaults). Reported: generated tokens/s over the makespan, and cached / prompt tokens.
 - **Multi-turn chats through ``genq serve``**: ``SESSIONS`` conversations of ``TURNS`` turns
   each, a few at a time, through the OpenAI SDK (chat completions): each turn resends the

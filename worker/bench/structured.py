@@ -1,4 +1,4 @@
-"""``genq bench --scenario structured``: what a ``response_format`` costs (#24).
+"""``genq bench --scenario structured``: what a ``response_format`` costs.
 
 Through the queue, per engine (a ``genq worker`` process each: ``static``, ``continuous``, and
 ``vllm`` where it is installed): the same chat workload free and with one JSON schema, rounds

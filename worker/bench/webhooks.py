@@ -1,5 +1,5 @@
 """``genq bench --scenario webhooks``: how soon a webhook follows a final state, and how many
-deliveries one gateway makes per second (#25).
+deliveries one gateway makes per second.
 
 A private redis-server (unless ``--redis-url``), one echo worker, one ``genq serve`` with
 ``--webhook-url`` pointing at a receiver in this process (``webhook_receiver.py``: a threaded

@@ -85,7 +85,7 @@ SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
     type=click.Choice(SCENARIOS),
     default="modes",
     show_default=True,
-    help="priority: preemption and time slices on and off (#41's cases: high behind "
+    help="priority: preemption and time slices on and off (cases: high behind "
     "running low work, a low backlog's speed, short requests beside long ones; --engine vllm "
     "adds the vLLM engine); aging: waits per priority under a low-priority backlog; fleet: "
     "simulated GPU workers (echo, mixed speeds) under bursts and Poisson arrivals, against "
@@ -272,7 +272,7 @@ def _run_modes(
 ) -> dict[str, list[Any]]:
     """Every mode ``repeats`` times, the modes taking turns (each round: the in-process modes,
     then through the queue), after an untimed round of the in-process modes (a cold device runs
-    the first round slower: #28) and, in each queue run, an untimed batch on its fresh worker
+    the first round slower) and, in each queue run, an untimed batch on its fresh worker
     (``run_through_queue``): the runs by mode."""
     from genq.worker.bench import modes as b
     from genq.worker.devtools.redis_server import RedisServer

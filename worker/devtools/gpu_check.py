@@ -91,7 +91,7 @@ class AdapterCase:
 SLICE_OFF = (("GENQ_TIME_SLICE_MS", "0"),)
 NO_ROOM = (("GENQ_PREFIX_CACHE_TOKENS", "0"),)
 """A continuous engine whose paged cache has no prefix room beyond its budget (the bench's
-in-process engine follows the worker's environment). Session 33 measured the queue's
+in-process engine follows the worker's environment). BENCHMARKS.md has the queue's
 tokens/s 8% higher without the room, one run each: this case repeats it."""
 GPU_CASES: tuple[Case | AdapterCase, ...] = (
     Case("random-250m", "budgeted_static", "static", 256, 1),
@@ -103,7 +103,7 @@ GPU_CASES: tuple[Case | AdapterCase, ...] = (
     Case("random-1b", "continuous", "continuous", 256, 1),
 )
 """In order of importance (what the time left cannot hold is reported as not run; ``--only``
-picks cases). On an H200 (session 30) the first four took about 100, 90, 170 and 140 s: the
+picks cases). On an H200 the first four took about 100, 90, 170 and 140 s: the
 rest do not fit in 8 minutes; run them with ``--only`` or by hand when there is time
 (``genq bench --device cuda --model random-1b
 --modes continuous --queue-engine continuous --requests 256 --repeats 1``)."""

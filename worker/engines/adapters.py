@@ -211,8 +211,8 @@ def in_parts(
 def zero_adapter(like: str, into: str) -> str:
     """Write to ``into`` an adapter shaped as the one at ``like`` whose every LoRA B weight is
     zero: it changes nothing (x + x A B with B = 0 is x, exactly). vLLM's CPU kernels give a
-    row with no adapter the last adapter slot's weights (vLLM #48421, #49656: index -1 aliases
-    it), so there the base model's rows run through this one instead."""
+    row with no adapter the last adapter slot's weights (vLLM #48421 and vLLM #49656: index -1
+    aliases it), so there the base model's rows run through this one instead."""
     import shutil
 
     from safetensors.numpy import load_file, save_file

@@ -29,7 +29,7 @@ static`` gives for its seed; the cost is a drained pipeline each time one arrive
 A greedy request can be paused (``pause``: out of the running batch, its place free for
 another, as preemption needs) and resumed (``resume``): it runs again from its prompt under a
 new run id (outputs of the old run that arrive late are ignored), generates what it would
-have, and its stream sends nothing twice (#41: the worker's use of it is the next step)."""
+have, and its stream sends nothing twice."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ the resident adapters' LoRA matrices, one slot each (slot 0: all zeros, the base
 batch, every row is given its adapter's slot (``SlotTable.rows``), and a forward adds
 ``x A[slot] B[slot]`` row by row: two batched matrix products a layer, whatever the number of
 adapters in the batch, where PEFT's mixed batch runs each adapter's rows apart in every layer
-(its Python loop was most of a mixed batch's cost on a CPU: BENCHMARKS.md, #37). A row of the
+(its Python loop was most of a mixed batch's cost on a CPU: BENCHMARKS.md). A row of the
 base model adds exactly zero. Each row's product is its own (``torch.bmm``), the same
 whether the row runs alone or among others.
 

@@ -64,7 +64,7 @@ def engine_args(
         "seed": 0,
         "disable_log_stats": True,
         # Each request's priority orders vLLM's waiting requests, and it preempts the lowest
-        # (not the latest) when its KV cache runs short (#41).
+        # (not the latest) when its KV cache runs short.
         "scheduling_policy": "priority",
     }
     sized_by_user = bool({"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(extra))

@@ -15,7 +15,7 @@ send what is new (vLLM holds back text that may be the start of a stop string); 
 only their final output. A cancelled or expired request is aborted inside the engine, freeing
 its slot and KV blocks at the next step.
 
-Priority and preemption (#41): each request carries its priority into vLLM's priority
+Priority and preemption: each request carries its priority into vLLM's priority
 scheduler (``vllm_args``). vLLM preempts only when its KV cache runs short, which genq's budget
 prevents, so the worker preempts itself (``ContinuousRunner.rebalance``, as on
 ``continuous``): ``pause`` aborts a running low request's run and ``resume`` adds it again from

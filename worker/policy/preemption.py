@@ -1,4 +1,4 @@
-"""Preemption (#41): which running requests yield their places to higher-priority ones that
+"""Preemption: which running requests yield their places to higher-priority ones that
 wait, and which paused ones run again. Pure: no Redis, no engine.
 
 With every place of an iteration-level engine taken, a request that waits with a priority above
@@ -11,7 +11,7 @@ own (not aged): a low request that waited long rises in the order of what starts
 preempt.
 
 A **time slice** keeps long requests from holding places while others wait at their own
-priority (#41's second part): a running request that has run longer than its slice since it
+priority: a running request that has run longer than its slice since it
 last started yields to a waiting request of equal or higher priority when that pays for the
 work it throws away (``worth_pausing``): the waiting one's new tokens plus twice what the
 running one has generated in this run are fewer than the new tokens it asks for (never to its

@@ -4,7 +4,7 @@ Identical static workers that are busy together start and end their batches toge
 wakes them at once, and nothing pulls them apart afterwards (measured on the tenants scenario's
 fleet: the nearest other worker's start 2-4 ms away at the median, in a turn of 38 ms). A
 request that arrives just after their starts then waits a whole batch wherever it goes, where
-with the starts a third of a turn apart it would wait a third (issue #38: another tenant's
+with the starts a third of a turn apart it would wait a third (another tenant's
 requests beside a batch or a flood).
 
 So each static worker, on its own (no coordinator), nudges its starts away from the others'.

@@ -5,7 +5,7 @@ the loop used to read only between batches: a request that arrived during a batc
 after it ended, and that read (a round trip, slow on a busy host or Redis) came before the
 next start. Identical workers end their batches together and their reads then queue behind
 each other's results: a request arriving just after their reads waited a whole batch plus
-that (issue #38's tenant beside another's batch).
+that (a tenant beside another's batch).
 
 So while a short static batch runs (one expected under ``hand_back_after_ms``: a longer one
 hands back what waits here instead) this thread reads in the loop's place: once shortly before

@@ -33,7 +33,7 @@ FULL_READ_PACE_S = 1.0
 """With every place taken, how long a read that found nothing waits before the next (a
 submission rings the doorbell and ends it at once: this paces only the look for entries that
 ring nothing, taken over from dead workers or added by a plain XADD). Polling every
-``READ_PACE_S`` there cost a low backlog ~15% of its speed on 2 cores (#41's bench)."""
+``READ_PACE_S`` there cost a low backlog ~15% of its speed on 2 cores (the priority bench)."""
 
 
 class ContinuousRunner(Runner):

@@ -32,7 +32,7 @@ HEARTBEAT_S = 1.0
 IDLE_HEARTBEAT_S = 10.0
 """...and, while nothing it would publish changed (an idle worker), this often: its stats
 hash lives ``--heartbeat-ttl-s`` (30 s; a third of that if shorter), and an idle fleet costs
-Redis next to nothing (#39)."""
+Redis next to nothing."""
 RECENT = 1000
 """How many batch sizes and queue waits the counters keep for the published percentiles."""
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from genq.common import script_calls
 from genq.common.keys import Keys
-from genq.common.prefixes import HOLD, HOLDINGS_TTL_S, adapter_key, scoped
+from genq.common.lua.hold import HOLD
+from genq.common.prefixes import HOLDINGS_TTL_S, adapter_key, scoped
 from genq.worker.policy.affinity import ResidentAdapters
 from genq.worker.policy.lookahead import Held
 from genq.worker.policy.prefixes import Holdings

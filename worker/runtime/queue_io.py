@@ -16,8 +16,10 @@ from typing import Any
 
 import redis
 from genq.common import functions, history, script_calls, states
-from genq.common.fair_share import DOORBELL_MAX, GIVE_BACK, PULL
+from genq.common.fair_share import DOORBELL_MAX
 from genq.common.keys import GROUP, RETURNED, Keys
+from genq.common.lua.hand_back import GIVE_BACK, TAKE_BACK
+from genq.common.lua.read import PULL
 from genq.common.prefixes import HOLDINGS_TTL_S
 from genq.common.scripts import APPLY, MAX_QUEUE_DEPTH_FIELD, ApplyItem, apply, apply_args
 from genq.common.settings import WorkerSettings
@@ -51,35 +53,6 @@ Reading = tuple[dict[str, int], Probe] | None
 probe, as ``QueueIO.read``'s; None: none."""
 Adds = Callable[[Any], None] | None
 """What queues more commands on a pipeline (``QueueIO._read``'s ``more``)."""
-
-
-TAKE_BACK = """
--- KEYS: the work streams to take from
--- ARGV: group, the consumer that holds handed-back entries, this consumer, then per stream:
---       how many entries at most
--- Claims entries other workers handed back (JUSTID: no delivery counted; their ids, hence
--- their age, unchanged), atomically, so no two workers take the same one. Returns
--- XREADGROUP's shape: {{stream, {{id, {field, value, ...}}, ...}}, ...}.
-local group, returned, me = ARGV[1], ARGV[2], ARGV[3]
-local out = {}
-for i = 1, #KEYS do
-  local n = tonumber(ARGV[3 + i])
-  local rows = n > 0 and redis.call('XPENDING', KEYS[i], group, '-', '+', n, returned) or {}
-  if #rows > 0 then
-    local claim = {KEYS[i], group, me, 0}
-    for _, row in ipairs(rows) do table.insert(claim, row[1]) end
-    table.insert(claim, 'JUSTID')  -- unpack() spreads a table only as the last argument
-    local entries = {}
-    for _, id in ipairs(redis.call('XCLAIM', unpack(claim))) do
-      local found = redis.call('XRANGE', KEYS[i], id, id)
-      if #found > 0 then table.insert(entries, found[1]) end
-    end
-    if #entries > 0 then table.insert(out, {KEYS[i], entries}) end
-  end
-end
-return out
-"""
-"""Entries an older genq handed back (pending for ``RETURNED``), claimed by a reader."""
 
 
 class QueueIO:

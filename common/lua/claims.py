@@ -1,5 +1,5 @@
-"""How a worker's read claims waiting entries (``PULL``, in ``fair_share.py``): ``claim``,
-which answers what ``XCLAIM`` answers for a list of entry ids, for less.
+"""Fragment: how a worker's read claims waiting entries, ``claim``, which answers what
+``XCLAIM`` answers for a list of entry ids, for less.
 
 ``XCLAIM`` by id with the entries' fields in its answer seeks each entry in its stream twice
 (to check that it exists, then to answer it). Claimed by id alone (``JUSTID``) and read back
@@ -12,15 +12,19 @@ span missed (ids out of order, or far apart) is read alone.
 from __future__ import annotations
 
 from genq.common.keys import GROUP
+from genq.common.lua.compose import Fragment
 
 SPAN_SLACK = 16
 """The span's ``XRANGE`` reads at most twice the claimed entries plus this many: a span full
 of other workers' entries costs no more than reading each claimed entry alone."""
 
-CLAIM_LUA = f"""
+CLAIM = Fragment(
+    "claim",
+    ("claim",),
+    f"""
 local function claim(stream, me, ids)
   -- XCLAIM's answer for ids (min idle 0): those still pending, with their fields, in ids'
-  -- order, now pending for me (common/claims.py: how). One alone: XCLAIM itself, as cheap.
+  -- order, now pending for me. One alone: XCLAIM itself, as cheap.
   local n = #ids
   if n == 1 then return redis.call('XCLAIM', stream, '{GROUP}', me, 0, ids[1]) end
   ids[n + 1] = 'JUSTID'
@@ -41,5 +45,5 @@ local function claim(stream, me, ids)
   end
   return out
 end
-"""
-"""Lua: ``claim(stream, me, ids)``, XCLAIM's answer for ``ids`` (see above)."""
+""",
+)

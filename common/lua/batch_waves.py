@@ -1,13 +1,18 @@
-"""The scripts of wave batches (``batch_waves.py``), each one atomic step of a batch's rounds:
-``FEED_LUA`` records a wave (if the file's offset is still the one it was read from),
-``COMMIT_LUA`` drops a written part's lines from Redis (if its plan is still the record's),
-``STOP_LUA`` stops a batch (cancelled, expired, failed); each finishes the batch when nothing
-is left (``FINISH_LUA``: its event, and it leaves the running set). A wave batch lives on one
+"""The scripts of wave batches (``genq.producer.gateway.batch_waves``), each one atomic step of
+a batch's rounds: ``FEED`` records a wave (if the file's offset is still the one it was read from),
+``COMMIT`` drops a written part's lines from Redis (if its plan is still the record's),
+``STOP`` stops a batch (cancelled, expired, failed); each finishes the batch when nothing
+is left (``FINISH``: its event, and it leaves the running set). A wave batch lives on one
 Redis, not a Cluster: these touch its keys and its requests' states together."""
 
 from __future__ import annotations
 
-FINISH_LUA = """
+from genq.common.lua.compose import Fragment, script
+
+FINISH = Fragment(
+    "finish a wave batch",
+    ("finish_if_done",),
+    """
 -- The batch REC is finished when nothing is left to feed and every line fed was written out:
 -- it leaves RUNNING, and (HOOKS) its webhook event goes to OUTBOX.
 local function finish_if_done(rec, running, outbox, hooks)
@@ -28,11 +33,12 @@ local function finish_if_done(rec, running, outbox, hooks)
   end
   return 1
 end
-"""
+""",
+)
 
-FEED_LUA = (
-    FINISH_LUA
-    + """
+FEED = script(
+    "feed a wave",
+    """
 -- KEYS: record, open hash, rejected list, outbox, running set, done list, then the result
 -- key of each request fed. ARGV: the offset the round read from, the new offset, the last
 -- line's number, lines fed, 1 if the file ended, hooks, then each request's id and endpoint,
@@ -64,14 +70,13 @@ if ARGV[5] == '1' then
   finish_if_done(rec, KEYS[5], KEYS[4], ARGV[6])
 end
 return 1
-"""
+""",
+    FINISH,
 )
-"""Lua: one feeding round's lines, if the record's offset is still the one they were read
-from."""
 
-COMMIT_LUA = (
-    FINISH_LUA
-    + """
+COMMIT = script(
+    "commit a written part",
+    """
 -- KEYS: record, open hash, rejected list, outbox, running set, done list, then the result
 -- keys of the requests written out. ARGV: the plan, error lines taken from the
 -- rejected list, entries taken from the done list, output lines, error lines, hooks, then the
@@ -90,14 +95,13 @@ redis.call('HINCRBY', rec, 'error_lines', ARGV[5])
 redis.call('HDEL', rec, 'plan')
 finish_if_done(rec, KEYS[5], KEYS[4], ARGV[6])
 return 1
-"""
+""",
+    FINISH,
 )
-"""Lua: a written part's requests and lines dropped from Redis, if its plan is still the
-record's."""
 
-STOP_LUA = (
-    FINISH_LUA
-    + """
+STOP = script(
+    "stop a wave batch",
+    """
 -- KEYS: record, outbox, running set. ARGV: 'cancelled', 'expired' or why it failed, now (Unix
 -- s), hooks.
 local rec = KEYS[1]
@@ -111,6 +115,6 @@ else
 end
 finish_if_done(rec, KEYS[3], KEYS[2], ARGV[3])
 return 1
-"""
+""",
+    FINISH,
 )
-"""Lua: stop feeding a batch (cancelled), or mark it expired (its rest is fed as errors)."""
