@@ -157,7 +157,7 @@ class Lookahead:
 
     def held_tenants(self) -> list[str]:
         """The tenants waiting here, per priority (``PRIORITY|TENANT``): a read's probe skips
-        them (``common/fair_share.py: PULL``)."""
+        them (``common/lua/read.py: PULL``)."""
         return sorted(self._pairs)
 
     def priorities(self) -> list[str]:

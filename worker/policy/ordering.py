@@ -11,7 +11,7 @@ these two methods, add it to ``ORDERS``, and it is a value of ``--tenant-policy`
 What an order may touch: the candidates (``batching.Candidate``: add a field there, filled in
 ``lookahead.Held``, if it needs more of a request), the tenants' weights, and its own state.
 Not Redis, torch, a clock or the look-ahead itself: ``now_ms`` is an argument, and the fleet's
-share (Redis' counters, ``common/fair_share.py``) is decided by the read script before anything
+share (Redis' counters, ``common/lua/read.py``) is decided by the read script before anything
 reaches an order. Pure, so tested on plain data (``tests/test_policy_units.py``).
 
 - ``FirstCome`` (``fifo``): the most urgent request anchors the batch (``next_batch`` alone).
