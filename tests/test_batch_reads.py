@@ -173,5 +173,5 @@ def test_a_request_arriving_during_a_short_batch_is_read_before_it_ends(
             "succeeded",
             "succeeded",
         ]
-        assert (worker.batch_reads.reads > 0) == (hand_back_after_ms > 1000)
+        assert (worker.reader.batch_reads.reads > 0) == (hand_back_after_ms > 1000)
     client.close()

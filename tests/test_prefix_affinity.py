@@ -30,8 +30,8 @@ from genq.common.prefixes import (
 from genq.common.settings import WorkerSettings
 from genq.producer import Client
 from genq.worker.runtime.doorbell import wait_for_ring
-from genq.worker.runtime.fair_share import TenantAccounts
-from genq.worker.runtime.queue_io import QueueIO
+from genq.worker.runtime.queue_io import join_lanes
+from genq.worker.runtime.read_trip import ReadTrip
 
 from tests.conftest import WorkerProcess, genq_stats, wait_until
 
@@ -194,15 +194,9 @@ def test_a_readers_own_pass_over_ring_goes_on_to_the_idle_holder(
     over: the ring had gone back to the reader, the holder blocked on for seconds.)"""
     keys = Keys(queue)
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
-    reader = QueueIO(
-        r=r,
-        keys=keys,
-        consumer="w2",
-        settings=settings,
-        tenants=TenantAccounts(r, keys),
-        read_rule="fair",
-    )
-    reader.ensure_groups()
+    named = settings.model_copy(update={"consumer": "w2"})
+    reader = ReadTrip(r=r, keys=keys, settings=named, read_rule="fair")
+    join_lanes(r, keys, settings.heartbeat_ttl_s)
     Client.from_url(redis_url, queue).submit(LONG["A"])
     reader.wait_for_doorbell(50)  # the submission's ring woke the reader, not the holder
     r.hset(keys.holders, scoped("default", prefix_key(prompt=LONG["A"]) or ""), "w1")
@@ -564,7 +558,7 @@ def test_a_worker_tells_the_fleet_which_adapters_it_holds_as_its_engine_keeps_th
     held = adapter_holdings("q", ["a1", "a2"], max_loras=1)
     held.started(requests_for("a1", None))  # None: the base model, no adapter
     assert held._ops == {adapter_key("a1"): "+"}
-    held.sent(1)
+    held._told([])  # (the read that told it went through)
     held.started(requests_for("a2"))  # past --max-loras 1: a1 is no longer loaded
     assert held._ops == {adapter_key("a2"): "+", adapter_key("a1"): "-"}
 
@@ -576,11 +570,15 @@ def test_a_worker_tells_its_free_adapter_slots_as_it_reads_requests_for_adapters
     held = adapter_holdings(queue, ["a1", "a2", "a3"], max_loras=2)
 
     def tell() -> int:
+        """How many changes the next read tells (its HOLD call's: EVALSHA sha 1 config me ...)."""
         pipe = r.pipeline(transaction=False)
-        n = held.add_to(pipe)
+        told = held.ride(pipe)
+        if told is None:
+            return 0
+        ops = pipe.command_stack[0][0][5:]
         script_calls.execute(pipe)
-        held.sent(n)
-        return int(n)
+        told([])
+        return len(ops)
 
     assert tell() == 1 and r.hget(keys.adapter_slots, "w1") == b"2"
     assert tell() == 0, "nothing new: no call"

@@ -15,7 +15,7 @@ from genq.common.keys import Keys
 from genq.common.models import Result
 from genq.common.scripts import APPLY, apply, apply_args
 from genq.producer import Client
-from genq.worker.runtime.worker import batch_policy
+from genq.worker.runtime.planner import batch_policy
 
 from tests.conftest import WorkerProcess, wait_until, worker_thread
 from tests.faults import OOM_BATCH_TOKENS, OomEngine, RaiseEngine
@@ -47,7 +47,8 @@ def test_out_of_memory_splits_the_batch_lowers_the_budget_and_fails_no_innocent(
     with worker_thread(redis_url, queue, OomEngine(), max_batch_size=16, max_wait_ms=200) as w:
         results = client.results([*ids, too_big], timeout=30)
         assert w.counters.oom_splits >= 1
-        assert batch_policy(w.settings, w.budget).max_batch_tokens < OOM_BATCH_TOKENS  # lowered
+        budget = w.planner.budget
+        assert batch_policy(w.settings, budget).max_batch_tokens < OOM_BATCH_TOKENS  # lowered
     assert [x.status for x in results[:-1]] == ["succeeded"] * 12
     alone = results[-1]
     assert alone.status == "failed" and alone.error is not None

@@ -89,7 +89,7 @@ def test_a_worker_built_on_auto_runs_with_the_numbers_its_engine_was_sized_to(
     with caplog.at_level("INFO", logger="genq.worker"):
         plain = build_worker(settings, EchoEngine())
     assert (plain.settings.max_batch_tokens, plain.settings.max_batch_size) == (16_384, 32)
-    assert plain.budget.tokens == 16_384
+    assert plain.planner.budget.tokens == 16_384
     assert "batch limits: auto on a CPU: fixed: 32 requests, 16384 tokens" in caplog.text
     sized = EchoEngine()
     sized.limits = BatchLimits(tokens=123_456, size=200, why="as a GPU would")

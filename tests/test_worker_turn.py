@@ -19,10 +19,11 @@ from genq.common.settings import WorkerSettings
 from genq.producer import Client
 from genq.worker.engines.base import Engine, GenerationInput, GenerationOutput
 from genq.worker.engines.echo import EchoEngine
-from genq.worker.runtime import queue_io
+from genq.worker.runtime import read_trip
 from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
-from genq.worker.runtime.queue_io import READ_PACE_S, QueueIO
+from genq.worker.runtime.queue_io import join_lanes
+from genq.worker.runtime.read_trip import READ_PACE_S, ReadTrip
 
 from tests.conftest import wait_until, worker_thread
 
@@ -95,12 +96,12 @@ def test_a_short_batchs_start_carries_the_next_read_while_a_backlog_waits(
     client = Client.from_url(redis_url, queue)
     settings: dict[str, Any] = {"max_batch_size": 50, "max_lookahead": 100, "max_wait_ms": 0}
     with worker_thread(redis_url, queue, EchoEngine(), **settings) as worker:
-        q = worker.queue
-        real_read, real_mark = q.read, q.mark_running
+        q, trip = worker.queue, worker.reader.trip
+        real_read, real_mark = trip.read, q.mark_running
         reads, starts, carried = [0], [0], [0]
 
         def read(*args: Any, **kwargs: Any) -> Any:
-            reads[0] += 1
+            reads[0] += kwargs.get("pipe") is None  # (not the read a start carries)
             return real_read(*args, **kwargs)
 
         def mark(*args: Any, **kwargs: Any) -> Any:
@@ -109,7 +110,7 @@ def test_a_short_batchs_start_carries_the_next_read_while_a_backlog_waits(
             carried[0] += fetched is not None
             return answers, fetched
 
-        q.read, q.mark_running = read, mark  # type: ignore[method-assign]
+        trip.read, q.mark_running = read, mark  # type: ignore[method-assign]
         ids = client.submit_many([f"job {i}" for i in range(600)], max_new_tokens=4)
         results = client.results(ids, timeout=60)
         wait_until(lambda: worker.counters.succeeded == 600)
@@ -161,13 +162,18 @@ def test_a_busy_worker_asks_an_empty_queue_at_most_every_read_pace(
     engine = SlowIterationEngine(hold_s=2.0)
     asks: list[float] = []
     with running_worker(redis_url, queue, engine) as worker:
-        real = worker.queue._read  # (each read sent to Redis, not the paced ones)
+        trip = worker.reader.trip  # (each read sent to Redis, not the paced ones: a pipeline)
+        real = trip.redis
 
-        def counting(*args: Any) -> Any:
-            asks.append(time.monotonic())
-            return real(*args)
+        class Counting:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
 
-        worker.queue._read = counting  # type: ignore[method-assign]
+            def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+                asks.append(time.monotonic())
+                return real.pipeline(*args, **kwargs)
+
+        trip.redis = Counting()  # type: ignore[assignment]
         first = client.submit("running", max_new_tokens=4)
         wait_until(lambda: worker.runner.busy)
         asks.clear()
@@ -185,12 +191,12 @@ def test_a_busy_worker_asks_an_empty_queue_at_most_every_read_pace(
     client.close()
 
 
-def queue_io_of(r: redis.Redis, keys: Keys, settings: WorkerSettings, consumer: str) -> QueueIO:
-    """A worker's queue IO on its own, reading by fair share."""
+def read_trip_of(r: redis.Redis, keys: Keys, settings: WorkerSettings, consumer: str) -> ReadTrip:
+    """A worker's read round trip on its own, reading by fair share, its groups made."""
+    join_lanes(r, keys, settings.heartbeat_ttl_s)
+    named = settings.model_copy(update={"consumer": consumer})
     tenants = TenantAccounts(r, keys)
-    return QueueIO(
-        r=r, keys=keys, consumer=consumer, settings=settings, tenants=tenants, read_rule="fair"
-    )
+    return ReadTrip(r=r, keys=keys, settings=named, read_rule="fair", before=[tenants.ride])
 
 
 def test_a_paced_read_waits_out_the_pace_after_finding_the_queue_empty(
@@ -198,8 +204,7 @@ def test_a_paced_read_waits_out_the_pace_after_finding_the_queue_empty(
 ) -> None:
     keys = Keys(queue)
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
-    io = queue_io_of(r, keys, settings, "c")
-    io.ensure_groups()
+    io = read_trip_of(r, keys, settings, "c")
     room = dict.fromkeys(keys.streams(), 4)
     assert io.read(room, pace_s=READ_PACE_S) == [] and io.read_wait_s() > 0
     Client(r, queue).submit("new", max_new_tokens=2)
@@ -216,14 +221,14 @@ def test_a_busy_worker_hears_the_doorbell_instead_of_waiting_out_its_pace(
     """A request arriving while an iteration-level engine generates joins the running batch
     when the doorbell rings (``doorbell.py``), not at the next paced read: with the pace made
     a minute long, the late request still joins while the first one runs."""
-    monkeypatch.setattr(queue_io, "READ_PACE_S", 60.0)
+    monkeypatch.setattr(read_trip, "READ_PACE_S", 60.0)
     client = Client.from_url(redis_url, queue)
     engine = SlowIterationEngine(hold_s=8.0)
     with running_worker(redis_url, queue, engine) as worker:
         first = client.submit("running", max_new_tokens=4)
         wait_until(lambda: worker.runner.busy)
         time.sleep(0.3)  # its read found the queue empty: the next paced one is a minute away
-        assert worker.queue.read_wait_s() > 30
+        assert worker.reader.trip.read_wait_s() > 30
         late = client.submit("arrives while busy", max_new_tokens=4)
         wait_until(lambda: len(worker.runner.running) == 2, timeout_s=4)
         results = client.results([first, late], timeout=30)
@@ -238,8 +243,7 @@ def test_the_doorbell_listener_hears_rings_only_while_armed_and_takes_none_from_
     the group still gets every ring (each ring wakes one idle worker)."""
     keys = Keys(queue)
     settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
-    io = queue_io_of(r, keys, settings, "idle")
-    io.ensure_groups()
+    read_trip_of(r, keys, settings, "idle")
     listener = DoorbellListener(r, [keys.doorbell])
     listener.start()
     try:

@@ -54,7 +54,7 @@ class Held:
     constraint: Any = None
     """What the engine made of its ``response_format`` (``Engine.constrain``), or None."""
     charge: tuple[int, int] = (0, 0)
-    """What its tenant was charged when a worker read it (``policy.fairness.charge``):
+    """What its tenant was charged when a worker read it (``policy/fair_share.py: charge``):
     refunded, less what it used, when it ends."""
     key: str = field(init=False)
     """Unique among held requests (``entry_key``)."""
@@ -81,7 +81,7 @@ class Held:
 
     def recharge(self) -> Refund:
         """Its charge made exact as soon as its prompt is tokenized: the read charged an
-        estimate (``fairness.charge``); from now on it is charged its real prompt, so a tenant's
+        estimate (``fair_share.charge``); from now on it is charged its real prompt, so a tenant's
         tokens per minute hold within what one read takes. Returns the correction to send."""
         fix = Refund(
             tenant=self.request.tenant,

@@ -17,7 +17,7 @@ reaches an order. Pure, so tested on plain data (``tests/test_policy_units.py``)
 - ``FirstCome`` (``fifo``): the most urgent request anchors the batch (``next_batch`` alone).
 - ``FairShare`` (``fair``, the default): within the anchor's priority, the tenant with the
   least weighted tokens started here per unit of weight anchors it, and the rest of the batch is
-  taken tenant by tenant the same way (``fairness.TenantShares``).
+  taken tenant by tenant the same way (``fair_share.TenantShares``).
 """
 
 from __future__ import annotations

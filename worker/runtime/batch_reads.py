@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 
 from genq.common.connection import REDIS_ERRORS
 from genq.common.wire import as_text
-from genq.worker.runtime.queue_io import Delivered
+from genq.worker.runtime.read_trip import Delivered
 
 log = logging.getLogger("genq.worker")
 

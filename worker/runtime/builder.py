@@ -1,11 +1,11 @@
 """Wiring: a worker's parts built from its settings and engine, and the worker made of them.
 
 ``build_worker`` is the one place that knows which part needs which: the Redis connections,
-the queue's IO and the tenants' accounts, the policy units (look-ahead, order, budget, suspect
-gate, arrival estimate), intake, runner, starter, writer, heartbeat, claim keeper, doorbell
-listener and start spacing. ``Worker`` (``worker.py``) declares them as its fields and only runs
-them; this module imports it, never the other way round. A new part is a field of ``Worker``,
-built here.
+the reader (its round trip and the riders on it, the doorbell listener), the queue's writes
+and the tenants' accounts, the policy units (look-ahead, order, budget, suspect gate, arrival
+estimate), intake, runner, starter, writer, heartbeat, claim keeper and start spacing.
+``Worker`` (``worker.py``) declares them as its fields and only runs them; this module imports
+it, never the other way round. A new part is a field of ``Worker``, built here.
 """
 
 from __future__ import annotations
@@ -21,16 +21,13 @@ from genq.common.settings import WorkerSettings
 from genq.common.tools import CALL_FORMAT_MARK
 from genq.worker.engines.base import Engine, IterationEngine
 from genq.worker.policy.admission import Limits
-from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.policy.ordering import WaitingOrder, make_order
 from genq.worker.policy.sizing import batch_limits
 from genq.worker.policy.spacing import StartSpacing
-from genq.worker.policy.suspects import SuspectGate
 from genq.worker.runtime import recovery
 from genq.worker.runtime.availability import Availability
-from genq.worker.runtime.batch_reads import ReadsDuringBatch
 from genq.worker.runtime.continuous_runner import ContinuousRunner
 from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
@@ -39,8 +36,12 @@ from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.lanes import worker_lanes
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
+from genq.worker.runtime.planner import Planner
 from genq.worker.runtime.prefixes import PrefixAffinity
 from genq.worker.runtime.queue_io import QueueIO, raw_read_reply
+from genq.worker.runtime.read_asks import ReadAsks
+from genq.worker.runtime.read_trip import ReadTrip
+from genq.worker.runtime.reader import Reader
 from genq.worker.runtime.runners import Runner, RunnerContext, StaticRunner
 from genq.worker.runtime.spacing import StaggeredStarts
 from genq.worker.runtime.starting import Starter
@@ -68,15 +69,8 @@ def build_worker(
     order = _order(settings)
     tenants = TenantAccounts(r, keys)
     prefixes = _prefixes(settings, engine, keys, tenants)
-    queue = QueueIO(
-        r=r,
-        keys=keys,
-        consumer=settings.consumer_name,
-        settings=settings,
-        tenants=tenants,
-        read_rule=order.read_rule,
-        affinity=prefixes,
-    )
+    trip = _trip(settings, r, keys, order, tenants, prefixes)
+    queue = _queue(settings, r, keys, tenants, trip, prefixes)
     counters = Counters()
     metrics = Metrics(
         keys.queue, settings.metrics_port, settings.metrics_host, model=settings.served_model
@@ -96,29 +90,27 @@ def build_worker(
         max_backlog=2 * settings.max_batch_size,
         on_away=lambda: refresh_cluster_view(r),
     )
-    spacing = _spacing(settings, keys, r, queue, counters)
-    batch_reads = ReadsDuringBatch(exchange=spacing.exchange)  # its read: ``ReadAsks``
+    spacing = _spacing(settings, keys, r, trip, counters)
+    listener = DoorbellListener(side_connection(), keys.doorbells)
+    reader = _reader(settings, trip, order, lookahead, runner, listener, counters, spacing)
+    planner = _planner(settings, lookahead, runner, writer, tenants, order, budget, spacing)
     keeper = _keeper(
         settings,
         keys,
         side_connection(),
-        lambda: batch_reads.entries() + lookahead.entries() + runner.entries() + writer.entries(),
+        lambda: reader.entries() + lookahead.entries() + runner.entries() + writer.entries(),
     )
     return Worker(
         settings=settings,
-        engine=engine,
-        keys=keys,
         queue=queue,
+        reader=reader,
         tenants=tenants,
         prefixes=prefixes,
         availability=Availability(r, on_lost_group=queue.ensure_groups),
         counters=counters,
         metrics=metrics,
         lookahead=lookahead,
-        order=order,
-        budget=budget,
-        gate=SuspectGate(),
-        arrivals=ArrivalEstimate(),
+        planner=planner,
         intake=_intake(settings, engine, outcomes, keys),
         runner=runner,
         starter=_starter(settings, queue, tenants, outcomes, counters),
@@ -126,9 +118,94 @@ def build_worker(
         text=text,
         stats=stats,
         keeper=keeper,
-        doorbell=DoorbellListener(side_connection(), keys.doorbells),
-        batch_reads=batch_reads,
+    )
+
+
+def _reader(
+    settings: WorkerSettings,
+    trip: ReadTrip,
+    order: WaitingOrder,
+    lookahead: Lookahead,
+    runner: Runner,
+    doorbell: DoorbellListener,
+    counters: Counters,
+    spacing: StaggeredStarts,
+) -> Reader:
+    """The reader: its round trip, what it asks for, the doorbell listener, and the batch-reads
+    thread (which exchanges the start spacing's phases as a batch's window opens)."""
+    return Reader(
+        settings=settings,
+        trip=trip,
+        asks=ReadAsks(settings, lookahead, runner, order, trip.keys),
+        lookahead=lookahead,
+        runner=runner,
+        doorbell=doorbell,
+        counters=counters,
+        exchange=spacing.exchange,
+    )
+
+
+def _planner(
+    settings: WorkerSettings,
+    lookahead: Lookahead,
+    runner: Runner,
+    writer: ResultWriter[Outcome],
+    tenants: TenantAccounts,
+    order: WaitingOrder,
+    budget: AdaptiveBudget,
+    spacing: StaggeredStarts,
+) -> Planner:
+    """The plan step over the policy units, with the tenants' weights."""
+    return Planner(
+        settings=settings,
+        lookahead=lookahead,
+        runner=runner,
+        writer=writer,
+        weights=tenants.weights,
+        order=order,
+        budget=budget,
         spacing=spacing,
+    )
+
+
+def _trip(
+    settings: WorkerSettings,
+    r: redis.Redis,
+    keys: Keys,
+    order: WaitingOrder,
+    tenants: TenantAccounts,
+    prefixes: PrefixAffinity,
+) -> ReadTrip:
+    """The read's round trip, with what rides every read: the tenants' deferred corrections
+    and the prefixes held before it, the tenants' weights after it."""
+    return ReadTrip(
+        r=r,
+        keys=keys,
+        settings=settings,
+        read_rule=order.read_rule,
+        before=[tenants.ride, prefixes.ride],
+        after=[tenants.weights.ride],
+    )
+
+
+def _queue(
+    settings: WorkerSettings,
+    r: redis.Redis,
+    keys: Keys,
+    tenants: TenantAccounts,
+    trip: ReadTrip,
+    prefixes: PrefixAffinity,
+) -> QueueIO:
+    """The queue's writes, on the loop's connection (the history is kept while reads leave a
+    backlog; the prefixes are told with each start)."""
+    return QueueIO(
+        r=r,
+        keys=keys,
+        consumer=settings.consumer_name,
+        settings=settings,
+        tenants=tenants,
+        left_waiting=lambda: trip.left_waiting,
+        affinity=prefixes,
     )
 
 
@@ -151,7 +228,7 @@ def _keeper(
 
 
 def _spacing(
-    settings: WorkerSettings, keys: Keys, r: redis.Redis, queue: QueueIO, counters: Counters
+    settings: WorkerSettings, keys: Keys, r: redis.Redis, trip: ReadTrip, counters: Counters
 ) -> StaggeredStarts:
     """The start spacing (``--stagger-starts``), on the loop's connection (the batch-reads
     thread's exchange takes a connection of the pool), its phases in the first lane's hash."""
@@ -160,7 +237,7 @@ def _spacing(
         keys.lanes()[0].starts,
         settings.consumer_name,
         StartSpacing(enabled=settings.stagger_starts),
-        saturated=lambda: queue.left_waiting > 0,
+        saturated=lambda: trip.left_waiting > 0,
         counters=counters,
         ttl_s=settings.heartbeat_ttl_s,
     )
@@ -317,7 +394,8 @@ def _write_now(
     def write(batch: list[Outcome]) -> list[int]:
         text.flush()
         answers = queue.write_final(batch, also=stats.add_latest)
-        metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
+        if metrics.enabled:  # (off without --metrics-port: nothing to count)
+            metrics.ended([o for o, a in zip(batch, answers, strict=True) if a == Applied.WRITTEN])
         return answers
 
     return write

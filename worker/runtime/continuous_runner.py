@@ -16,7 +16,7 @@ from genq.worker.engines.base import GenerationOutput, IterationEngine, PausingE
 from genq.worker.policy import preemption
 from genq.worker.policy.admission import deadline_passed
 from genq.worker.policy.lookahead import Held
-from genq.worker.runtime import queue_io
+from genq.worker.runtime import read_trip
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.outcomes import Outcome
 from genq.worker.runtime.runners import (
@@ -120,7 +120,7 @@ class ContinuousRunner(Runner):
         active = len(self.active())
         if not self.busy or (self.paused and active < max_batch_size):
             return 0.0
-        return FULL_READ_PACE_S if active >= max_batch_size else queue_io.READ_PACE_S
+        return FULL_READ_PACE_S if active >= max_batch_size else read_trip.READ_PACE_S
 
     def rebalance(
         self, asks: Callable[[], Sequence[preemption.Waiting]], max_batch_size: int

@@ -94,6 +94,8 @@ class DoorbellListener:
         self._redis = r
         self._doorbells = list(doorbells)
         self._armed = threading.Event()
+        self.armed = False
+        """Whether it listens now (the last ``arm``)."""
         self._rung = threading.Event()
         self._on_ring: Callable[[], None] | None = None
         self._stopping = False
@@ -110,6 +112,7 @@ class DoorbellListener:
         ``on_ring``: also call it, in this thread, at each ring heard while armed (a static
         batch runs: ``batch_reads.py`` reads in the loop's place)."""
         self._on_ring = on_ring if listening else None
+        self.armed = listening
         if listening:
             self._armed.set()
         else:

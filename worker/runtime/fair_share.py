@@ -13,7 +13,6 @@ from collections.abc import Container, Sequence
 from typing import Any
 
 import redis
-from genq.common import script_calls
 from genq.common.fair_share import weighted_tokens
 from genq.common.keys import Keys
 from genq.common.tenants import TenantSettings
@@ -21,6 +20,7 @@ from genq.common.wire import as_text
 from genq.worker.policy.fair_share import Refund, merged, started_charges
 from genq.worker.policy.lookahead import Held
 from genq.worker.runtime import clock
+from genq.worker.runtime.read_trip import Taker
 
 WEIGHTS_EVERY_S = 1.0
 """How often a worker reads the tenants' weights again (changes reach it within this)."""
@@ -50,10 +50,14 @@ class TenantAccounts:
         """Send ``refunds`` in the next read's round trip (or at ``flush``)."""
         self._deferred.extend(refunds)
 
-    def add_deferred(self, pipe: Any) -> int:
-        """Queue what was deferred on ``pipe``; how many, for ``sent`` once it went through."""
+    def ride(self, pipe: Any) -> Taker | None:
+        """Queue what was deferred on ``pipe`` (a rider of every read); what drops it once it
+        went through (None: nothing deferred)."""
+        if not self._deferred:
+            return None
         add_refunds(pipe, self.keys, self._deferred, self.weights.limited)
-        return len(self._deferred)
+        n = len(self._deferred)
+        return lambda _replies: self.sent(n)
 
     def sent(self, n: int) -> None:
         """The first ``n`` deferred refunds reached Redis."""
@@ -79,7 +83,7 @@ class TenantAccounts:
 
 class TenantWeights:
     """Each tenant's weight (``genq tenants``) as this worker knows it: read again in the
-    round trip of a read, at most every ``WEIGHTS_EVERY_S``."""
+    round trip of a read, at most every ``WEIGHTS_EVERY_S`` (``ride``)."""
 
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
@@ -90,20 +94,22 @@ class TenantWeights:
         """The tenants whose prefix keys meet other sharing tenants' (``share_prefixes``)."""
         self._read_s = -WEIGHTS_EVERY_S
 
-    def read_with(self, pipe: Any) -> list[Any]:
-        """Execute ``pipe``, reading the weights too if they are due; its other replies."""
+    def ride(self, pipe: Any) -> Taker | None:
+        """Queue the read of the weights on ``pipe`` if it is due (a rider of every read);
+        what takes them once it went through (None: not due)."""
         now_s = time.monotonic()
-        due = now_s - self._read_s >= WEIGHTS_EVERY_S
-        if due:
-            pipe.hgetall(self.keys.tenants)
-        replies: list[Any] = script_calls.execute(pipe)
-        if due:
-            self._read_s = now_s
-            found = {as_text(k): TenantSettings.from_json(v) for k, v in replies.pop().items()}
-            self.now = {t: s.weight for t, s in found.items()}
-            self.limited = {t for t, s in found.items() if s.tokens_per_minute}
-            self.sharing = {t for t, s in found.items() if s.share_prefixes}
-        return replies
+        if now_s - self._read_s < WEIGHTS_EVERY_S:
+            return None
+        pipe.hgetall(self.keys.tenants)
+        return lambda replies: self.took(replies[0], now_s)
+
+    def took(self, raw: dict[Any, Any], read_s: float) -> None:
+        """The weights as Redis holds them (``genq tenants``), read at ``read_s``."""
+        self._read_s = read_s
+        found = {as_text(k): TenantSettings.from_json(v) for k, v in raw.items()}
+        self.now = {t: s.weight for t, s in found.items()}
+        self.limited = {t for t, s in found.items() if s.tokens_per_minute}
+        self.sharing = {t for t, s in found.items() if s.share_prefixes}
 
 
 def give_back_args(keys: Keys, held: Sequence[Held], rings: int) -> list[str | int]:

@@ -29,7 +29,7 @@ from genq.worker.policy.fair_share import charge
 from genq.worker.policy.lookahead import Held, entry_key
 from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.outcomes import Outcome, Outcomes
-from genq.worker.runtime.queue_io import Delivered
+from genq.worker.runtime.read_trip import Delivered
 
 
 @dataclass(kw_only=True)

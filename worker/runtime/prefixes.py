@@ -26,6 +26,7 @@ from genq.worker.policy.affinity import ResidentAdapters
 from genq.worker.policy.lookahead import Held
 from genq.worker.policy.prefixes import Holdings
 from genq.worker.runtime.outcomes import Outcome
+from genq.worker.runtime.read_trip import Taker
 
 
 class PrefixAffinity:
@@ -57,7 +58,7 @@ class PrefixAffinity:
         self.tracks_adapters = enabled and bool(self._adapters)
         """Whether it keeps adapters (``read`` has nothing to do without)."""
         self.untold = self.tracks_adapters  # (the free slots, at the first read)
-        """Whether there may be changes to tell (``add_to`` is not called without)."""
+        """Whether there may be changes to tell (``ride`` is not called without)."""
         """Key -> '+' (held, tell again: the holders list is most recent first) or '-'."""
 
     def scoped(self, tenant: str, raw: str, stream: str | None = None) -> str:
@@ -108,24 +109,25 @@ class PrefixAffinity:
         for k in gone:
             self._ops[k] = "-"
 
-    def add_to(self, pipe: Any) -> int:
-        """Queue the untold changes on ``pipe`` (one HOLD call); how many, for ``sent``."""
+    def ride(self, pipe: Any) -> Taker | None:
+        """Queue the untold changes on ``pipe`` (one HOLD call: a rider of every read and
+        start); what marks them told once it went through (None: nothing to tell)."""
+        if not self.untold:
+            return None
         ops = [op + key for key, op in self._ops.items()]
         if self._adapters and self.enabled:
             self._slots_sending = str(self._resident.free)
             if self._slots_sending != self._slots_told:
                 ops.append("#" + self._slots_sending)  # free adapter slots (``Keys.adapter_slots``)
         if not ops:
-            return 0
+            return None
         script_calls.add(pipe, HOLD, 1, self.keys.config, self.consumer, *ops)
-        return len(ops)
+        return self._told
 
-    def sent(self, n: int) -> None:
-        """The changes queued by ``add_to`` reached Redis."""
-        if n:
-            self._ops.clear()
-            self._slots_told = self._slots_sending
-            self.untold = False
+    def _told(self, _replies: list[Any]) -> None:
+        self._ops.clear()
+        self._slots_told = self._slots_sending
+        self.untold = False
 
 
 class LoadNote:

@@ -25,7 +25,7 @@ from genq.worker.engines.base import (
 from genq.worker.policy import preemption
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
-from genq.worker.runtime import queue_io
+from genq.worker.runtime import read_trip
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.metrics import Metrics
@@ -35,7 +35,7 @@ log = logging.getLogger("genq.worker")
 
 POLL_S = 0.02
 """How long a turn waits, at least, for a running request to finish before checking Redis
-again (longer while its next read is paced: ``queue_io.READ_PACE_S``)."""
+again (longer while its next read is paced: ``read_trip.READ_PACE_S``)."""
 POLL_SLICE_S = 0.005
 """A continuous runner's wait for outputs is cut in slices this long, to see between them
 whether the doorbell rang (a request arrived: it should join the running batch now)."""
@@ -134,7 +134,7 @@ class Runner:
         """How long after a read that found the queue empty the next one waits (0: none):
         ``READ_PACE_S`` while the engine is busy (a submission rings the doorbell, which ends
         the pace: the paced read is for what rings nothing)."""
-        return queue_io.READ_PACE_S if self.busy else 0.0
+        return read_trip.READ_PACE_S if self.busy else 0.0
 
     def rebalance(
         self, asks: Callable[[], Sequence[preemption.Waiting]], max_batch_size: int
@@ -291,7 +291,8 @@ class StaticRunner(Runner):
         self._ms_per_step = towards(self._ms_per_step, step_ms, 0.3)
         self.counters.generated(report, generation_ms)
         tokens = report.prompt_tokens + report.completion_tokens
-        self.metrics.batch(len(batch), tokens, generation_ms / 1000)
+        if self.metrics.enabled:
+            self.metrics.batch(len(batch), tokens, generation_ms / 1000)
         finished_ms = now_ms()
         return [
             self.outcomes.succeeded(

@@ -25,7 +25,8 @@ from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.outcomes import Outcome, Outcomes
-from genq.worker.runtime.queue_io import Delivered, QueueIO, Reading
+from genq.worker.runtime.queue_io import QueueIO, Reading
+from genq.worker.runtime.read_trip import Delivered
 from genq.worker.runtime.runners import Runner
 
 log = logging.getLogger("genq.worker")
