@@ -21,5 +21,7 @@ clock (time is an argument). Each is unit-tested on plain data.
 - ``spacing``: how long a saturated static worker holds a batch so that the fleet's starts
   spread over a turn (staggered starts);
 - ``preemption``: which running requests yield their places to higher-priority waiting ones,
-  and which paused ones run again.
+  and which paused ones run again;
+- ``model_pool``: which of a worker's models it keeps loaded, and when it swaps (by the
+  backlog, the oldest request, or draining the resident models first).
 """
