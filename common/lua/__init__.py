@@ -10,6 +10,7 @@ module           kind      what it holds
 ``read``         script    ``PULL``: a worker's read, fairly among tenants, placed by prefix
 ``hand_back``    scripts   ``GIVE_BACK`` (read, not started: back in place), ``TAKE_BACK``
 ``hold``         script    ``HOLD``: the prefixes and adapters a worker holds, its free slots
+``model_claim``  script    ``CLAIM_MODEL``: a pool's worker claims a model before it loads it
 ``cancel``       script    ``CANCEL``: ``genq_cancel`` of the Functions library
 ``snapshot``     script    ``SNAPSHOT``: the whole queue in one read-only call
 ``history``      script    ``HISTORY``: a heartbeat's increments in the current 5-s bucket

@@ -13,6 +13,8 @@ module              what it measures
 ``fleet``           a fleet of workers against an ideal central queue
 ``models``          two models on one queue and one gateway, mixed, a worker killed: answers
                     by the wrong model, texts against each model's alone
+``model_pool``      echo workers with a pool of models each, the swap policies in turns:
+                    thrash, starvation, priority across models (``--scenario model-pool``)
 ``adapters``        LoRA adapters mixed in batches, and swapping past ``--max-loras``,
                     against the base model alone (static or vLLM)
 ``batch``           a batch file of a million lines run in waves: Redis' peak memory,

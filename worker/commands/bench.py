@@ -20,7 +20,7 @@ from rich.table import Table
 QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "auto")]
 """The engines measured through the queue (echo has no model to measure)."""
 # scenario -> module of genq.worker.bench
-MODULES = {"prefix-vllm": "prefix_engine", "priority": "preemption"}
+MODULES = {"prefix-vllm": "prefix_engine", "priority": "preemption", "model-pool": "model_pool"}
 SELF_RUN = (
     "priority",
     "structured",
@@ -34,6 +34,7 @@ SELF_RUN = (
     "models",
     "adapters",
     "batch",
+    "model-pool",
 )  # run_and_print
 SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
 

@@ -27,7 +27,7 @@ wait, the highest priority) against what it holds, and says what to load and wha
 whatever the oldest request needs, as Ollama and the llama.cpp router do) and ``collate`` (serve
 every queued request of the resident models before loading another, as llama-swap does). The
 last two keep the rules that protect work (never evict running requests, one load per need),
-not the ones that weigh it.
+not the ones that weigh it (no minimum residence either: the peers have none).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-SwapPolicy = Literal["backlog", "collate", "arrival"]
+from genq.common.model_settings import SwapPolicy
+
 SWAP_POLICIES: tuple[SwapPolicy, ...] = ("backlog", "collate", "arrival")
 Force = Literal["rank", "starving"] | None
 """Why a load may take a place the usual rules keep (``_place``)."""
@@ -88,12 +89,15 @@ class PoolRules:
 class Swap:
     """What to do: load ``load`` (None: nothing), evicting ``evict`` first (None: a free place,
     or an idle model evicted alone); ``drain``: ``evict`` still has requests running here, so the
-    worker starts no more of it, hands back what it holds of it, and swaps once they end."""
+    worker starts no more of it, hands back what it holds of it, and swaps once they end.
+    ``need``: how many workers the loaded model's backlog needs in all (0: any number, it
+    starved): the fleet-wide claim refuses the load when that many others hold it already."""
 
     load: str | None
     evict: str | None
     reason: str
     drain: bool = False
+    need: int = 0
 
 
 def decide(
@@ -135,7 +139,7 @@ def _choose_load(
         )
         if oldest is None or oldest in held or _covered(backlogs[oldest], now_ms, rules):
             return None
-        return _place(oldest, held, backlogs, now_ms, rules, "the oldest request")
+        return _place(oldest, held, backlogs, now_ms, rules, "the oldest request", keep_min=False)
     if rules.policy == "collate":
         if any(backlogs.get(m, Backlog()).waiting for m in held) and len(held) >= rules.capacity:
             return None  # what waits for the resident models goes first
@@ -143,7 +147,8 @@ def _choose_load(
         if not ready:
             return None
         first = min(ready, key=lambda m: cold[m].oldest_ms or now_ms)
-        return _place(first, held, backlogs, now_ms, rules, "the resident models drained")
+        why = "the resident models drained"
+        return _place(first, held, backlogs, now_ms, rules, why, keep_min=False)
     return _weigh(cold, held, backlogs, load_ms, now_ms, rules)
 
 
@@ -199,6 +204,7 @@ def _place(
     rules: PoolRules,
     why: str,
     force: Force = None,
+    keep_min: bool = True,
 ) -> Swap | None:
     """Load ``model``: into a free place, else in the place of the resident model that loses
     least (nothing running here first, then the least waiting, then the least recently used).
@@ -206,13 +212,14 @@ def _place(
     by ``"rank"`` (``model`` outranks what the resident models have waiting), a model past its
     minimum residence whose own work (running or waiting) ranks lower, drained first;
     by ``"starving"``, any model, drained first."""
+    need = 0 if force == "starving" else _need(backlogs.get(model, Backlog()), rules)
     if len(held) < rules.capacity:
-        return Swap(load=model, evict=None, reason=why)
+        return Swap(load=model, evict=None, reason=why, need=need)
     rank = backlogs[model].top_rank if model in backlogs else 0
     places = []
     for r in held.values():
         b = backlogs.get(r.model, Backlog())
-        young = now_ms - r.loaded_ms < rules.min_resident_ms
+        young = keep_min and now_ms - r.loaded_ms < rules.min_resident_ms
         if force is None and (r.running or young):
             continue
         if force == "rank" and (young or _rank(r, backlogs) >= rank):
@@ -221,7 +228,7 @@ def _place(
     if not places:
         return None
     running, _, _, victim = min(places)
-    return Swap(load=model, evict=victim, reason=why, drain=running)
+    return Swap(load=model, evict=victim, reason=why, drain=running, need=need)
 
 
 def _waited_ms(b: Backlog, now_ms: int) -> int:
@@ -229,12 +236,17 @@ def _waited_ms(b: Backlog, now_ms: int) -> int:
 
 
 def _covered(b: Backlog, now_ms: int, rules: PoolRules) -> bool:
-    """Whether the workers that hold (or load) a model are enough for what waits for it: each
-    drains ``model_wait_ms`` of work; one that starves is never covered."""
+    """Whether the workers that hold (or load) a model are enough for what waits for it (one
+    that starves is never covered)."""
     if not b.holders or _waited_ms(b, now_ms) >= rules.model_wait_ms:
         return False
+    return b.holders >= _need(b, rules)
+
+
+def _need(b: Backlog, rules: PoolRules) -> int:
+    """How many workers a model's backlog needs: each drains ``model_wait_ms`` of work."""
     per_worker = max(1.0, rules.drain_tokens_per_s * rules.model_wait_ms / 1000)
-    return b.holders >= math.ceil(b.tokens / per_worker)
+    return max(1, math.ceil(b.tokens / per_worker))
 
 
 def _swap_tokens(load_ms: int, resident_tokens: int, rules: PoolRules) -> float:

@@ -11,6 +11,7 @@
   order, the arrival estimate, the start spacing);
 - ``queue_io``: the consumer group's writes (join, mark running, hand back, final states,
   dead-letter, stats); ``lanes``: which lanes (a model's requests) the worker reads;
+  ``model_pool``: a worker's pool of models, the lanes it reads of them, and its swaps;
 - ``availability``: the loop's retry while Redis is away, and a full Redis;
 - ``prefixes``: the prefixes this worker holds, told to the fleet with each start and read;
 - ``fair_share``: the fair share's calls: the tenants' weights and what goes back to their

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import redis
 from genq.common.connection import connect, is_cluster, refresh_cluster_view
-from genq.common.keys import Keys
+from genq.common.keys import Keys, Lanes
 from genq.common.scripts import Applied
 from genq.common.settings import WorkerSettings
 from genq.common.tools import CALL_FORMAT_MARK
@@ -33,8 +33,9 @@ from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.fair_share import TenantAccounts
 from genq.worker.runtime.heartbeat import IDLE_HEARTBEAT_S, Counters, Heartbeat, Identity
 from genq.worker.runtime.intake import Intake
-from genq.worker.runtime.lanes import worker_lanes
+from genq.worker.runtime.lanes import default_served, worker_lanes
 from genq.worker.runtime.metrics import Metrics
+from genq.worker.runtime.model_pool import EchoLoader, ModelPool, pool_rules
 from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.planner import Planner
 from genq.worker.runtime.prefixes import PrefixAffinity
@@ -63,9 +64,8 @@ def build_worker(
     def side_connection() -> redis.Redis:  # a thread's own (the keeper's, the doorbell's)
         return connect(settings.redis_url) if redis_client is None else redis_client
 
-    keys = worker_lanes(
-        r, settings.queue, [settings.served_model, *settings.adapters], list(settings.adapters)
-    )
+    served = list(settings.pool) if settings.pool_models else [settings.served_model]
+    keys = worker_lanes(r, settings.queue, [*served, *settings.adapters], list(settings.adapters))
     order = _order(settings)
     tenants = TenantAccounts(r, keys)
     prefixes = _prefixes(settings, engine, keys, tenants)
@@ -77,7 +77,7 @@ def build_worker(
     )
     lookahead = Lookahead.for_settings(settings, keys.streams())
     budget = AdaptiveBudget(full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s)
-    outcomes = _outcomes(settings, engine, keys)
+    outcomes = _outcomes(settings, engine, keys, default_served(r, keys, served))
     one_step = not is_cluster(r)  # a step's pieces at once (in one slot only, on a Cluster)
     text = TextSender(lambda: r.pipeline(transaction=one_step), keys, settings.result_ttl_s)
     context = RunnerContext(
@@ -91,9 +91,12 @@ def build_worker(
         on_away=lambda: refresh_cluster_view(r),
     )
     spacing = _spacing(settings, keys, r, trip, counters)
+    pool = _pool(settings, r, keys, served, queue, counters, stats)
+    if pool is not None:  # (its look at every lane of the pool rides the read)
+        trip.after.append(pool.ride)
     listener = DoorbellListener(side_connection(), keys.doorbells)
-    reader = _reader(settings, trip, order, lookahead, runner, listener, counters, spacing)
-    planner = _planner(settings, lookahead, runner, writer, tenants, order, budget, spacing)
+    reader = _reader(settings, trip, order, lookahead, runner, listener, counters, spacing, pool)
+    planner = _planner(settings, lookahead, runner, writer, tenants, order, budget, spacing, pool)
     keeper = _keeper(
         settings,
         keys,
@@ -130,18 +133,20 @@ def _reader(
     doorbell: DoorbellListener,
     counters: Counters,
     spacing: StaggeredStarts,
+    pool: ModelPool | None,
 ) -> Reader:
     """The reader: its round trip, what it asks for, the doorbell listener, and the batch-reads
     thread (which exchanges the start spacing's phases as a batch's window opens)."""
     return Reader(
         settings=settings,
         trip=trip,
-        asks=ReadAsks(settings, lookahead, runner, order, trip.keys),
+        asks=ReadAsks(settings, lookahead, runner, order, trip.keys, pool),
         lookahead=lookahead,
         runner=runner,
         doorbell=doorbell,
         counters=counters,
         exchange=spacing.exchange,
+        pool=pool,
     )
 
 
@@ -154,6 +159,7 @@ def _planner(
     order: WaitingOrder,
     budget: AdaptiveBudget,
     spacing: StaggeredStarts,
+    pool: ModelPool | None,
 ) -> Planner:
     """The plan step over the policy units, with the tenants' weights."""
     return Planner(
@@ -165,6 +171,35 @@ def _planner(
         order=order,
         budget=budget,
         spacing=spacing,
+        pool=pool,
+    )
+
+
+def _pool(
+    settings: WorkerSettings,
+    r: redis.Redis,
+    keys: Lanes,
+    served: list[str],
+    queue: QueueIO,
+    counters: Counters,
+    stats: Heartbeat,
+) -> ModelPool | None:
+    """A pool of models (``--model`` repeated; None: one model): the echo engine's, all of its
+    models resident unless ``--resident-models`` says fewer."""
+    if not settings.pool_models:
+        return None
+    capacity = settings.resident_models or len(served)
+    return ModelPool(
+        r=r,
+        keys=keys,
+        models=served,
+        default_model=default_served(r, keys, served),
+        rules=pool_rules(settings, capacity),
+        loader=EchoLoader(settings.echo_load_ms),
+        queue=queue,
+        counters=counters,
+        fields=stats.identity.fields,
+        consumer=settings.consumer_name,
     )
 
 
@@ -276,14 +311,15 @@ def _loop_connection(url: str) -> redis.Redis:
     return r
 
 
-def _outcomes(settings: WorkerSettings, engine: Engine, keys: Keys) -> Outcomes:
+def _outcomes(settings: WorkerSettings, engine: Engine, keys: Keys, default: str) -> Outcomes:
     """How this worker's results are written (tool calls read from the text when the model's
-    chat template teaches the Hermes call format)."""
+    chat template teaches the Hermes call format; ``default``: the model that answers the
+    requests that name none)."""
     template = getattr(engine.tokenizer, "chat_template", None)
     return Outcomes(
         worker=settings.consumer_name,
         keys=keys,
-        model=settings.served_model,
+        model=default,
         reads_tool_calls=isinstance(template, str) and CALL_FORMAT_MARK in template,
         keys_next_turns=settings.prefix_aware,
     )
@@ -300,7 +336,7 @@ def _heartbeat(
     identity = Identity(
         consumer=settings.consumer_name,
         engine=engine.name,
-        model=settings.served_model,
+        model=" ".join(settings.pool) if settings.pool_models else settings.served_model,
         device="-" if engine.name == "echo" else settings.device,
         adapters=list(settings.adapters),
     )
@@ -345,7 +381,7 @@ def _intake(settings: WorkerSettings, engine: Engine, outcomes: Outcomes, keys: 
         max_context_tokens=engine.max_context_tokens,
         max_batch_tokens=settings.max_batch_tokens,
         vocab_size=None if engine.tokenizer is None else len(engine.tokenizer),
-        models=frozenset([settings.served_model, *settings.adapters]),
+        models=frozenset([*settings.pool, settings.served_model, *settings.adapters]),
     )
     return Intake(
         engine=engine,

@@ -57,6 +57,9 @@ class Counters:
     """What the worker has done since it started; published in its stats hash."""
 
     batches: int = 0
+    model_loads: int = 0
+    model_evictions: int = 0
+    model_load_ms: int = 0
     succeeded: int = 0
     failed: int = 0
     expired: int = 0

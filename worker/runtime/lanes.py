@@ -25,11 +25,13 @@ log = logging.getLogger("genq.worker")
 
 
 def worker_lanes(r: Any, queue: str, served: list[str], adapters: Sequence[str] = ()) -> Lanes:
-    """The lanes of a worker serving the names ``served`` (its model's first), making its
-    model the queue's default if the queue has none, and naming its LoRA ``adapters`` (among
-    ``served``) in the queue's set of them (``Keys.adapters``: their entries are keyed by
-    adapter, for the read's affinity). Raises ConfigError for a name that cannot be a
-    model's (a local path with other characters: give --served-model-name)."""
+    """The lanes of a worker serving the names ``served`` (its model's first: the queue's
+    default if the queue has none; a pool's models after it), naming its LoRA ``adapters``
+    (among ``served``) in the queue's set of them (``Keys.adapters``: their entries are keyed by
+    adapter, for the read's affinity). The queue's default model, if served, reads the unnamed
+    lane (and its own, if requests named it before it became the default). Raises
+    ConfigError for a name that cannot be a model's (a local path with other characters: give
+    --served-model-name)."""
     for name in served:
         problem = model_problem(name)
         if problem is not None:
@@ -38,18 +40,34 @@ def worker_lanes(r: Any, queue: str, served: list[str], adapters: Sequence[str] 
     pipe = r.pipeline(transaction=False)
     pipe.hsetnx(keys.config, DEFAULT_MODEL_FIELD, served[0])
     pipe.hget(keys.config, DEFAULT_MODEL_FIELD)
-    pipe.sismember(keys.models, served[0])
+    for name in served:
+        pipe.sismember(keys.models, name)
     if adapters:
         pipe.sadd(keys.adapters, *adapters)
-    default, named_before = pipe.execute()[1:3]
-    models: list[str | None] = list(served)
-    if default is not None and as_text(default) == served[0]:
-        models = [None, *served[1:]]  # its requests wait in the unnamed lane
-        if named_before:
-            models.append(served[0])
-    else:
+    replies = pipe.execute()
+    default = None if replies[1] is None else as_text(replies[1])
+    named_before = dict(zip(served, replies[2 : 2 + len(served)], strict=True))
+    models: list[str | None] = []
+    for name in served:
+        if name != default:
+            models.append(name)
+            continue
+        models.insert(0, None)  # its requests wait in the unnamed lane
+        if named_before[name]:
+            models.append(name)
+    if default not in served:
         log.info(
             "requests that name no model go to %s (the queue's default model), not to this worker",
-            as_text(default) if default is not None else "-",
+            default or "-",
         )
     return Lanes(queue, models)
+
+
+def default_served(r: Any, keys: Lanes, served: Sequence[str]) -> str:
+    """Which of ``served`` answers the requests that name no model: the queue's default, when
+    the worker reads the unnamed lane; else its first (none such reach it)."""
+    if len(served) == 1 or None not in {k.model for k in keys.lanes()}:
+        return served[0]
+    default = r.hget(keys.config, DEFAULT_MODEL_FIELD)
+    name = None if default is None else as_text(default)
+    return name if name is not None and name in served else served[0]

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from genq.common.settings import WorkerSettings
 from genq.worker.policy.arrivals import ArrivalEstimate
 from genq.worker.policy.batching import BatchPolicy, Decision, batch_limits
 from genq.worker.policy.budget import AdaptiveBudget
-from genq.worker.policy.lookahead import Lookahead
+from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.policy.ordering import WaitingOrder
 from genq.worker.policy.planning import plan_start
 from genq.worker.policy.suspects import Gate, SuspectGate
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.fair_share import TenantWeights
+from genq.worker.runtime.model_pool import ModelPool
 from genq.worker.runtime.outcomes import Outcome
 from genq.worker.runtime.runners import Runner
 from genq.worker.runtime.spacing import StaggeredStarts
@@ -49,6 +51,7 @@ class Planner:
         order: WaitingOrder,
         budget: AdaptiveBudget,
         spacing: StaggeredStarts,
+        pool: ModelPool | None = None,
     ) -> None:
         self.settings = settings
         self.lookahead = lookahead
@@ -58,6 +61,7 @@ class Planner:
         self.order = order  # who goes first among what waits (--tenant-policy)
         self.budget = budget
         self.spacing = spacing  # a saturated static fleet's starts spread over a turn
+        self.pool = pool  # a pool of models: a batch is one model's
         self.gate = SuspectGate()
         self.arrivals = ArrivalEstimate()
         self.arrived = self.arrivals.observe
@@ -84,8 +88,11 @@ class Planner:
         if suspect is not None:
             decision = Decision(batch=[suspect.candidate], reason="suspect")
         else:
+            waiting: Iterable[Held] = self.lookahead.waiting.values()
+            if self.pool is not None:
+                waiting = self.pool.one_model(waiting)
             planned = plan_start(
-                [h.candidate for h in self.lookahead.waiting.values()],  # (``candidates``)
+                [h.candidate for h in waiting],  # (``candidates``)
                 now_ms=now_ms(),
                 policy=batch_policy(self.settings, self.budget),
                 running=len(running),

@@ -9,6 +9,8 @@ The worker's turn asks the reader for requests once (``read``) and hands it the 
     read:      otherwise one read round trip (``read_trip.py``), paced while the engine is busy
                or the worker idles, not paced after a ring;
     reclaim:   dead workers' entries, taken over within the room (every claim_idle_ms / 4);
+    pool:      with several models, only the lanes of those it holds; the swaps
+               (``model_pool.py``) change them between reads;
     resume:    this consumer's own pending entries, when it joins;
     idle:      nothing to start: a block on the doorbell (``doorbell.py``), which a
                submission or a hand-back rings.
@@ -35,6 +37,7 @@ from genq.worker.runtime import recovery
 from genq.worker.runtime.batch_reads import SHORTEST_MS, ReadsDuringBatch
 from genq.worker.runtime.doorbell import DoorbellListener
 from genq.worker.runtime.heartbeat import Counters
+from genq.worker.runtime.model_pool import ModelPool
 from genq.worker.runtime.outcomes import Outcome
 from genq.worker.runtime.read_asks import ReadAsks
 from genq.worker.runtime.read_trip import CarriedRead, Delivered, ReadTrip
@@ -64,6 +67,7 @@ class Reader:
         doorbell: DoorbellListener,
         counters: Counters,
         exchange: Callable[[], None] | None = None,
+        pool: ModelPool | None = None,
     ) -> None:
         self.trip = trip
         self.asks = asks
@@ -71,6 +75,8 @@ class Reader:
         self.runner = runner
         self.doorbell = doorbell
         self.counters = counters
+        self.pool = pool
+        """A pool of models (None: one model): which lanes are read, and the swaps."""
         self.batch_reads = ReadsDuringBatch(self.beside_batch, exchange)
         """The thread that reads while a short static batch runs (``exchange``: the start
         spacing's, which it calls as a window opens)."""
@@ -102,7 +108,10 @@ class Reader:
         return self.batch_reads.entries()
 
     def resume(self, admit: Admit) -> int:
-        """Take back this consumer's own pending entries (``recovery.resume_own``)."""
+        """Take back this consumer's own pending entries (``recovery.resume_own``), a pool's
+        first models loaded first (its lanes are the ones read)."""
+        if self.pool is not None:
+            self.pool.start()
         trip = self.trip
         resumed = recovery.resume_own(
             trip.redis,
@@ -124,6 +133,8 @@ class Reader:
         if self.batch_reads.taken is False:  # a window opened since the last take
             fetched, covered = self.batch_reads.take()
             admit(fetched, False)
+        if reading and self.pool is not None:  # (its swaps change which lanes are read)
+            self.pool.look(self.lookahead, self.runner.running.values())
         if reading and time.monotonic() >= self.reclaim_at_s:
             self.reclaim(admit)
         if reading and not (covered and self.lookahead.waiting):

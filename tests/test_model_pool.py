@@ -1,0 +1,119 @@
+"""A worker with a pool of models (``--model`` repeated): it reads only the lanes of the models
+it holds, swaps by what waits, answers each request with the model it named, tells the fleet
+what it holds, and two workers never both claim the place one can fill. Real redis-server,
+real worker processes on the echo engine (``--echo-load-ms``: a load takes real time)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import redis
+from genq.common import script_calls
+from genq.common.keys import Keys
+from genq.common.lua.model_claim import CLAIM_MODEL
+from genq.common.prefixes import adapter_key
+from genq.producer import Client
+
+from tests.conftest import WorkerProcess, wait_until
+
+POOL = ("--engine", "echo", "--model", "alpha", "--model", "beta", "--model", "gamma")
+
+
+def test_a_pool_worker_swaps_to_what_waits_and_each_answer_is_its_models(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """One resident model at a time: requests for the other two wait in their lanes until the
+    worker loads their model (one swap a model), and every result names the model it asked."""
+    worker = start_worker(
+        queue, *POOL, "--resident-models", "1", "--echo-load-ms", "200", "--min-resident-ms", "0"
+    )
+    keys = Keys(queue)
+    wait_until(lambda: r.hget(keys.worker("w0"), "resident") == b"alpha", timeout_s=60)
+    client = Client.from_url(redis_url, queue)
+    models = ["alpha", "beta", "gamma"] * 20
+    ids = [client.submit(f"q {i}", model=m, max_new_tokens=4) for i, m in enumerate(models)]
+    results = client.results(ids, timeout=60)
+    assert [x.status for x in results] == ["succeeded"] * len(models)
+    assert [x.model for x in results] == models, "answered by the model it named"
+    wait_until(lambda: int(r.hget(keys.worker("w0"), "model_loads") or 0) >= 3, timeout_s=10)
+    stats = r.hgetall(keys.worker("w0"))
+    assert int(stats[b"model_loads"]) <= 5, stats  # one load a model, not one a request
+    assert stats[b"model"] == b"alpha beta gamma"
+    holders = r.hget(keys.holders, adapter_key(stats[b"resident"].decode()))
+    assert holders is not None and b"w0" in holders, "the fleet knows what it holds"
+    assert "model pool: loaded" in worker.log()
+    client.close()
+
+
+def test_a_pool_worker_reads_no_lane_of_a_model_it_does_not_hold(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """With a long minimum residence and nothing weighing enough, the request for a cold model
+    stays queued while the resident model's requests are served: the cold lane is not read."""
+    start_worker(
+        queue,
+        *POOL,
+        "--resident-models",
+        "1",
+        "--echo-load-ms",
+        "50",
+        "--min-resident-ms",
+        "600000",
+        "--model-wait-ms",
+        "600000",
+    )
+    keys = Keys(queue)
+    wait_until(lambda: r.hget(keys.worker("w0"), "resident") == b"alpha", timeout_s=60)
+    client = Client.from_url(redis_url, queue)
+    cold = client.submit("for beta", model="beta", max_new_tokens=4)
+    warm = client.submit_many([{"prompt": f"a {i}", "model": "alpha"} for i in range(30)])
+    assert all(x.status == "succeeded" for x in client.results(warm, timeout=30))
+    time.sleep(1.0)
+    assert client.status(cold).status == "queued", "beta's lane was not read"
+    client.close()
+
+
+def test_one_claim_per_need_and_a_dead_holder_counts_for_nothing(
+    r: redis.Redis, queue: str
+) -> None:
+    keys = Keys(queue)
+    model = adapter_key("beta")
+    for w in ("w1", "w2"):
+        r.hset(keys.worker(w), "consumer", w)  # live: their stats hashes exist
+
+    def claim(me: str, need: int) -> int:
+        return int(script_calls.call(r, CLAIM_MODEL, 1, keys.config, me, model, need))
+
+    assert claim("w1", 1) == 1
+    assert claim("w2", 1) == 0, "one worker is what the backlog needs: the other stays"
+    assert claim("w2", 2) == 1, "a backlog that needs two"
+    assert r.hget(keys.holders, model) == b"w2 w1"
+    r.delete(keys.worker("w1"), keys.worker("w2"))  # both died
+    assert claim("w3", 1) == 1, "dead holders hold nothing"
+    assert r.hget(keys.holders, model) == b"w3"
+    assert claim("w4", 0) == 1, "a starving model: any number"
+
+
+def run_worker(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_a_pool_that_cannot_work_is_one_clear_line_at_start(redis_url: str) -> None:
+    cases = {
+        ("--engine", "echo", "--model", "a", "--model", "a"): "--model a is given twice",
+        ("--engine", "static", "--model", "tiny", "--model", "smollm2-135m"): "--engine echo",
+        ("--engine", "echo", "--model", "a", "--model", "b", "--resident-models", "0"): (
+            "resident_models"
+        ),
+        ("--engine", "echo", "--model", "a", "--model", "b c"): "b c",
+    }
+    for args, says in cases.items():
+        done = run_worker(redis_url, *args)
+        assert done.returncode != 0, args
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert any(says in line for line in lines), (args, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr

@@ -1,0 +1,291 @@
+"""A worker's pool of models at run time: which it holds, what waits for each, and the swaps.
+
+A worker started with several ``--model`` reads the lanes of the models it holds (at most
+``--resident-models``), not the others'. Every ``LOOK_MS`` the read's round trip carries the
+pool's look at every lane of the pool (a rider: ``ride``): the backlog (LLEN), the oldest
+waiting entry of each priority (XPENDING of the entries no worker took yet) and who else holds
+each model (the holders hash, as adapters are held). At each turn's read the reader asks the
+pool to ``look``: the policy (``policy/model_pool.py``) says what to load and evict, and the pool
+does it: it claims the model to load (``CLAIM_MODEL``: refused when as many other workers as its
+backlog needs hold it already, so ten idle workers do not all load what one can drain; a load
+in progress counts as held), stops reading the model it evicts, hands back what it holds of
+it, waits for that model's running requests to end (the turns go on meanwhile: the other
+resident models run), then evicts it and loads the other.
+A worker of one model has no pool: none of this runs, and its Redis cost is unchanged.
+
+What each engine can pool: the echo engine (its models are names, a load is ``--echo-load-ms``
+of sleep), so the fleet's decisions are measurable without real models. The transformers and
+vLLM engines serve one model a worker for now (``ModelSettings`` refuses a pool for them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from genq.common import script_calls
+from genq.common.keys import GROUP, QUEUED, Keys, Lanes
+from genq.common.lua.hold import HOLD
+from genq.common.lua.model_claim import CLAIM_MODEL
+from genq.common.models import PRIORITIES
+from genq.common.prefixes import adapter_key
+from genq.common.wire import as_text
+from genq.worker.policy.lookahead import Held, Lookahead
+from genq.worker.policy.model_pool import Backlog, PoolRules, Resident, Swap, decide
+from genq.worker.runtime.clock import now_ms
+from genq.worker.runtime.heartbeat import Counters
+from genq.worker.runtime.queue_io import QueueIO
+from genq.worker.runtime.read_trip import Taker
+
+log = logging.getLogger("genq.worker")
+
+LOOK_MS = 250
+"""How often the read's round trip carries the pool's look at its lanes."""
+RANK = {p: len(PRIORITIES) - i for i, p in enumerate(PRIORITIES)}
+"""A priority's rank (high first): what the policy compares."""
+DEFAULT_COST = 100
+"""The weighted tokens a request counts for until the worker measured its own."""
+
+
+class Loader(Protocol):
+    """What loads and evicts a pool's models (an engine's side)."""
+
+    def load(self, model: str) -> None: ...
+
+    def evict(self, model: str) -> None: ...
+
+
+class EchoLoader:
+    """The echo engine's pool: its models are names; a load sleeps ``load_ms``."""
+
+    def __init__(self, load_ms: float) -> None:
+        self.load_ms = load_ms
+
+    def load(self, model: str) -> None:
+        time.sleep(self.load_ms / 1000)
+
+    def evict(self, model: str) -> None:
+        pass
+
+
+@dataclass
+class _Held:
+    loaded_ms: int
+    used_ms: int
+
+
+class ModelPool:
+    """One worker's models, the lanes it reads, and its swaps (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        r: Any,
+        keys: Lanes,
+        models: Sequence[str],
+        default_model: str,
+        rules: PoolRules,
+        loader: Loader,
+        queue: QueueIO,
+        counters: Counters,
+        fields: dict[str, Any],
+        consumer: str,
+    ) -> None:
+        self.redis, self.keys, self.models, self.rules = r, keys, list(models), rules
+        self.loader, self.queue, self.counters, self.consumer = loader, queue, counters, consumer
+        self.fields = fields
+        """The worker's stats fields this pool keeps current (``resident``, its last swap)."""
+        self.lanes: dict[str, list[Keys]] = {m: [] for m in models}
+        for lane in keys.lanes():
+            self.lanes[lane.model or default_model].append(lane)
+        self.model_of = {
+            s: m for m, lanes in self.lanes.items() for k in lanes for s in k.streams()
+        }
+        """Each stream's model."""
+        self.readable: set[str] = set()
+        """The streams the worker reads: those of the models it holds (less one it drains)."""
+        self.backlogs: dict[str, Backlog] = {}
+        self.load_ms: dict[str, int] = dict.fromkeys(models, 0)
+        """Each model's load time, as measured here (0 until its first load)."""
+        self._held: dict[str, _Held] = {}
+        self._swap: Swap | None = None
+        self._fresh = False  # a look came since the last decision
+        self._look_at_s = 0.0
+        self._holders: list[str] = []  # the other holders seen, whose liveness the next look asks
+        self._live: set[str] = set()
+        self._cost = float(DEFAULT_COST)  # weighted tokens a request, measured
+        self._rate: float | None = None  # weighted tokens a second served, measured
+        self._served = (0, 0, time.monotonic())  # (requests, weighted tokens) ended, when
+
+    def start(self) -> None:
+        """Load the first ``capacity`` models of the pool (the worker's join)."""
+        for model in self.models[: self.rules.capacity]:
+            self._load(model, "start")
+
+    def ride(self, pipe: Any) -> Taker | None:
+        """The pool's look at its lanes, in the read's round trip every ``LOOK_MS`` (a rider)."""
+        now_s = time.monotonic()
+        if now_s < self._look_at_s:
+            return None
+        self._look_at_s = now_s + LOOK_MS / 1000
+        for model in self.models:
+            for lane in self.lanes[model]:
+                pipe.llen(lane.waiting)
+                for stream in lane.streams():
+                    pipe.xpending_range(stream, GROUP, "-", "+", 1, QUEUED)
+            pipe.hget(self.keys.holders, adapter_key(model))
+        asked = list(self._holders)
+        for holder in asked:
+            pipe.exists(self.keys.worker(holder))
+        return lambda replies: self._took(replies, asked)
+
+    def _took(self, replies: list[Any], asked: list[str]) -> None:
+        answers = replies[len(replies) - len(asked) :]
+        self._live = {h for h, alive in zip(asked, answers, strict=True) if alive}
+        at, seen = 0, set()
+        for model in self.models:
+            waiting, oldest, rank = 0, None, 0
+            for lane in self.lanes[model]:
+                waiting += int(replies[at])
+                at += 1
+                for stream in lane.streams():
+                    pending = replies[at]
+                    at += 1
+                    if pending:
+                        ms = int(as_text(pending[0]["message_id"]).split("-")[0])
+                        oldest = ms if oldest is None else min(oldest, ms)
+                        rank = max(rank, RANK[self.keys.priority_of(stream)])
+            holders = [h for h in as_text(replies[at] or "").split() if h != self.consumer]
+            at += 1
+            seen.update(holders)
+            live = sum(1 for h in holders if h in self._live or h not in asked)
+            tokens = round(waiting * self._cost)
+            self.backlogs[model] = Backlog(waiting, tokens, oldest, rank, live)
+        self._holders = sorted(seen)
+        self._fresh = True
+
+    def look(self, lookahead: Lookahead, running: Iterable[Held]) -> None:
+        """The reader's call at each read: decide on a fresh look, and go on with a swap under
+        way (a drain ends, then the swap)."""
+        if self._swap is None:
+            if not self._fresh:
+                return
+            self._fresh = False
+            self._measure()
+            residents = self._residents(lookahead, running)
+            swap = decide(self.backlogs, residents, self.load_ms, now_ms(), self._rules())
+            if swap is None or (swap.load is not None and not self._claim(swap)):
+                return
+            self._swap = swap
+        self._go_on(self._swap, lookahead, running)
+
+    def one_model(self, waiting: Iterable[Held]) -> list[Held]:
+        """What waits of one model (a batch is one model's): the model of the request that
+        goes first by priority and age."""
+        held = list(waiting)
+        if not held:
+            return held
+        first = max(held, key=lambda h: (RANK[h.request.priority], -h.enqueued_ms))
+        model = self.model_of[first.stream]
+        return [h for h in held if self.model_of[h.stream] == model]
+
+    def _go_on(self, swap: Swap, lookahead: Lookahead, running: Iterable[Held]) -> None:
+        victim = swap.evict
+        if victim is not None and victim in self._held:
+            self.readable -= {s for k in self.lanes[victim] for s in k.streams()}
+            mine = [k for k, h in lookahead.waiting.items() if self.model_of[h.stream] == victim]
+            if mine:
+                back = lookahead.take(mine)
+                self.queue.hand_back(back, rings=1)
+                lookahead.started(back)
+            if any(self.model_of[h.stream] == victim for h in running):
+                return  # drained first: its running requests end, then the swap
+            self.loader.evict(victim)
+            del self._held[victim]
+            self._tell("-", victim)
+            self.counters.model_evictions += 1
+        self._swap = None
+        if swap.load is not None and swap.load not in self._held:
+            self._load(swap.load, swap.reason, victim)
+        elif victim is not None:
+            log.info("model pool: evicted %s (%s)", victim, swap.reason)
+        self.fields["resident"] = " ".join(sorted(self._held))
+
+    def _claim(self, swap: Swap) -> bool:
+        """Claim ``swap.load`` in the fleet before the swap (``CLAIM_MODEL``): refused when as
+        many other workers as its backlog needs hold it or load it already."""
+        assert swap.load is not None
+        args = [self.keys.config, self.consumer, adapter_key(swap.load), swap.need]
+        claimed = bool(script_calls.call(self.redis, CLAIM_MODEL, 1, *args))
+        if not claimed:
+            log.debug("model pool: %s is held by enough workers", swap.load)
+        return claimed
+
+    def _load(self, model: str, why: str, victim: str | None = None) -> None:
+        if why == "start":  # (a swap's load was claimed: held from then on)
+            self._tell("+", model)
+        t0 = time.perf_counter()
+        self.loader.load(model)
+        took_ms = int((time.perf_counter() - t0) * 1000)
+        self.load_ms[model] = took_ms
+        now = now_ms()
+        self._held[model] = _Held(loaded_ms=now, used_ms=now)
+        self.readable |= {s for k in self.lanes[model] for s in k.streams()}
+        self.counters.model_loads += 1
+        self.counters.model_load_ms += took_ms
+        self.fields["resident"] = " ".join(sorted(self._held))
+        self.fields["last_swap"] = f"{victim or '-'} -> {model}: {why}"
+        place = f" in place of {victim}" if victim else ""
+        log.info("model pool: loaded %s in %d ms%s (%s)", model, took_ms, place, why)
+
+    def _tell(self, op: str, model: str) -> None:
+        """Tell the fleet at once that this worker holds (or loads) ``model``, or no longer."""
+        args = [self.keys.config, self.consumer, op + adapter_key(model)]
+        script_calls.call(self.redis, HOLD, 1, *args)
+
+    def _residents(self, lookahead: Lookahead, running: Iterable[Held]) -> list[Resident]:
+        busy: dict[str, list[Held]] = {}
+        for h in [*lookahead.waiting.values(), *running]:
+            busy.setdefault(self.model_of[h.stream], []).append(h)
+        now = now_ms()
+        out = []
+        for model, held in self._held.items():
+            mine = busy.get(model, [])
+            if mine:
+                held.used_ms = now
+            rank = max((RANK[h.request.priority] for h in mine), default=0)
+            out.append(Resident(model, held.loaded_ms, held.used_ms, len(mine), rank))
+        return out
+
+    def _measure(self) -> None:
+        """This worker's cost a request and drain rate, from what ended since the last look."""
+        c = self.counters
+        done, tokens = c.finished, c.prompt_tokens + 2 * c.completion_tokens
+        before_done, before_tokens, before_s = self._served
+        now_s = time.monotonic()
+        if done - before_done >= 10:
+            self._cost += 0.3 * ((tokens - before_tokens) / (done - before_done) - self._cost)
+            rate = (tokens - before_tokens) / max(now_s - before_s, 1e-3)
+            self._rate = rate if self._rate is None else self._rate + 0.3 * (rate - self._rate)
+            self._served = (done, tokens, now_s)
+
+    def _rules(self) -> PoolRules:
+        """The rules, with the drain rate measured here (once it is)."""
+        if self._rate is None:
+            return self.rules
+        return dataclasses.replace(self.rules, drain_tokens_per_s=self._rate)
+
+
+def pool_rules(settings: Any, capacity: int) -> PoolRules:
+    """The policy's rules from a worker's settings."""
+    return PoolRules(
+        capacity=capacity,
+        min_resident_ms=settings.min_resident_ms,
+        model_wait_ms=settings.model_wait_ms,
+        model_idle_ms=int(settings.model_idle_s * 1000),
+        policy=settings.swap_policy,
+    )
