@@ -117,3 +117,41 @@ def test_a_pool_that_cannot_work_is_one_clear_line_at_start(redis_url: str) -> N
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert any(says in line for line in lines), (args, done.stderr)
         assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_what_a_killed_pool_worker_held_is_loaded_for_and_served_by_another(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """A pool worker killed with requests of its model taken: no entry waits in that model's
+    lane any more, but the entries the dead worker held count in the next worker's look, so it
+    loads the model, takes them over and answers them with it. Nothing is lost."""
+    keys = Keys(queue)
+    dying = start_worker(
+        queue, *POOL, "--resident-models", "1", "--echo-step-ms", "500", "--heartbeat-ttl-s", "2"
+    )
+    wait_until(lambda: r.hget(keys.worker("w0"), "resident") == b"alpha", timeout_s=60)
+    client = Client.from_url(redis_url, queue)
+    ids = client.submit_many(
+        [{"prompt": f"a {i}", "model": "alpha"} for i in range(6)], max_new_tokens=50
+    )
+    wait_until(lambda: client.status(ids[0]).status == "running", timeout_s=30)
+    dying.kill()
+    start_worker(
+        queue,
+        "--engine",
+        "echo",
+        "--model",
+        "beta",
+        "--model",
+        "alpha",
+        "--resident-models",
+        "1",
+        "--min-resident-ms",
+        "0",
+        "--claim-idle-ms",
+        "1000",
+    )
+    results = client.results(ids, timeout=90)
+    assert [x.status for x in results] == ["succeeded"] * len(ids)
+    assert {x.model for x in results} == {"alpha"} and {x.worker for x in results} == {"w1"}
+    client.close()

@@ -2,7 +2,8 @@
 
 A worker started with several ``--model`` reads the lanes of the models it holds (at most
 ``--resident-models``), not the others'. Every ``LOOK_MS`` the read's round trip carries the
-pool's look at every lane of the pool (a rider: ``ride``): the backlog (LLEN), the oldest
+pool's look at every lane of the pool (a rider: ``ride``): the backlog (LLEN, and the entries
+dead workers held: they wait for a holder of their model to take them over), the oldest
 waiting entry of each priority (XPENDING of the entries no worker took yet) and who else holds
 each model (the holders hash, as adapters are held). At each turn's read the reader asks the
 pool to ``look``: the policy (``policy/model_pool.py``) says what to load and evict, and the pool
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from genq.common import script_calls
-from genq.common.keys import GROUP, QUEUED, Keys, Lanes
+from genq.common.keys import GROUP, QUEUED, RETURNED, Keys, Lanes
 from genq.common.lua.hold import HOLD
 from genq.common.lua.model_claim import CLAIM_MODEL
 from genq.common.models import PRIORITIES
@@ -115,8 +116,7 @@ class ModelPool:
         self._swap: Swap | None = None
         self._fresh = False  # a look came since the last decision
         self._look_at_s = 0.0
-        self._holders: list[str] = []  # the other holders seen, whose liveness the next look asks
-        self._live: set[str] = set()
+        self._seen: list[str] = []  # other workers seen, whose liveness the next look asks
         self._cost = float(DEFAULT_COST)  # weighted tokens a request, measured
         self._rate: float | None = None  # weighted tokens a second served, measured
         self._served = (0, 0, time.monotonic())  # (requests, weighted tokens) ended, when
@@ -127,7 +127,11 @@ class ModelPool:
             self._load(model, "start")
 
     def ride(self, pipe: Any) -> Taker | None:
-        """The pool's look at its lanes, in the read's round trip every ``LOOK_MS`` (a rider)."""
+        """The pool's look at its lanes, in the read's round trip every ``LOOK_MS`` (a rider):
+        per lane its backlog; per stream the oldest entry no worker took yet and the pending
+        entries by consumer (those of dead workers wait for a holder of their model to take
+        them over, so they count); per model its holders; then whether the consumers seen last
+        time are alive (their stats hashes)."""
         now_s = time.monotonic()
         if now_s < self._look_at_s:
             return None
@@ -137,15 +141,17 @@ class ModelPool:
                 pipe.llen(lane.waiting)
                 for stream in lane.streams():
                     pipe.xpending_range(stream, GROUP, "-", "+", 1, QUEUED)
+                    pipe.xpending(stream, GROUP)
             pipe.hget(self.keys.holders, adapter_key(model))
-        asked = list(self._holders)
-        for holder in asked:
-            pipe.exists(self.keys.worker(holder))
+        asked = list(self._seen)
+        for consumer in asked:
+            pipe.exists(self.keys.worker(consumer))
         return lambda replies: self._took(replies, asked)
 
     def _took(self, replies: list[Any], asked: list[str]) -> None:
         answers = replies[len(replies) - len(asked) :]
-        self._live = {h for h, alive in zip(asked, answers, strict=True) if alive}
+        live = {c for c, alive in zip(asked, answers, strict=True) if alive}
+        dead = set(asked) - live
         at, seen = 0, set()
         for model in self.models:
             waiting, oldest, rank = 0, None, 0
@@ -153,19 +159,24 @@ class ModelPool:
                 waiting += int(replies[at])
                 at += 1
                 for stream in lane.streams():
-                    pending = replies[at]
-                    at += 1
-                    if pending:
-                        ms = int(as_text(pending[0]["message_id"]).split("-")[0])
+                    first, summary = replies[at], replies[at + 1]
+                    at += 2
+                    for c in summary.get("consumers") or []:
+                        name = as_text(c["name"])
+                        if name not in (QUEUED, RETURNED, self.consumer):
+                            seen.add(name)
+                            waiting += int(c["pending"]) if name in dead else 0
+                    if first:
+                        ms = int(as_text(first[0]["message_id"]).split("-")[0])
                         oldest = ms if oldest is None else min(oldest, ms)
                         rank = max(rank, RANK[self.keys.priority_of(stream)])
             holders = [h for h in as_text(replies[at] or "").split() if h != self.consumer]
             at += 1
             seen.update(holders)
-            live = sum(1 for h in holders if h in self._live or h not in asked)
+            alive = sum(1 for h in holders if h not in dead)
             tokens = round(waiting * self._cost)
-            self.backlogs[model] = Backlog(waiting, tokens, oldest, rank, live)
-        self._holders = sorted(seen)
+            self.backlogs[model] = Backlog(waiting, tokens, oldest, rank, alive)
+        self._seen = sorted(seen)
         self._fresh = True
 
     def look(self, lookahead: Lookahead, running: Iterable[Held]) -> None:
