@@ -107,23 +107,22 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
 
 def _models(raw: dict[str, Any], workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per lane (``Keys.lane``): its model (None: the unnamed lane, served by the queue's
-    default model), requests waiting, the live workers serving it, what they run and the tokens
-    they generated; ``no_live_worker``: requests wait that no live worker can take (workers may
-    start later)."""
+    default model), requests waiting, the live workers serving it (a pool's among them) and
+    those holding it loaded, what they run and the tokens they generated; ``no_live_worker``:
+    requests wait that no live worker can take (workers may start later)."""
     default = as_text(raw["default_model"]) if raw.get("default_model") else None
     live = [w for w in workers if w["alive"]]
     lanes: dict[str | None, int] = {None: int(raw.get("unnamed_waiting") or 0)}
     for model, lane in sorted((raw.get("lanes") or {}).items()):
         lanes[model] = int(lane["waiting"])
     for w in live:
-        for served in (str(w.get("model")), *str(w.get("adapters") or "").split()):
+        for served in _serves(w):
             lanes.setdefault(served, 0)
     rows = []
     for model, waiting in lanes.items():
         name = model or default
-        serving = [
-            w for w in live if name in (w.get("model"), *str(w.get("adapters") or "").split())
-        ]
+        serving = [w for w in live if name in _serves(w)]
+        holding = [w for w in serving if name in _holds(w)]
         rows.append(
             {
                 "model": model,
@@ -131,12 +130,24 @@ def _models(raw: dict[str, Any], workers: list[dict[str, Any]]) -> list[dict[str
                 "default": model is not None and model == default,
                 "waiting": waiting,
                 "workers": len(serving),
+                "holding": len(holding),
                 "running": sum(int(w.get("in_flight", 0)) for w in serving),
                 "completion_tokens": sum(int(w.get("completion_tokens", 0)) for w in serving),
                 "no_live_worker": waiting > 0 and not serving,
             }
         )
     return rows
+
+
+def _serves(w: dict[str, Any]) -> list[str]:
+    """The names a worker serves: its model (a pool's, space-separated) and its adapters."""
+    return [*str(w.get("model") or "").split(), *str(w.get("adapters") or "").split()]
+
+
+def _holds(w: dict[str, Any]) -> list[str]:
+    """The names a worker has loaded: a pool's ``resident`` models, else all it serves."""
+    resident = w.get("resident")
+    return str(resident).split() if resident is not None else _serves(w)
 
 
 def _prefix_cache(workers: list[dict[str, Any]]) -> dict[str, Any]:

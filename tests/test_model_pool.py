@@ -5,6 +5,7 @@ real worker processes on the echo engine (``--echo-load-ms``: a load takes real 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -45,6 +46,28 @@ def test_a_pool_worker_swaps_to_what_waits_and_each_answer_is_its_models(
     holders = r.hget(keys.holders, adapter_key(stats[b"resident"].decode()))
     assert holders is not None and b"w0" in holders, "the fleet knows what it holds"
     assert "model pool: loaded" in worker.log()
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "models",
+            "list",
+            "--json",
+            "--redis-url",
+            redis_url,
+            "--queue",
+            queue,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    rows = {row["served_by"]: row for row in json.loads(listed.stdout)}
+    assert all(rows[m]["workers"] == 1 for m in ("alpha", "beta", "gamma")), rows
+    resident = stats[b"resident"].decode()
+    assert [m for m in ("alpha", "beta", "gamma") if rows[m]["holding"]] == [resident], rows
     client.close()
 
 

@@ -121,7 +121,8 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
 def models_table(models: list[dict[str, Any]]) -> Table:
     """The lanes of a stats snapshot: one per model requests named, and the unnamed one."""
     t = Table(title="models (requests wait in their model's lane; none named: the default's)")
-    for col in ("model", "waiting", "live workers", "running", "tokens generated", "note"):
+    cols = ("model", "waiting", "live workers", "holding it", "running", "tokens generated")
+    for col in (*cols, "note"):
         t.add_column(col, justify="left" if col in ("model", "note") else "right")
     for m in models:
         if m["model"] is None:
@@ -132,6 +133,7 @@ def models_table(models: list[dict[str, Any]]) -> Table:
             name,
             str(m["waiting"]),
             str(m["workers"]),
+            str(m.get("holding", m["workers"])),
             str(m["running"]),
             str(m["completion_tokens"]),
             "waiting for a model with no live worker" if m["no_live_worker"] else "",
