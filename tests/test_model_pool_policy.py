@@ -63,6 +63,15 @@ def test_a_starving_model_is_loaded_whatever_else_waits_its_place_drained_first(
     assert swap == Swap(load="D", evict="A", reason="waited 31 s", drain=True)
 
 
+def test_a_model_that_would_starve_before_the_next_look_starves_now() -> None:
+    rules = PoolRules(capacity=1, model_wait_ms=30_000, look_ms=250, drain_tokens_per_s=100.0)
+    young = Resident(model="A", loaded_ms=NOW - 2_000, used_ms=NOW)
+    soon = {"A": waiting(90_000), "D": waiting(10, waited_ms=29_800, rank=1)}
+    assert decide(soon, [young], LOAD, NOW, rules) is not None
+    later = {"A": waiting(90_000), "D": waiting(10, waited_ms=29_700, rank=1)}
+    assert decide(later, [young], LOAD, NOW, rules) is None
+
+
 def test_a_cold_models_higher_priority_outranks_a_resident_low_backlog() -> None:
     low_running = Resident("A", NOW - 60_000, NOW, running=2, running_rank=1)
     swap = decide({"H": waiting(40, rank=3)}, [low_running], LOAD, NOW, RULES)

@@ -10,8 +10,8 @@ load costs real seconds and the fleet's decisions are measured without real mode
   loads summed over the fleet, and the requests answered by another model than the one they
   named (each must be 0).
 - **starvation**: a steady backlog of the popular model and one request for the rarest every
-  ``RARE_EVERY_S``: how long each rare request waited to start (p50, p99), against the bound
-  (``--model-wait-ms`` plus a load).
+  ``RARE_EVERY_S``, on the fleet and on one worker: how long each rare request waited to start
+  (p50, the longest), against the bound (``--model-wait-ms`` plus a load).
 - **priority**: a backlog of low requests for the resident model, then ``HIGH`` high ones for a
   cold one: how long the high ones waited to start, against a load plus 1 s.
 """
@@ -37,11 +37,13 @@ NEW_TOKENS = 8
 MODEL_WAIT_MS = 10_000
 MIN_RESIDENT_MS = 2_000
 RARE_EVERY_S = 2.0
-RARE_REQUESTS = 6
+RARE_REQUESTS = 12
+STEADY = 500
+"""A's requests every ``RARE_EVERY_S``: more than one worker drains in that time."""
 HIGH = 4
 
 
-def _fleet(redis_url: str, queue: str, policy: str) -> list[Any]:
+def _fleet(redis_url: str, queue: str, policy: str, workers: int = WORKERS) -> list[Any]:
     from genq.worker.devtools.worker_process import start_worker
 
     args: list[str] = []
@@ -52,7 +54,7 @@ def _fleet(redis_url: str, queue: str, policy: str) -> list[Any]:
     args += ["--model-wait-ms", str(MODEL_WAIT_MS), "--min-resident-ms", str(MIN_RESIDENT_MS)]
     return [
         start_worker(redis_url=redis_url, queue=queue, consumer=f"w{i}", extra_args=tuple(args))
-        for i in range(WORKERS)
+        for i in range(workers)
     ]
 
 
@@ -75,11 +77,11 @@ def _loads(redis_url: str, queue: str) -> int:
 
 
 @contextlib.contextmanager
-def _running(redis_url: str, queue: str, policy: str) -> Iterator[Any]:
+def _running(redis_url: str, queue: str, policy: str, workers: int = WORKERS) -> Iterator[Any]:
     """A fresh fleet on ``queue`` under ``policy``, serving; a client of it; all stopped after."""
     from genq.producer import Client
 
-    procs = _fleet(redis_url, queue, policy)
+    procs = _fleet(redis_url, queue, policy, workers)
     try:
         _serving(redis_url, queue, procs)
         client = Client.from_url(redis_url, queue)
@@ -126,13 +128,14 @@ def _started_after_ms(client: Any, ids: list[str]) -> list[int]:
     return [int(x.timings.queue_wait_ms or 0) for x in results]
 
 
-def _starvation(redis_url: str, policy: str) -> dict[str, Any]:
-    with _running(redis_url, f"bench-pool-starve-{policy}", policy) as client:
+def _starvation(redis_url: str, policy: str, workers: int = WORKERS) -> dict[str, Any]:
+    queue = f"bench-pool-starve-{policy}-{workers}"
+    with _running(redis_url, queue, policy, workers) as client:
         steady, rare = [], []
         t_end = time.monotonic() + RARE_EVERY_S * RARE_REQUESTS
         j = 0
         while time.monotonic() < t_end:
-            bodies = [{"prompt": f"a {j}-{k}", "model": "A"} for k in range(150)]
+            bodies = [{"prompt": f"a {j}-{k}", "model": "A"} for k in range(STEADY)]
             steady += client.submit_many(bodies, max_new_tokens=NEW_TOKENS)
             rare.append(client.submit(f"rare {j}", model="D", max_new_tokens=NEW_TOKENS))
             j += 1
@@ -141,6 +144,7 @@ def _starvation(redis_url: str, policy: str) -> dict[str, Any]:
         client.results(steady, timeout=600)
     return {
         "policy": policy,
+        "workers": workers,
         "rare_wait_p50_ms": int(statistics.median(waits)),
         "rare_wait_max_ms": max(waits),
         "bound_ms": MODEL_WAIT_MS + LOAD_MS,
@@ -170,8 +174,9 @@ def run_model_pool(redis_url: str) -> dict[str, Any]:
     out: dict[str, Any] = {"thrash": [], "starvation": [], "priority": []}
     for policy in POLICIES:
         out["thrash"].append(_thrash(redis_url, policy))
-    for policy in ("backlog", "collate"):
-        out["starvation"].append(_starvation(redis_url, policy))
+    for workers in (WORKERS, 1):
+        for policy in ("backlog", "collate"):
+            out["starvation"].append(_starvation(redis_url, policy, workers))
     out["priority"].append(_priority(redis_url, "backlog"))
     return out
 
@@ -196,15 +201,16 @@ def model_pool_markdown(res: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"**Starvation**: a steady backlog of A, one request of D every {RARE_EVERY_S:g} s.",
+        f"**Starvation**: {STEADY} requests of A and one of D every {RARE_EVERY_S:g} s, "
+        f"{RARE_REQUESTS} times.",
         "",
-        "| policy | D's wait p50 ms | D's wait max ms | bound ms |",
-        "|---|---:|---:|---:|",
+        "| workers | policy | D's wait p50 ms | D's wait max ms | bound ms |",
+        "|---:|---|---:|---:|---:|",
     ]
     for x in res["starvation"]:
         lines.append(
-            f"| {x['policy']} | {x['rare_wait_p50_ms']} | {x['rare_wait_max_ms']} | "
-            f"{x['bound_ms']} |"
+            f"| {x['workers']} | {x['policy']} | {x['rare_wait_p50_ms']} | "
+            f"{x['rare_wait_max_ms']} | {x['bound_ms']} |"
         )
     lines += [
         "",

@@ -83,6 +83,9 @@ class PoolRules:
     model_idle_ms: int = 300_000
     policy: SwapPolicy = "backlog"
     drain_tokens_per_s: float = 1_000.0
+    look_ms: int = 0
+    """How often ``decide`` is asked: a model that would pass ``model_wait_ms`` before the next
+    look starves now."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,8 @@ def _weigh(
     """The ``backlog`` policy: a starving model first (the oldest), then one that outranks the
     work of the resident models (waiting or running), then the one whose backlog most outweighs
     its swap."""
-    starving = [m for m, b in cold.items() if _waited_ms(b, now_ms) >= rules.model_wait_ms]
+    bound = rules.model_wait_ms - rules.look_ms
+    starving = [m for m, b in cold.items() if _waited_ms(b, now_ms) >= bound]
     if starving:
         model = min(starving, key=lambda m: cold[m].oldest_ms or now_ms)
         waited_s = _waited_ms(cold[model], now_ms) // 1000

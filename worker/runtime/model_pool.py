@@ -299,4 +299,5 @@ def pool_rules(settings: Any, capacity: int) -> PoolRules:
         model_wait_ms=settings.model_wait_ms,
         model_idle_ms=int(settings.model_idle_s * 1000),
         policy=settings.swap_policy,
+        look_ms=LOOK_MS,
     )
