@@ -178,3 +178,29 @@ def test_what_a_killed_pool_worker_held_is_loaded_for_and_served_by_another(
     assert [x.status for x in results] == ["succeeded"] * len(ids)
     assert {x.model for x in results} == {"alpha"} and {x.worker for x in results} == {"w1"}
     client.close()
+
+
+def test_a_model_unloaded_when_idle_is_loaded_again_when_asked_for(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Nothing asked for the only resident model for --model-idle-s: it is unloaded, and the
+    worker, holding nothing and reading no lane, still looks at its pool and loads the model a
+    new request names."""
+    start_worker(
+        queue,
+        *POOL,
+        "--resident-models",
+        "1",
+        "--model-idle-s",
+        "1",
+        "--echo-load-ms",
+        "50",
+        "--read-block-ms",
+        "500",
+    )
+    keys = Keys(queue)
+    wait_until(lambda: r.hget(keys.worker("w0"), "resident") == b"", timeout_s=60)
+    client = Client.from_url(redis_url, queue)
+    result = client.generate("again", model="gamma", max_new_tokens=4, timeout=30)
+    assert result.status == "succeeded" and result.model == "gamma"
+    client.close()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from genq.common import script_calls
+from genq.common.connection import REDIS_ERRORS
 from genq.common.keys import GROUP, QUEUED, RETURNED, Keys, Lanes
 from genq.common.lua.hold import HOLD
 from genq.common.lua.model_claim import CLAIM_MODEL
@@ -182,6 +183,8 @@ class ModelPool:
     def look(self, lookahead: Lookahead, running: Iterable[Held]) -> None:
         """The reader's call at each read: decide on a fresh look, and go on with a swap under
         way (a drain ends, then the swap)."""
+        if not self.readable and self._swap is None:
+            self._look_alone()  # (no read goes out, so no look rides one)
         if self._swap is None:
             if not self._fresh:
                 return
@@ -193,6 +196,14 @@ class ModelPool:
                 return
             self._swap = swap
         self._go_on(self._swap, lookahead, running)
+
+    def _look_alone(self) -> None:
+        """The look in a round trip of its own, when due: the worker holds no model (an idle
+        one was unloaded), so it reads no lane and no read carries the look."""
+        pipe = self.redis.pipeline(transaction=False)
+        take = self.ride(pipe)
+        if take is not None:
+            take(script_calls.execute(pipe))
 
     def one_model(self, waiting: Iterable[Held]) -> list[Held]:
         """What waits of one model (a batch is one model's): the model of the request that
@@ -211,7 +222,11 @@ class ModelPool:
             mine = [k for k, h in lookahead.waiting.items() if self.model_of[h.stream] == victim]
             if mine:
                 back = lookahead.take(mine)
-                self.queue.hand_back(back, rings=1)
+                try:
+                    self.queue.hand_back(back, rings=1)
+                except REDIS_ERRORS:
+                    lookahead.put_back(back)
+                    raise
                 lookahead.started(back)
             if any(self.model_of[h.stream] == victim for h in running):
                 return  # drained first: its running requests end, then the swap
