@@ -77,7 +77,8 @@ def build_worker(
     )
     lookahead = Lookahead.for_settings(settings, keys.streams())
     budget = AdaptiveBudget(full_tokens=settings.max_batch_tokens, backoff_s=settings.oom_backoff_s)
-    outcomes = _outcomes(settings, engine, keys, default_served(r, keys, served))
+    default = default_served(r, keys, served)  # (who answers requests that name no model)
+    outcomes = _outcomes(settings, engine, keys, default)
     one_step = not is_cluster(r)  # a step's pieces at once (in one slot only, on a Cluster)
     text = TextSender(lambda: r.pipeline(transaction=one_step), keys, settings.result_ttl_s)
     context = RunnerContext(
@@ -91,7 +92,7 @@ def build_worker(
         on_away=lambda: refresh_cluster_view(r),
     )
     spacing = _spacing(settings, keys, r, trip, counters)
-    pool = _pool(settings, r, keys, served, queue, counters, stats)
+    pool = _pool(settings, r, keys, served, default, queue, counters, stats)
     if pool is not None:  # (its look at every lane of the pool rides the read)
         trip.after.append(pool.ride)
     listener = DoorbellListener(side_connection(), keys.doorbells)
@@ -180,6 +181,7 @@ def _pool(
     r: redis.Redis,
     keys: Lanes,
     served: list[str],
+    default: str,
     queue: QueueIO,
     counters: Counters,
     stats: Heartbeat,
@@ -193,7 +195,7 @@ def _pool(
         r=r,
         keys=keys,
         models=served,
-        default_model=default_served(r, keys, served),
+        default_model=default,
         rules=pool_rules(settings, capacity),
         loader=EchoLoader(settings.echo_load_ms),
         queue=queue,

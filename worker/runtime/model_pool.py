@@ -104,9 +104,9 @@ class ModelPool:
         self.lanes: dict[str, list[Keys]] = {m: [] for m in models}
         for lane in keys.lanes():
             self.lanes[lane.model or default_model].append(lane)
-        self.model_of = {
-            s: m for m, lanes in self.lanes.items() for k in lanes for s in k.streams()
-        }
+        self.streams = {m: {s for k in ks for s in k.streams()} for m, ks in self.lanes.items()}
+        """Each model's streams (its lanes')."""
+        self.model_of = {s: m for m, streams in self.streams.items() for s in streams}
         """Each stream's model."""
         self.readable: set[str] = set()
         """The streams the worker reads: those of the models it holds (less one it drains)."""
@@ -218,7 +218,7 @@ class ModelPool:
     def _go_on(self, swap: Swap, lookahead: Lookahead, running: Iterable[Held]) -> None:
         victim = swap.evict
         if victim is not None and victim in self._held:
-            self.readable -= {s for k in self.lanes[victim] for s in k.streams()}
+            self.readable -= self.streams[victim]
             mine = [k for k, h in lookahead.waiting.items() if self.model_of[h.stream] == victim]
             if mine:
                 back = lookahead.take(mine)
@@ -260,7 +260,7 @@ class ModelPool:
         self.load_ms[model] = took_ms
         now = now_ms()
         self._held[model] = _Held(loaded_ms=now, used_ms=now)
-        self.readable |= {s for k in self.lanes[model] for s in k.streams()}
+        self.readable |= self.streams[model]
         self.counters.model_loads += 1
         self.counters.model_load_ms += took_ms
         self.fields["resident"] = " ".join(sorted(self._held))
