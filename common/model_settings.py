@@ -40,8 +40,8 @@ class ModelSettings(BaseModel):
     )
     resident_models: Annotated[int, Field(ge=1)] | None = Field(
         None,
-        description="a pool's models loaded at once (default: the echo engine all of them; "
-        "another engine 1)",
+        description="a pool's models loaded at once (default: what fits in 60% of the free "
+        "memory by the models' sizes, GPU or RAM; the echo engine all of them)",
     )
     swap_policy: SwapPolicy = Field(
         "backlog",
@@ -126,7 +126,7 @@ class ModelSettings(BaseModel):
 
     @model_validator(mode="after")
     def _pool_checks(self) -> ModelSettings:
-        """A pool's names given once; what a pool cannot be combined with yet."""
+        """A pool's names given once; what a pool cannot be combined with."""
         if not self.pool_models:
             return self
         seen: set[str] = set()
@@ -137,11 +137,6 @@ class ModelSettings(BaseModel):
             if problem is not None:
                 raise ValueError(problem)
             seen.add(name)
-        if self.engine != "echo":
-            raise ValueError(
-                "a pool of models (--model repeated) runs on --engine echo for now; the "
-                "transformers and vLLM engines serve one model a worker"
-            )
         if self.served_model_name or self.lora:
             raise ValueError(
                 "a pool's models are served by their --model names, without "

@@ -37,12 +37,19 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 _queue_names = itertools.count()
 
-SLOWEST_FILES = ("test_vllm_engine.py", "test_bench.py", "test_gpu_check.py", "test_preemption.py")
+SLOWEST_FILES = (
+    "test_vllm_engine.py",
+    "test_bench.py",
+    "test_gpu_check.py",
+    "test_model_pool_engines.py",
+    "test_preemption.py",
+)
 """Collected first. pytest-xdist hands whole files to its two processes in collection order
 (``--dist loadfile --no-loadscope-reorder``, pyproject.toml): a long file handed out last runs
-alone at the end. By ``--durations`` these four take 454, 421, 175 and 103 s of
-2,550; a simulation of the schedule from those times ends the longer process at 1,281 s with
-them first, against 1,332 s by number of tests. Only the order changes, never what runs."""
+alone at the end. By ``--durations`` the first three took 454, 421 and 175 s of 2,550 (the
+model pool's real engines take about 110 s); a simulation of the schedule from those times
+ended the longer process at 1,281 s with them first, against 1,332 s by number of tests. Only
+the order changes, never what runs."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

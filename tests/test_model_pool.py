@@ -128,7 +128,16 @@ def run_worker(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_pool_that_cannot_work_is_one_clear_line_at_start(redis_url: str) -> None:
     cases = {
         ("--engine", "echo", "--model", "a", "--model", "a"): "--model a is given twice",
-        ("--engine", "static", "--model", "tiny", "--model", "smollm2-135m"): "--engine echo",
+        (
+            "--engine",
+            "static",
+            "--model",
+            "tiny",
+            "--model",
+            "smollm2-135m",
+            "--served-model-name",
+            "x",
+        ): "without --served-model-name",
         ("--engine", "echo", "--model", "a", "--model", "b", "--resident-models", "0"): (
             "resident_models"
         ),

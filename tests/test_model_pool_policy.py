@@ -3,7 +3,7 @@ loads and evicts, by each swap policy. No Redis, no engine."""
 
 from __future__ import annotations
 
-from genq.worker.policy.model_pool import Backlog, PoolRules, Resident, Swap, decide
+from genq.worker.policy.model_pool import Backlog, PoolRules, Resident, Swap, decide, fits
 
 NOW = 1_000_000
 RULES = PoolRules(
@@ -132,3 +132,13 @@ def test_every_policy_keeps_running_requests() -> None:
         rules = PoolRules(capacity=1, policy=policy, drain_tokens_per_s=100.0)  # type: ignore[arg-type]
         busy = old("A", running=1)
         assert decide({"B": waiting(500, waited_ms=50_000)}, [busy], LOAD, NOW, rules) is None
+
+
+def test_what_fits_is_counted_by_the_largest_models_in_a_share_of_free_memory() -> None:
+    """Without ``--resident-models``: as many of the largest as fit in 60% of what is free,
+    at most the whole pool; 0 (the pool cannot work) when not even the largest fits."""
+    gib = 2**30
+    assert fits([1 * gib, 2 * gib, 3 * gib], 11 * gib) == 2  # 2 x 3 GiB in 6.6 GiB
+    assert fits([1 * gib, 1 * gib], 100 * gib) == 2
+    assert fits([1 * gib, 7 * gib], 10 * gib) == 0
+    assert fits([5 * gib], 10 * gib) == 1

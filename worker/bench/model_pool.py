@@ -14,6 +14,8 @@ load costs real seconds and the fleet's decisions are measured without real mode
   (p50, the longest), against the bound (``--model-wait-ms`` plus a load).
 - **priority**: a backlog of low requests for the resident model, then ``HIGH`` high ones for a
   cold one: how long the high ones waited to start, against a load plus 1 s.
+- **real models** (``model_pool_real.py``): one CPU worker swapping between three real models;
+  its answers against each prompt alone, the load times, and its memory swap after swap.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from genq.worker.bench.model_pool_real import real_pool_markdown, run_real_pool
 
 MODELS = ("A", "B", "C", "D")
 POLICIES = ("backlog", "arrival", "collate")
@@ -178,6 +182,7 @@ def run_model_pool(redis_url: str) -> dict[str, Any]:
         for policy in ("backlog", "collate"):
             out["starvation"].append(_starvation(redis_url, policy, workers))
     out["priority"].append(_priority(redis_url, "backlog"))
+    out["real"] = run_real_pool(redis_url)
     return out
 
 
@@ -221,6 +226,8 @@ def model_pool_markdown(res: dict[str, Any]) -> str:
     ]
     for x in res["priority"]:
         lines.append(f"| {x['policy']} | {x['high_wait_max_ms']} | {x['bound_ms']} |")
+    if "real" in res:
+        lines += ["", real_pool_markdown(res["real"])]
     return "\n".join(lines)
 
 

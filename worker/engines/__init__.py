@@ -9,7 +9,8 @@ package), ``chat`` (chat templates), ``grammar`` (response formats compiled by x
 the logits processor that holds rows to them), ``adapters`` (LoRA adapters on a transformers
 model: mixed-adapter batches, loaded on demand; ``lora_layers`` runs them per row;
 ``lora_builder`` builds test ones)
-and ``simulated_cache`` (the echo
+``pool`` (a pool of models on a real engine:
+one engine a resident model, loaded and evicted by the model pool), ``simulated_cache`` (the echo
 engine's prefix cache, an LRU of hashed prompt blocks) and ``reaper`` (a small process that
 ends vLLM's processes when their worker dies, SIGKILL included). Engines that need torch import
 it only when built, so the worker's other modules stay importable without it.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from genq.common.errors import ConfigError
 from genq.common.settings import WorkerSettings
 from genq.worker.engines.base import BatchReport, Engine, GenerationInput, GenerationOutput
 from genq.worker.policy.sizing import BatchLimits, batch_limits, prefix_room
@@ -30,6 +32,8 @@ def make_engine(settings: WorkerSettings) -> Engine:
     """The engine the settings ask for, loaded and ready, with its batch limits (``limits``):
     the settings' numbers, or for ``auto`` sized to the device the model was loaded on."""
     tokens, size = settings.max_batch_tokens, settings.max_batch_size
+    if settings.pool_models and settings.engine != "echo":
+        return _pool(settings, batch_limits(tokens=tokens, size=size, device=None))
     if settings.engine in ("echo", "vllm"):
         # Neither loads a model genq can measure: auto is the fixed numbers on every device.
         limits = batch_limits(tokens=tokens, size=size, device=None)
@@ -83,6 +87,36 @@ def _other_engine(settings: WorkerSettings, limits: BatchLimits) -> Engine:
         )
     engine.limits = limits
     return engine
+
+
+def _pool(settings: WorkerSettings, limits: BatchLimits) -> Engine:
+    """A pool of models on a real engine (``engines/pool.py``), none loaded yet (the model
+    pool loads them): each model checked to be a model folder, and what fits of them in memory
+    (``--resident-models`` when not given) counted from their sizes; one that cannot fit even
+    its largest model is refused."""
+    from genq.worker.engines.pool import EnginePool, IterationPool, free_memory, pool_sizes
+    from genq.worker.policy.model_pool import MODELS_SHARE, fits
+
+    sizes = pool_sizes(settings.pool, settings.dtype)
+    free = free_memory(settings.device)
+    room = fits(list(sizes.values()), free)
+    if room == 0:
+        largest = max(sizes, key=sizes.__getitem__)
+        dtype = "float32" if settings.dtype == "auto" else settings.dtype
+        raise ConfigError(
+            f"this pool cannot fit one model: {largest} takes {sizes[largest] / 2**30:.1f} GiB "
+            f"as {dtype}, more than {MODELS_SHARE:.0%} of the {free / 2**30:.1f} GiB free on "
+            f"{settings.device}"
+        )
+
+    def build(model: str) -> Engine:  # as a worker of that model alone builds it
+        one = settings.model_copy(update={"model": model, "pool_models": ()})
+        return make_engine(one)
+
+    cls = EnginePool if settings.engine == "static" else IterationPool
+    pool = cls(settings.engine, build, settings.model, limits)
+    pool.fit = room
+    return pool
 
 
 def _room(settings: WorkerSettings, limits: BatchLimits) -> int | None:

@@ -23,6 +23,9 @@ wait, the highest priority) against what it holds, and says what to load and wha
   it starves;
 - **idle models go**: one nothing waits for and nothing ran on for ``model_idle_ms`` is evicted.
 
+``fits`` says how many models a worker keeps loaded when ``--resident-models`` is not given: as
+many of its largest as fit in a share of the free memory.
+
 ``policy`` picks among the three rules users know: ``backlog`` (the above), ``arrival`` (load
 whatever the oldest request needs, as Ollama and the llama.cpp router do) and ``collate`` (serve
 every queued request of the resident models before loading another, as llama-swap does). The
@@ -257,3 +260,20 @@ def _swap_tokens(load_ms: int, resident_tokens: int, rules: PoolRules) -> float:
     """What a load costs: the work this worker would have served meanwhile, at most what waits
     for the models it holds (nothing waits: the load costs no work, only its time)."""
     return min(load_ms / 1000 * rules.drain_tokens_per_s, resident_tokens)
+
+
+MODELS_SHARE = 0.6
+"""The share of free memory a pool's resident models may take by default; the rest is for the
+batches (activations, the KV cache) and the process."""
+
+
+def fits(sizes: Sequence[int], free_bytes: int, share: float = MODELS_SHARE) -> int:
+    """How many of a pool's models (``sizes``: each one's weights in bytes) to keep loaded by
+    default: as many of the largest as fit in ``share`` of ``free_bytes``, at most all of them;
+    0 when not even the largest fits (the pool cannot work here)."""
+    room, count = free_bytes * share, 0
+    for size in sorted(sizes, reverse=True):
+        if size * (count + 1) > room:
+            break
+        count += 1
+    return count

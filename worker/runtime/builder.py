@@ -20,6 +20,7 @@ from genq.common.scripts import Applied
 from genq.common.settings import WorkerSettings
 from genq.common.tools import CALL_FORMAT_MARK
 from genq.worker.engines.base import Engine, IterationEngine
+from genq.worker.engines.pool import EnginePool
 from genq.worker.policy.admission import Limits
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
@@ -35,7 +36,7 @@ from genq.worker.runtime.heartbeat import IDLE_HEARTBEAT_S, Counters, Heartbeat,
 from genq.worker.runtime.intake import Intake
 from genq.worker.runtime.lanes import default_served, worker_lanes
 from genq.worker.runtime.metrics import Metrics
-from genq.worker.runtime.model_pool import EchoLoader, ModelPool, pool_rules
+from genq.worker.runtime.model_pool import EchoLoader, Loader, ModelPool, pool_rules
 from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.planner import Planner
 from genq.worker.runtime.prefixes import PrefixAffinity
@@ -92,7 +93,7 @@ def build_worker(
         on_away=lambda: refresh_cluster_view(r),
     )
     spacing = _spacing(settings, keys, r, trip, counters)
-    pool = _pool(settings, r, keys, served, default, queue, counters, stats)
+    pool = _pool(settings, engine, r, keys, served, default, queue, counters, stats)
     if pool is not None:  # (its look at every lane of the pool rides the read)
         trip.after.append(pool.ride)
     listener = DoorbellListener(side_connection(), keys.doorbells)
@@ -178,6 +179,7 @@ def _planner(
 
 def _pool(
     settings: WorkerSettings,
+    engine: Engine,
     r: redis.Redis,
     keys: Lanes,
     served: list[str],
@@ -186,18 +188,23 @@ def _pool(
     counters: Counters,
     stats: Heartbeat,
 ) -> ModelPool | None:
-    """A pool of models (``--model`` repeated; None: one model): the echo engine's, all of its
-    models resident unless ``--resident-models`` says fewer."""
+    """A pool of models (``--model`` repeated; None: one model): the echo engine's (all of its
+    models resident unless ``--resident-models`` says fewer) or a real engine's (``engine`` is
+    an ``EnginePool``: as many resident as fit in memory unless it says)."""
     if not settings.pool_models:
         return None
+    loader: Loader = EchoLoader(settings.echo_load_ms)
     capacity = settings.resident_models or len(served)
+    if isinstance(engine, EnginePool):
+        loader, engine.default = engine, default
+        capacity = settings.resident_models or engine.fit
     return ModelPool(
         r=r,
         keys=keys,
         models=served,
         default_model=default,
         rules=pool_rules(settings, capacity),
-        loader=EchoLoader(settings.echo_load_ms),
+        loader=loader,
         queue=queue,
         counters=counters,
         fields=stats.identity.fields,
@@ -318,11 +325,12 @@ def _outcomes(settings: WorkerSettings, engine: Engine, keys: Keys, default: str
     chat template teaches the Hermes call format; ``default``: the model that answers the
     requests that name none)."""
     template = getattr(engine.tokenizer, "chat_template", None)
+    reads = isinstance(template, str) and CALL_FORMAT_MARK in template
     return Outcomes(
         worker=settings.consumer_name,
         keys=keys,
         model=default,
-        reads_tool_calls=isinstance(template, str) and CALL_FORMAT_MARK in template,
+        reads_tool_calls=engine.reads_tool_calls if isinstance(engine, EnginePool) else reads,
         keys_next_turns=settings.prefix_aware,
     )
 

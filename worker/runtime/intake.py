@@ -6,7 +6,7 @@ holds (a redelivery of one it is running or writing) are skipped.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from genq.common.errors import GenqError, InvalidRequest
@@ -17,6 +17,7 @@ from genq.common.tools import forced_format
 from genq.common.wire import as_dict, as_text, decode_request
 from genq.worker.engines.base import Engine
 from genq.worker.engines.chat import prompt_text
+from genq.worker.engines.pool import EnginePool
 from genq.worker.policy.admission import (
     Action,
     Limits,
@@ -31,6 +32,9 @@ from genq.worker.runtime.dead_letter import dead_letter_fields
 from genq.worker.runtime.outcomes import Outcome, Outcomes
 from genq.worker.runtime.read_trip import Delivered
 
+Runnable = tuple[str, str, Request, tuple[int, int], int]
+"""An entry to run: its stream, id, request, charge and when it was queued."""
+
 
 @dataclass(kw_only=True)
 class Admitted:
@@ -42,6 +46,9 @@ class Admitted:
     """Final at once: failed or expired."""
     dead_letters: list[dict[str, str | int]] = field(default_factory=list)
     """Entries with no usable id, as dead-letter records."""
+    elsewhere: list[Held] = field(default_factory=list)
+    """A pool's entries of a model it does not hold now (read before a swap ended): handed
+    back as they are, untokenized, for a worker that holds it."""
 
 
 class Intake:
@@ -55,7 +62,7 @@ class Intake:
         self.outcomes = outcomes
         self.keys = keys
         self.consumer = consumer
-        self._tokenizer = engine.tokenizer
+        self._limits: dict[str, Limits] = {}  # a pool's, by model (each model's context)
         self._priorities = {s: keys.priority_of(s) for s in keys.streams()}  # (every read's)
 
     def admit(
@@ -68,7 +75,7 @@ class Intake:
         """The verdicts on ``delivered``; an entry whose key (``entry_key``) is in one of
         ``held`` (the look-ahead's, the runner's, the writer's) is held already: skipped."""
         out = Admitted()
-        runnable: list[tuple[str, str, Request, tuple[int, int], int]] = []
+        runnable: list[Runnable] = []
         taken: set[str] = set().union(*held)  # (one lookup an entry, not one per container)
         for raw_stream, entries in delivered:
             stream = as_text(raw_stream)
@@ -113,18 +120,45 @@ class Intake:
             self._tokenize(runnable, out)
         return out
 
-    def _constrain(self, fmt: ResponseFormat) -> Any:
+    def _constrain(self, engine: Engine, fmt: ResponseFormat) -> Any:
         """The engine's constraint for ``fmt`` (None for free text); raises InvalidRequest
         when the engine cannot enforce it."""
         if not fmt.constrains:
             return None
-        constrain = getattr(self.engine, "constrain", None)
+        constrain = getattr(engine, "constrain", None)
         if constrain is None:
-            raise InvalidRequest(f"--engine {self.engine.name} cannot constrain output")
+            raise InvalidRequest(f"--engine {engine.name} cannot constrain output")
         return constrain(fmt)
 
-    def _tokenize(
-        self, runnable: list[tuple[str, str, Request, tuple[int, int], int]], out: Admitted
+    def _tokenize(self, runnable: list[Runnable], out: Admitted) -> None:
+        """Cost and check each runnable request with its model's engine: the worker's one
+        engine, or a pool's engine of the model (its entries of a model not loaded here go
+        back: ``Admitted.elsewhere``)."""
+        if not isinstance(self.engine, EnginePool):
+            self._tokenize_with(self.engine, self.limits, runnable, out)
+            return
+        groups: dict[str | None, list[Runnable]] = {}
+        for item in runnable:
+            groups.setdefault(item[2].model, []).append(item)
+        for model, group in groups.items():
+            engine = self.engine.of(model)
+            if engine is None:
+                out.elsewhere += [
+                    Held(stream=s, entry_id=e, request=r, prompt_ids=[], enqueued_ms=t, charge=c)
+                    for s, e, r, c, t in group
+                ]
+                continue
+            limits = self._limits.get(model or self.engine.default)
+            if limits is None:
+                vocab = None if engine.tokenizer is None else len(engine.tokenizer)
+                limits = replace(
+                    self.limits, max_context_tokens=engine.max_context_tokens, vocab_size=vocab
+                )
+                self._limits[model or self.engine.default] = limits
+            self._tokenize_with(engine, limits, group, out)
+
+    def _tokenize_with(
+        self, engine: Engine, limits: Limits, runnable: list[Runnable], out: Admitted
     ) -> None:
         """Cost each runnable request in the engine's tokenizer (one call for all), then check
         it against the limits. A chat the model's template cannot render fails alone."""
@@ -132,7 +166,7 @@ class Intake:
         for item in list(runnable):
             stream, entry_id, request, charged, _ = item
             try:
-                texts.append(prompt_text(request, self._tokenizer))
+                texts.append(prompt_text(request, engine.tokenizer))
             except Exception as err:  # a template's own error (jinja), about these messages
                 runnable.remove(item)
                 error = InvalidRequest(
@@ -150,16 +184,16 @@ class Intake:
                     )
                 )
         for (stream, entry_id, request, charged, enqueued_ms), ids in zip(
-            runnable, self.engine.tokenize(texts), strict=True
+            runnable, engine.tokenize(texts), strict=True
         ):
-            verdict = judge_prompt(request, len(ids), self.limits)
+            verdict = judge_prompt(request, len(ids), limits)
             constraint = None
             fmt = request.response_format or (
                 forced_format(request.tools, request.tool_choice) if request.tools else None
             )
             if verdict.action is Action.RUN and fmt is not None:
                 try:
-                    constraint = self._constrain(fmt)
+                    constraint = self._constrain(engine, fmt)
                 except GenqError as err:
                     verdict = Verdict(action=Action.FAIL, error=err)
             if verdict.action is Action.FAIL and verdict.error is not None:

@@ -14,15 +14,17 @@ it, waits for that model's running requests to end (the turns go on meanwhile: t
 resident models run), then evicts it and loads the other.
 A worker of one model has no pool: none of this runs, and its Redis cost is unchanged.
 
-What each engine can pool: the echo engine (its models are names, a load is ``--echo-load-ms``
-of sleep), so the fleet's decisions are measurable without real models. The transformers and
-vLLM engines serve one model a worker for now (``ModelSettings`` refuses a pool for them).
+What loads and evicts (a ``Loader``): on the echo engine ``EchoLoader`` (its models are names,
+a load is ``--echo-load-ms`` of sleep), so the fleet's decisions are measurable without real
+models; on the transformers and vLLM engines the worker's engine itself, an ``EnginePool``
+(``engines/pool.py``: one engine a resident model).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -80,6 +82,29 @@ class _Held:
     used_ms: int
 
 
+class _Load:
+    """Models loading in a thread of their own, one after the other, so that the turn goes on
+    meanwhile (the heartbeat, the other models' requests): a real model takes seconds to tens
+    of seconds to load, longer than the worker's stats key lives unrenewed."""
+
+    def __init__(self, models: list[str], why: str, victim: str | None, loader: Loader) -> None:
+        self.models, self.why, self.victim, self.loader = models, why, victim, loader
+        self.took_ms: dict[str, int] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="genq-model-load", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for model in self.models:
+            t0 = time.perf_counter()
+            try:
+                self.loader.load(model)
+            except Exception as err:  # an engine's load can raise anything: one model lost
+                self.error = err
+                continue
+            self.took_ms[model] = int((time.perf_counter() - t0) * 1000)
+
+
 class ModelPool:
     """One worker's models, the lanes it reads, and its swaps (see the module's docstring)."""
 
@@ -114,6 +139,7 @@ class ModelPool:
         self.load_ms: dict[str, int] = dict.fromkeys(models, 0)
         """Each model's load time, as measured here (0 until its first load)."""
         self._held: dict[str, _Held] = {}
+        self._loading: _Load | None = None  # a load under way, beside the turn
         self._swap: Swap | None = None
         self._fresh = False  # a look came since the last decision
         self._look_at_s = 0.0
@@ -123,9 +149,17 @@ class ModelPool:
         self._served = (0, 0, time.monotonic())  # (requests, weighted tokens) ended, when
 
     def start(self) -> None:
-        """Load the first ``capacity`` models of the pool (the worker's join)."""
-        for model in self.models[: self.rules.capacity]:
-            self._load(model, "start")
+        """Load the first ``capacity`` models of the pool (the worker's join), beside the turn."""
+        first = self.models[: self.rules.capacity]
+        for model in first:
+            self._tell("+", model)
+        self._loading = _Load(first, "start", None, self.loader)
+
+    def stop(self) -> None:
+        """Wait for a load under way to end (so that closing the engine closes what it made)."""
+        if self._loading is not None:
+            self._loading.thread.join()
+            self._loaded()
 
     def ride(self, pipe: Any) -> Taker | None:
         """The pool's look at its lanes, in the read's round trip every ``LOOK_MS`` (a rider):
@@ -183,6 +217,10 @@ class ModelPool:
     def look(self, lookahead: Lookahead, running: Iterable[Held]) -> None:
         """The reader's call at each read: decide on a fresh look, and go on with a swap under
         way (a drain ends, then the swap)."""
+        if self._loading is not None:
+            if self._loading.thread.is_alive():
+                return  # (no decision while a load is under way)
+            self._loaded()
         if not self.readable and self._swap is None:
             self._look_alone()  # (no read goes out, so no look rides one)
         if self._swap is None:
@@ -252,21 +290,29 @@ class ModelPool:
         return claimed
 
     def _load(self, model: str, why: str, victim: str | None = None) -> None:
-        if why == "start":  # (a swap's load was claimed: held from then on)
-            self._tell("+", model)
-        t0 = time.perf_counter()
-        self.loader.load(model)
-        took_ms = int((time.perf_counter() - t0) * 1000)
-        self.load_ms[model] = took_ms
-        now = now_ms()
-        self._held[model] = _Held(loaded_ms=now, used_ms=now)
-        self.readable |= self.streams[model]
-        self.counters.model_loads += 1
-        self.counters.model_load_ms += took_ms
+        """Start loading ``model`` beside the turn (its claim was told: held from then on)."""
+        self._loading = _Load([model], why, victim, self.loader)
+
+    def _loaded(self) -> None:
+        """A load ended: its models are held and read from now on, or (it failed) given up."""
+        load, self._loading = self._loading, None
+        assert load is not None
+        for model in load.models:
+            took_ms = load.took_ms.get(model)
+            if took_ms is None:
+                self._tell("-", model)
+                log.error("model pool: loading %s failed: %s", model, load.error)
+                continue
+            self.load_ms[model] = took_ms
+            now = now_ms()
+            self._held[model] = _Held(loaded_ms=now, used_ms=now)
+            self.readable |= self.streams[model]
+            self.counters.model_loads += 1
+            self.counters.model_load_ms += took_ms
+            self.fields["last_swap"] = f"{load.victim or '-'} -> {model}: {load.why}"
+            place = f" in place of {load.victim}" if load.victim else ""
+            log.info("model pool: loaded %s in %d ms%s (%s)", model, took_ms, place, load.why)
         self.fields["resident"] = " ".join(sorted(self._held))
-        self.fields["last_swap"] = f"{victim or '-'} -> {model}: {why}"
-        place = f" in place of {victim}" if victim else ""
-        log.info("model pool: loaded %s in %d ms%s (%s)", model, took_ms, place, why)
 
     def _tell(self, op: str, model: str) -> None:
         """Tell the fleet at once that this worker holds (or loads) ``model``, or no longer."""

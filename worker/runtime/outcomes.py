@@ -6,6 +6,7 @@ result document); this module fills it in from what the worker knows.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ class Outcomes:
         worker: str,
         keys: Keys,
         model: str,
-        reads_tool_calls: bool = False,
+        reads_tool_calls: bool | Callable[[str | None], bool] = False,
         keys_next_turns: bool = False,
     ) -> None:
         self.worker = worker
@@ -70,7 +71,8 @@ class Outcomes:
         self.model = model
         self.reads_tool_calls = reads_tool_calls
         """Whether the model's chat template teaches the Hermes call format (``auto`` tool
-        choices are read from the text then: ``common/tools.py``)."""
+        choices are read from the text then: ``common/tools.py``); a pool's says it per
+        model (a request's)."""
         self.keys_next_turns = keys_next_turns
         """Whether a finished chat's next-turn prefix key is computed (``--prefix-aware``)."""
 
@@ -81,7 +83,8 @@ class Outcomes:
         if choice == "none" or r.tools is None:
             return None
         if choice in (None, "auto"):
-            if not self.reads_tool_calls:
+            reads = self.reads_tool_calls
+            if not (reads(r.model) if callable(reads) else reads):
                 return None
             return calls_in_text(out.text, {t.function.name for t in r.tools})[1]
         return None if out.finish_reason == "length" else forced_calls(out.text, choice)

@@ -99,17 +99,19 @@ class Reader:
         self.batch_reads.start()
 
     def stop(self) -> None:
-        """Stop both threads (after a read in flight)."""
+        """Stop both threads (after a read in flight), and wait for a pool's load to end."""
         self.doorbell.stop()
         self.batch_reads.stop()
+        if self.pool is not None:
+            self.pool.stop()
 
     def entries(self) -> list[tuple[str, str]]:
         """(stream, entry id) of what was read and not admitted yet (safe from any thread)."""
         return self.batch_reads.entries()
 
     def resume(self, admit: Admit) -> int:
-        """Take back this consumer's own pending entries (``recovery.resume_own``), a pool's
-        first models loaded first (its lanes are the ones read)."""
+        """Take back this consumer's own pending entries (``recovery.resume_own``); a pool's
+        first models start loading (its lanes are read once they are loaded)."""
         if self.pool is not None:
             self.pool.start()
         trip = self.trip

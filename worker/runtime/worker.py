@@ -197,6 +197,8 @@ class Worker:
                 held.starts = starts.get(held.request.id, 0)
         for record in admitted.dead_letters:
             self.starter.dead_letter(record, ack=True)
+        if admitted.elsewhere:  # (a pool's, of a model it no longer holds)
+            self.queue.hand_back(admitted.elsewhere, rings=1)
         for held in admitted.held:
             self.lookahead.add(held)
         if self.prefixes.tracks_adapters:
