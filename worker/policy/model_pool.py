@@ -23,8 +23,8 @@ wait, the highest priority) against what it holds, and says what to load and wha
   it starves;
 - **idle models go**: one nothing waits for and nothing ran on for ``model_idle_ms`` is evicted.
 
-``fits`` says how many models a worker keeps loaded when ``--resident-models`` is not given: as
-many of its largest as fit in a share of the free memory.
+``fits`` says how many models a worker keeps loaded when ``--resident-models`` is not given: N
+such that its N largest together fit in a share of the free memory.
 
 ``policy`` picks among the three rules users know: ``backlog`` (the above), ``arrival`` (load
 whatever the oldest request needs, as Ollama and the llama.cpp router do) and ``collate`` (serve
@@ -269,11 +269,12 @@ batches (activations, the KV cache) and the process."""
 
 def fits(sizes: Sequence[int], free_bytes: int, share: float = MODELS_SHARE) -> int:
     """How many of a pool's models (``sizes``: each one's weights in bytes) to keep loaded by
-    default: as many of the largest as fit in ``share`` of ``free_bytes``, at most all of them;
-    0 when not even the largest fits (the pool cannot work here)."""
-    room, count = free_bytes * share, 0
+    default: N such that the N largest together fit in ``share`` of ``free_bytes`` (whichever
+    N are resident, they fit), at most all of them; 0 when not even the largest fits (the pool
+    cannot work here)."""
+    room, count, taken = free_bytes * share, 0, 0
     for size in sorted(sizes, reverse=True):
-        if size * (count + 1) > room:
+        if taken + size > room:
             break
-        count += 1
+        count, taken = count + 1, taken + size
     return count
