@@ -71,9 +71,11 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
     consumers: dict[str, dict[str, Any]] = {}
     for priority, s in zip(PRIORITIES, raw["streams"], strict=True):
         streams[priority] = _stream(keys.stream(priority), s, now, consumers)
+    oldest: dict[str | None, int] = {}  # per named lane, its oldest waiting request's wait
     for model, lane in (raw.get("lanes") or {}).items():  # (their consumers: the workers')
         for priority, s in zip(PRIORITIES, lane["streams"], strict=True):
-            _stream(keys.lane(model).stream(priority), s, now, consumers)
+            one = _stream(keys.lane(model).stream(priority), s, now, consumers)
+            oldest[model] = max(oldest.get(model, 0), int(one.get("oldest_waiting_ms") or 0))
     workers = []
     for name, entry in sorted(consumers.items()):
         flat = raw["workers"].get(name) or []
@@ -97,7 +99,7 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
         "queue": queue,
         "streams": streams,
         "prefix_cache": _prefix_cache(workers),
-        "models": _models(raw, workers),
+        "models": _models(raw, workers, {None: _oldest(streams), **oldest}),
         "tenants": _tenants(raw, now // 1000, workers),
         "dead_letter": int(raw["dead_letter"]),
         "workers": workers,
@@ -105,11 +107,19 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
     }
 
 
-def _models(raw: dict[str, Any], workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _oldest(streams: dict[str, Any]) -> int:
+    return max((int(x.get("oldest_waiting_ms") or 0) for x in streams.values()), default=0)
+
+
+def _models(
+    raw: dict[str, Any], workers: list[dict[str, Any]], oldest: dict[str | None, int]
+) -> list[dict[str, Any]]:
     """Per lane (``Keys.lane``): its model (None: the unnamed lane, served by the queue's
-    default model), requests waiting, the live workers serving it (a pool's among them) and
-    those holding it loaded, what they run and the tokens they generated; ``no_live_worker``:
-    requests wait that no live worker can take (workers may start later)."""
+    default model), requests waiting and the oldest one's wait, the live workers serving it (a
+    pool's among them), those holding it loaded and those loading it, what they run and the
+    tokens they generated, and a pool's loads and evictions of it and its load time (the
+    median of each live worker's last); ``no_live_worker``: requests wait that no live worker
+    can take (workers may start later)."""
     default = as_text(raw["default_model"]) if raw.get("default_model") else None
     live = [w for w in workers if w["alive"]]
     lanes: dict[str | None, int] = {None: int(raw.get("unnamed_waiting") or 0)}
@@ -123,14 +133,21 @@ def _models(raw: dict[str, Any], workers: list[dict[str, Any]]) -> list[dict[str
         name = model or default
         serving = [w for w in live if name in _serves(w)]
         holding = [w for w in serving if name in _holds(w)]
+        swaps = [json.loads(str(w.get("model_swaps") or "{}")).get(name) or {} for w in live]
+        load_ms = sorted(int(x["load_ms"]) for x in swaps if x.get("load_ms"))
         rows.append(
             {
                 "model": model,
                 "served_by": name,
                 "default": model is not None and model == default,
                 "waiting": waiting,
+                "oldest_waiting_ms": oldest.get(model, 0) if waiting else 0,
                 "workers": len(serving),
                 "holding": len(holding),
+                "loading": sum(1 for w in serving if name in str(w.get("loading") or "").split()),
+                "loads": sum(int(x.get("loads", 0)) for x in swaps),
+                "evictions": sum(int(x.get("evictions", 0)) for x in swaps),
+                "load_ms_p50": load_ms[len(load_ms) // 2] if load_ms else None,
                 "running": sum(int(w.get("in_flight", 0)) for w in serving),
                 "completion_tokens": sum(int(w.get("completion_tokens", 0)) for w in serving),
                 "no_live_worker": waiting > 0 and not serving,

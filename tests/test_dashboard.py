@@ -231,6 +231,38 @@ def test_the_workers_page_flags_a_worker_that_died_and_a_full_redis(
     wait_until(lambda: page.is_hidden("#banner"))
 
 
+def test_a_pool_workers_models_and_swaps_show_as_genq_stats_shows_them(
+    dashboard: Watched,
+    r: redis.Redis,
+    redis_url: str,
+    queue: str,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """A worker with a pool of two models, one resident, made to swap: per model the
+    overview shows its holders, loads, evictions and load time as ``genq stats`` counts them,
+    and the workers page what the worker holds and its last swap."""
+    client = Client.from_url(redis_url, queue)
+    pool = ("--model", "alpha", "--model", "beta", "--resident-models", "1")
+    start_worker(
+        queue, "--engine", "echo", *pool, "--echo-load-ms", "300", "--min-resident-ms", "0"
+    )
+    for model in ("beta", "alpha"):
+        client.results(client.submit_many([{"prompt": "p", "model": model}] * 3), timeout=60)
+    wait_until(lambda: r.hget(Keys(queue).worker("w0"), "model_loads") == b"3", timeout_s=20)
+    page = dashboard.open("overview")
+    dashboard.fresh()
+    stats = {m["model"]: m for m in genq_stats(redis_url, queue)["models"]}
+    assert stats["alpha"]["loads"] == 2 and stats["beta"]["evictions"] == 1, stats
+    for model in ("alpha", "beta"):
+        shown = cells(page, f"[data-test=models] [data-model={model}]")
+        for field in ("holding", "loads", "evictions"):
+            assert number(shown[field]) == stats[model][field], (model, field)
+        assert shown["load_ms_p50"] != "-", model
+    page = dashboard.open("workers")
+    held = page.text_content("[data-worker=w0] [data-test=holding]") or ""
+    assert held.startswith("alpha (beta -> alpha"), held
+
+
 def test_a_cancelled_batch_shows_cancelled(dashboard: Watched, redis_url: str, queue: str) -> None:
     client = Client.from_url(redis_url, queue)  # no worker: the batch stays in progress
     lines = [

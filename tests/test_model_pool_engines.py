@@ -185,13 +185,15 @@ def test_a_vllm_pool_swaps_engines_and_leaves_no_engine_process(
     keys = Keys(queue)
     wait_until(lambda: r.hget(keys.worker("w0"), "resident") == b"smollm2-135m", timeout_s=300)
     client = Client.from_url(redis_url, queue)
-    rounds = []
+    rounds, processes = [], []
     for model in ("smollm2-135m", "tiny", "smollm2-135m"):
         ids = [client.submit(p, model=model, max_new_tokens=8) for p in PROMPTS[:2]]
         results = client.results(ids, timeout=300)
         assert [(x.status, x.model) for x in results] == [("succeeded", model)] * 2, results
         rounds.append([x.text for x in results])
+        processes.append(len(psutil.Process(worker.proc.pid).children(True)))
     assert rounds[2] == rounds[0] and rounds[0] != rounds[1]
+    assert processes[2] == processes[0], processes  # (an engine's reaper goes with it too)
     stats = r.hgetall(keys.worker("w0"))
     assert int(stats[b"model_loads"]) == 3 and int(stats[b"model_evictions"]) == 2, stats
     family = [worker.proc.pid, *(c.pid for c in psutil.Process(worker.proc.pid).children(True))]

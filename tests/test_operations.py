@@ -55,6 +55,41 @@ def test_the_metrics_endpoint_counts_requests_batches_and_waits(
     assert "genq_generation_seconds_bucket" in text and "genq_padding_ratio" in text
 
 
+def test_a_pool_workers_metrics_count_each_models_loads_evictions_and_load_time(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """The ``model`` label of a pool's metrics is the model loaded or evicted."""
+    port = free_port()
+    pool = ("--model", "alpha", "--model", "beta", "--resident-models", "1")
+    start_worker(
+        queue,
+        "--engine",
+        "echo",
+        *pool,
+        "--echo-load-ms",
+        "200",
+        "--min-resident-ms",
+        "0",
+        "--metrics-port",
+        str(port),
+    )
+    client = Client.from_url(redis_url, queue)
+    for model in ("beta", "alpha"):
+        client.results(client.submit_many([{"prompt": "p", "model": model}] * 3), timeout=60)
+    wait_until(lambda: _ready(port))
+
+    def sample(name: str, model: str) -> float:
+        return metric(scrape(port), name, queue=queue, model=model)
+
+    wait_until(lambda: sample("genq_model_loads_total", "alpha") == 2)
+    assert sample("genq_model_loads_total", "beta") == 1
+    assert sample("genq_model_evictions_total", "alpha") == 1
+    assert sample("genq_model_evictions_total", "beta") == 1
+    assert sample("genq_model_load_seconds_count", "alpha") == 2
+    assert sample("genq_model_load_seconds_sum", "beta") >= 0.2
+    assert sample("genq_model_loading", "beta") == 0
+
+
 def _ready(port: int) -> bool:
     try:
         return "genq_requests_total" in scrape(port)

@@ -110,6 +110,9 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
             f"{d['cache_hit_rate']:.1%}",
             f"{d['tokens_per_s']:.0f}",
         )
+    pools = [f"{x['consumer']} holds {_holding(x)}" for x in snapshot["workers"] if "resident" in x]
+    if pools:  # (a caption: the table is as wide as a terminal already)
+        w.caption = "pools: " + "; ".join(pools)
     return [
         t,
         models_table(snapshot.get("models", [])),
@@ -118,10 +121,18 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
     ]
 
 
+def _holding(worker: dict[str, Any]) -> str:
+    """A pool's worker: the models it holds and its last swap."""
+    last = worker.get("last_swap")
+    return f"{worker['resident'] or '(none)'}" + (f" ({last})" if last else "")
+
+
 def models_table(models: list[dict[str, Any]]) -> Table:
     """The lanes of a stats snapshot: one per model requests named, and the unnamed one."""
     t = Table(title="models (requests wait in their model's lane; none named: the default's)")
-    cols = ("model", "waiting", "live workers", "holding it", "running", "tokens generated")
+    cols: tuple[str, ...] = ("model", "waiting", "oldest waiting ms", "live workers")
+    cols += ("holding it", "loading it", "running", "tokens generated", "loads", "evictions")
+    cols += ("load p50 ms",)
     for col in (*cols, "note"):
         t.add_column(col, justify="left" if col in ("model", "note") else "right")
     for m in models:
@@ -132,10 +143,15 @@ def models_table(models: list[dict[str, Any]]) -> Table:
         t.add_row(
             name,
             str(m["waiting"]),
+            str(m.get("oldest_waiting_ms", 0)),
             str(m["workers"]),
             str(m.get("holding", m["workers"])),
+            str(m.get("loading", 0)),
             str(m["running"]),
             str(m["completion_tokens"]),
+            str(m.get("loads", 0)),
+            str(m.get("evictions", 0)),
+            str(m.get("load_ms_p50") or "-"),
             "waiting for a model with no live worker" if m["no_live_worker"] else "",
         )
     return t

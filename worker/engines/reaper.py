@@ -46,6 +46,14 @@ def start_reaper() -> subprocess.Popen[bytes] | None:
     )
 
 
+def stop_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
+    """End a reaper whose engine closed cleanly (its processes ended): it has nothing to do,
+    and a pool of models starts one with each engine it loads."""
+    if reaper is not None:
+        reaper.kill()  # (it ignores SIGTERM: its worker's death is its cue)
+        reaper.wait()
+
+
 def _stat(pid: int | str) -> tuple[int, str] | None:
     """A process's parent and start time (None if it is gone)."""
     try:

@@ -59,7 +59,7 @@ from genq.worker.engines.base import (
     logprob_entries,
     run_to_completion,
 )
-from genq.worker.engines.reaper import start_reaper
+from genq.worker.engines.reaper import start_reaper, stop_reaper
 from genq.worker.engines.vllm_args import BLOCK_TOKENS, lora_requests, worker_engine_args
 from genq.worker.policy.sizing import BatchLimits, kv_cache_tokens
 
@@ -366,6 +366,7 @@ class VllmEngine:
         shutdown = getattr(self._engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+        stop_reaper(self.reaper)  # (vLLM's processes ended: a pool's next engine has its own)
 
     # -- the engine thread -------------------------------------------------------------------
 

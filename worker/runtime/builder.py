@@ -93,7 +93,7 @@ def build_worker(
         on_away=lambda: refresh_cluster_view(r),
     )
     spacing = _spacing(settings, keys, r, trip, counters)
-    pool = _pool(settings, engine, r, keys, served, default, queue, counters, stats)
+    pool = _pool(settings, engine, r, keys, served, default, queue, counters, metrics, stats)
     if pool is not None:  # (its look at every lane of the pool rides the read)
         trip.after.append(pool.ride)
     listener = DoorbellListener(side_connection(), keys.doorbells)
@@ -186,6 +186,7 @@ def _pool(
     default: str,
     queue: QueueIO,
     counters: Counters,
+    metrics: Metrics,
     stats: Heartbeat,
 ) -> ModelPool | None:
     """A pool of models (``--model`` repeated; None: one model): the echo engine's (all of its
@@ -207,6 +208,7 @@ def _pool(
         loader=loader,
         queue=queue,
         counters=counters,
+        metrics=metrics,
         fields=stats.identity.fields,
         consumer=settings.consumer_name,
     )

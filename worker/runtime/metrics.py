@@ -22,6 +22,11 @@ metric                                 type       what
 ``genq_padding_ratio``                 gauge      padded prompt positions / all, since start
 ``genq_prefix_cache_hit_ratio``        gauge      prompt tokens taken from the engine's prefix
                                                   cache / all prompt tokens, since start
+``genq_model_loads_total``             counter    a pool's loads, by model (the ``model`` label
+                                                  is the model loaded)
+``genq_model_evictions_total``         counter    a pool's evictions, by model
+``genq_model_load_seconds``            histogram  a pool's load times, by model
+``genq_model_loading``                 gauge      1 while a pool's model loads, by model
 =====================================  =========  =============================================
 
 Without ``--metrics-port`` nothing is imported or served.
@@ -49,6 +54,7 @@ class Ended(Protocol):
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536)
+_LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
 class Metrics:
@@ -124,8 +130,28 @@ class Metrics:
             q,
             registry=self.registry,
         )
+        self._pool_metrics(pc, q)
         self.server: Any
         self.server, _ = pc.start_http_server(port, addr=host, registry=self.registry)
+
+    def _pool_metrics(self, pc: Any, q: list[str]) -> None:
+        """A pool's: its loads, evictions and load times, by the model loaded."""
+        self.pool_loads = pc.Counter(
+            "genq_model_loads", "Loads of a pool's model", q, registry=self.registry
+        )
+        self.pool_evictions = pc.Counter(
+            "genq_model_evictions", "Evictions of a pool's model", q, registry=self.registry
+        )
+        self.pool_load = pc.Histogram(
+            "genq_model_load_seconds",
+            "Time a load of a pool's model took",
+            q,
+            buckets=_LOAD_BUCKETS,
+            registry=self.registry,
+        )
+        self.pool_loading = pc.Gauge(
+            "genq_model_loading", "1 while a pool's model loads", q, registry=self.registry
+        )
 
     def ended(self, outcomes: Sequence[Ended]) -> None:
         """Count requests that reached a final state (and their waits and tokens)."""
@@ -174,6 +200,22 @@ class Metrics:
             )
         if prompt_tokens:
             self.cache_hits.labels(self.queue, self.model).set(cached_tokens / prompt_tokens)
+
+    def model_loaded(self, model: str, seconds: float) -> None:
+        """A pool's ``model`` was loaded in ``seconds`` (its ``model`` label: that model)."""
+        if self.enabled:
+            self.pool_loads.labels(self.queue, model).inc()
+            self.pool_load.labels(self.queue, model).observe(seconds)
+
+    def model_evicted(self, model: str) -> None:
+        """A pool's ``model`` was evicted."""
+        if self.enabled:
+            self.pool_evictions.labels(self.queue, model).inc()
+
+    def model_loading(self, model: str, loading: bool) -> None:
+        """A pool's ``model`` started loading, or its load ended."""
+        if self.enabled:
+            self.pool_loading.labels(self.queue, model).set(1 if loading else 0)
 
     def close(self) -> None:
         """Stop serving."""

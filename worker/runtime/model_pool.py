@@ -23,6 +23,7 @@ models; on the transformers and vLLM engines the worker's engine itself, an ``En
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.policy.model_pool import Backlog, PoolRules, Resident, Swap, decide
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
+from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.queue_io import QueueIO
 from genq.worker.runtime.read_trip import Taker
 
@@ -119,11 +121,13 @@ class ModelPool:
         loader: Loader,
         queue: QueueIO,
         counters: Counters,
+        metrics: Metrics,
         fields: dict[str, Any],
         consumer: str,
     ) -> None:
         self.redis, self.keys, self.models, self.rules = r, keys, list(models), rules
         self.loader, self.queue, self.counters, self.consumer = loader, queue, counters, consumer
+        self.metrics = metrics
         self.fields = fields
         """The worker's stats fields this pool keeps current (``resident``, its last swap)."""
         self.lanes: dict[str, list[Keys]] = {m: [] for m in models}
@@ -140,6 +144,7 @@ class ModelPool:
         """Each model's load time, as measured here (0 until its first load)."""
         self._held: dict[str, _Held] = {}
         self._loading: _Load | None = None  # a load under way, beside the turn
+        self._swaps: dict[str, dict[str, int]] = {}  # per model: loads, evictions, load_ms
         self._swap: Swap | None = None
         self._fresh = False  # a look came since the last decision
         self._look_at_s = 0.0
@@ -154,6 +159,7 @@ class ModelPool:
         for model in first:
             self._tell("+", model)
         self._loading = _Load(first, "start", None, self.loader)
+        self.fields["loading"] = " ".join(first)
 
     def stop(self) -> None:
         """Wait for a load under way to end (so that closing the engine closes what it made)."""
@@ -272,6 +278,8 @@ class ModelPool:
             del self._held[victim]
             self._tell("-", victim)
             self.counters.model_evictions += 1
+            self._count(victim, "evictions")
+            self.metrics.model_evicted(victim)
         self._swap = None
         if swap.load is not None and swap.load not in self._held:
             self._load(swap.load, swap.reason, victim)
@@ -292,18 +300,24 @@ class ModelPool:
     def _load(self, model: str, why: str, victim: str | None = None) -> None:
         """Start loading ``model`` beside the turn (its claim was told: held from then on)."""
         self._loading = _Load([model], why, victim, self.loader)
+        self.fields["loading"] = model
+        self.metrics.model_loading(model, True)
 
     def _loaded(self) -> None:
         """A load ended: its models are held and read from now on, or (it failed) given up."""
         load, self._loading = self._loading, None
         assert load is not None
+        self.fields["loading"] = ""
         for model in load.models:
+            self.metrics.model_loading(model, False)
             took_ms = load.took_ms.get(model)
             if took_ms is None:
                 self._tell("-", model)
                 log.error("model pool: loading %s failed: %s", model, load.error)
                 continue
             self.load_ms[model] = took_ms
+            self._count(model, "loads", took_ms)
+            self.metrics.model_loaded(model, took_ms / 1000)
             now = now_ms()
             self._held[model] = _Held(loaded_ms=now, used_ms=now)
             self.readable |= self.streams[model]
@@ -313,6 +327,15 @@ class ModelPool:
             place = f" in place of {load.victim}" if load.victim else ""
             log.info("model pool: loaded %s in %d ms%s (%s)", model, took_ms, place, load.why)
         self.fields["resident"] = " ".join(sorted(self._held))
+
+    def _count(self, model: str, what: str, load_ms: int | None = None) -> None:
+        """Count a load or an eviction of ``model`` in the stats hash's ``model_swaps`` (per
+        model: loads, evictions, the last load's time)."""
+        one = self._swaps.setdefault(model, {"loads": 0, "evictions": 0, "load_ms": 0})
+        one[what] += 1
+        if load_ms is not None:
+            one["load_ms"] = load_ms
+        self.fields["model_swaps"] = json.dumps(self._swaps, separators=(",", ":"))
 
     def _tell(self, op: str, model: str) -> None:
         """Tell the fleet at once that this worker holds (or loads) ``model``, or no longer."""

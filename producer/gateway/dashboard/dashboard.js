@@ -148,9 +148,15 @@ function modelRow(m) {
   return h("tr", { "data-model": m.model === null ? "" : m.model },
     h("td", {}, name),
     h("td", { "data-test": "waiting" }, fmt(m.waiting)),
+    h("td", { "data-test": "oldest_waiting_ms" }, m.waiting ? ms(m.oldest_waiting_ms) : "-"),
     h("td", { "data-test": "workers" }, fmt(m.workers)),
+    h("td", { "data-test": "holding" }, fmt(m.holding)),
+    h("td", { "data-test": "loading" }, fmt(m.loading)),
     h("td", { "data-test": "running" }, fmt(m.running)),
     h("td", { "data-test": "completion_tokens" }, fmt(m.completion_tokens)),
+    h("td", { "data-test": "loads" }, fmt(m.loads)),
+    h("td", { "data-test": "evictions" }, fmt(m.evictions)),
+    h("td", { "data-test": "load_ms_p50" }, m.load_ms_p50 ? ms(m.load_ms_p50) : "-"),
     h("td", {}, m.no_live_worker ? pill("waiting for a model with no live worker") : ""));
 }
 
@@ -192,7 +198,8 @@ function renderOverview(snap) {
     ["priority", "length", "waiting", "handed back", "held by workers", "lag", "oldest wait"],
     PRIORITIES.map((p) => priorityRow(p, s.streams[p])), { "data-test": "priorities" }));
   document.getElementById("models").replaceChildren(table(
-    ["model", "waiting", "live workers", "running", "tokens generated", ""],
+    ["model", "waiting", "oldest wait", "live workers", "holding it", "loading it", "running",
+      "tokens generated", "loads", "evictions", "load p50", ""],
     (s.models || []).map(modelRow), { "data-test": "models" }));
   document.getElementById("tenants-brief").replaceChildren(table(
     ["tenant", "waiting", "running", "oldest wait", "tokens last min", "throttled"],
@@ -205,6 +212,12 @@ function renderOverview(snap) {
 
 /* ---- workers, tenants ------------------------------------------------------------- */
 
+/** A pool's worker: the models it holds and its last swap; "-" for a worker of one model. */
+function holding(w) {
+  if (w.resident === undefined) return "-";
+  return (w.resident || "(none)") + (w.last_swap ? ` (${w.last_swap})` : "");
+}
+
 function renderWorkers(snap) {
   const s = snap.stats, mem = s.redis || {};
   const memText = mem.used_memory === undefined ? "not readable by this Redis user"
@@ -214,6 +227,7 @@ function renderWorkers(snap) {
     h("td", {}, pill(w.state)),
     h("td", { class: "text" }, fmt(w.engine)),
     h("td", { class: "text" }, fmt(w.model)),
+    h("td", { class: "text", "data-test": "holding" }, holding(w)),
     h("td", { class: "text" }, fmt(w.device)),
     h("td", { class: "text" }, w.host ? `${w.host}:${w.pid}` : "-"),
     h("td", { "data-test": "in_flight" }, fmt(w.in_flight)),
@@ -230,7 +244,7 @@ function renderWorkers(snap) {
       card("Redis memory", memText, "redis-memory"),
       card("Redis full", mem.full ? "yes: writes refused" : "no", "redis-full")),
     h("h2", {}, "Workers"),
-    table(["worker", "state", "<engine", "<model", "<device", "<host", "in flight", "held",
+    table(["worker", "state", "<engine", "<model", "<holding (last swap)", "<device", "<host", "in flight", "held",
       "<recent batch sizes", "tokens/s", "cache hits", "succeeded", "failed", "last seen"], rows,
     { "data-test": "workers" }),
     h("p", { class: "muted" }, "silent: no heartbeat for 5 s; dead: its heartbeat expired, " +
