@@ -19,18 +19,23 @@ def models() -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def models_list(redis_url: str, queue: str, as_json: bool) -> None:
     """Each model's lane: requests waiting, live workers, running, tokens generated; a model
-    that requests wait for and no live worker serves is marked."""
+    that requests wait for and no live worker serves is marked; with pools of models, each
+    model's oldest wait, holders, loaders, loads, evictions and load time."""
     from genq.common.connection import connect
     from genq.common.snapshot import collect
-    from genq.producer.commands.stats import models_table
+    from genq.producer.commands.stats import models_table, pool_table
     from rich.console import Console
 
     with connect(redis_url) as r:
         rows = collect(r, queue)["models"]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-    else:
-        Console(width=max(Console().width, WIDE)).print(models_table(rows))
+        return
+    console = Console(width=max(Console().width, WIDE))
+    console.print(models_table(rows))
+    pool = pool_table(rows)
+    if pool is not None:
+        console.print(pool)
 
 
 @models.command("default")

@@ -113,9 +113,12 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
     pools = [f"{x['consumer']} holds {_holding(x)}" for x in snapshot["workers"] if "resident" in x]
     if pools:  # (a caption: the table is as wide as a terminal already)
         w.caption = "pools: " + "; ".join(pools)
+    models = snapshot.get("models", [])
+    pool = pool_table(models)
     return [
         t,
-        models_table(snapshot.get("models", [])),
+        models_table(models),
+        *([] if pool is None else [pool]),
         tenants_table(snapshot.get("tenants", {})),
         w,
     ]
@@ -130,31 +133,48 @@ def _holding(worker: dict[str, Any]) -> str:
 def models_table(models: list[dict[str, Any]]) -> Table:
     """The lanes of a stats snapshot: one per model requests named, and the unnamed one."""
     t = Table(title="models (requests wait in their model's lane; none named: the default's)")
-    cols: tuple[str, ...] = ("model", "waiting", "oldest waiting ms", "live workers")
-    cols += ("holding it", "loading it", "running", "tokens generated", "loads", "evictions")
-    cols += ("load p50 ms",)
+    cols = ("model", "waiting", "live workers", "holding it", "running", "tokens generated")
     for col in (*cols, "note"):
         t.add_column(col, justify="left" if col in ("model", "note") else "right")
     for m in models:
-        if m["model"] is None:
-            name = f"(none: default {m['served_by'] or '-'})"
-        else:
-            name = m["model"] + (" (default)" if m["default"] else "")
         t.add_row(
-            name,
+            _lane_name(m),
             str(m["waiting"]),
-            str(m.get("oldest_waiting_ms", 0)),
             str(m["workers"]),
             str(m.get("holding", m["workers"])),
-            str(m.get("loading", 0)),
             str(m["running"]),
             str(m["completion_tokens"]),
-            str(m.get("loads", 0)),
-            str(m.get("evictions", 0)),
-            str(m.get("load_ms_p50") or "-"),
             "waiting for a model with no live worker" if m["no_live_worker"] else "",
         )
     return t
+
+
+def pool_table(models: list[dict[str, Any]]) -> Table | None:
+    """A pool's side of the lanes (None when no worker swaps models): the oldest request's
+    wait, the workers holding and loading each model, its loads, evictions and load time."""
+    if not any(m.get("loads") or m.get("loading") for m in models):
+        return None
+    t = Table(title="model pool (loads and evictions by the live workers)")
+    cols = ("model", "oldest waiting ms", "holding it", "loading it", "loads", "evictions")
+    for col in (*cols, "load p50 ms"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for m in models:
+        t.add_row(
+            _lane_name(m),
+            str(m.get("oldest_waiting_ms", 0)),
+            str(m.get("holding", m["workers"])),
+            str(m.get("loading", 0)),
+            str(m.get("loads", 0)),
+            str(m.get("evictions", 0)),
+            str(m.get("load_ms_p50") or "-"),
+        )
+    return t
+
+
+def _lane_name(m: dict[str, Any]) -> str:
+    if m["model"] is None:
+        return f"(none: default {m['served_by'] or '-'})"
+    return str(m["model"]) + (" (default)" if m["default"] else "")
 
 
 def tenants_table(tenants: dict[str, dict[str, Any]]) -> Table:
