@@ -213,3 +213,39 @@ def test_a_model_unloaded_when_idle_is_loaded_again_when_asked_for(
     result = client.generate("again", model="gamma", max_new_tokens=4, timeout=30)
     assert result.status == "succeeded" and result.model == "gamma"
     client.close()
+
+
+def test_a_pool_worker_killed_mid_load_or_mid_swap_loses_nothing(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """SIGKILL in the two moments a swap is fragile: while the worker drains the model it
+    evicts (its requests running, the new model's waiting) and while it loads the new one (the
+    fleet told it holds a model it has not loaded). Another pool worker takes everything over:
+    each request succeeds, answered by the model it named."""
+    keys = Keys(queue)
+    client = Client.from_url(redis_url, queue)
+    slow = ("--echo-step-ms", "200", "--heartbeat-ttl-s", "2", "--claim-idle-ms", "1000")
+    swap = ("--resident-models", "1", "--min-resident-ms", "0", "--echo-load-ms", "3000")
+    dying = start_worker(queue, *POOL, *slow, *swap)  # w0
+    wait_until(lambda: r.hget(keys.worker("w0"), "resident") == b"alpha", timeout_s=60)
+    running = client.submit_many(
+        [{"prompt": f"a {i}", "model": "alpha"} for i in range(4)], max_new_tokens=20
+    )
+    wait_until(lambda: client.status(running[0]).status == "running", timeout_s=30)
+    waiting = client.submit_many(
+        [{"prompt": f"b {i}", "model": "beta", "priority": "high"} for i in range(4)],
+        max_new_tokens=4,
+    )
+    time.sleep(0.6)  # (past the next look: the swap is decided, alpha's requests still run)
+    assert client.status(running[0]).status == "running"
+    dying.kill()  # mid-swap: draining alpha, beta's requests waiting for it
+    again = start_worker(queue, *POOL, *slow, *swap)  # w1
+    wait_until(lambda: r.hget(keys.worker("w1"), "loading") == b"beta", timeout_s=90)
+    again.kill()  # mid-load: the fleet was told w1 holds beta
+    start_worker(
+        queue, *POOL, "--resident-models", "1", "--min-resident-ms", "0", "--claim-idle-ms", "1000"
+    )  # w2
+    results = client.results([*running, *waiting], timeout=120)
+    assert [x.status for x in results] == ["succeeded"] * len(results)
+    assert [x.model for x in results] == ["alpha"] * 4 + ["beta"] * 4
+    client.close()

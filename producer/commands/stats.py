@@ -40,8 +40,21 @@ def print_stats(snapshot: dict[str, Any], console: Console) -> None:
 
 
 def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
-    """A stats snapshot as three tables: streams by priority, tenants, and workers."""
+    """A stats snapshot as tables: streams by priority, models (and a pool's side of them),
+    tenants, and workers."""
+    models = snapshot.get("models", [])
+    pool = pool_table(models)
+    return [
+        _streams_table(snapshot),
+        models_table(models),
+        *([] if pool is None else [pool]),
+        tenants_table(snapshot.get("tenants", {})),
+        _workers_table(snapshot),
+    ]
 
+
+def _streams_table(snapshot: dict[str, Any]) -> Table:
+    """The queue (Redis' memory, the prefix cache's hit rate) and its streams by priority."""
     mem = snapshot.get("redis") or {}
     title = f"queue {snapshot['queue']!r}"
     if mem:
@@ -74,6 +87,11 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
             str(s["lag"]),
             str(s.get("oldest_waiting_ms", "-")),
         )
+    return t
+
+
+def _workers_table(snapshot: dict[str, Any]) -> Table:
+    """Each worker: liveness, pending, batches, results, waits and speed."""
     w = Table(title=f"workers (dead-letter entries: {snapshot['dead_letter']})")
     for col in (
         "consumer",
@@ -110,24 +128,20 @@ def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
             f"{d['cache_hit_rate']:.1%}",
             f"{d['tokens_per_s']:.0f}",
         )
-    pools = [f"{x['consumer']} holds {_holding(x)}" for x in snapshot["workers"] if "resident" in x]
-    if pools:  # (a caption: the table is as wide as a terminal already)
-        w.caption = "pools: " + "; ".join(pools)
-    models = snapshot.get("models", [])
-    pool = pool_table(models)
-    return [
-        t,
-        models_table(models),
-        *([] if pool is None else [pool]),
-        tenants_table(snapshot.get("tenants", {})),
-        w,
-    ]
+    w.caption = _pools_caption(snapshot["workers"])
+    return w
 
 
-def _holding(worker: dict[str, Any]) -> str:
-    """A pool's worker: the models it holds and its last swap."""
-    last = worker.get("last_swap")
-    return f"{worker['resident'] or '(none)'}" + (f" ({last})" if last else "")
+def _pools_caption(workers: list[dict[str, Any]]) -> str | None:
+    """What each pool's worker holds and its last swap (a caption: the workers table is as
+    wide as a terminal already); None without pools."""
+    pools = []
+    for x in workers:
+        if "resident" in x:
+            last = x.get("last_swap")
+            held = f"{x['consumer']} holds {x['resident'] or '(none)'}"
+            pools.append(held + (f" ({last})" if last else ""))
+    return "pools: " + "; ".join(pools) if pools else None
 
 
 def models_table(models: list[dict[str, Any]]) -> Table:

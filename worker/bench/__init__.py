@@ -15,6 +15,8 @@ module              what it measures
                     by the wrong model, texts against each model's alone
 ``model_pool``      echo workers with a pool of models each, the swap policies in turns:
                     thrash, starvation, priority across models (``--scenario model-pool``)
+``model_pool_shifting`` the same scenario's shifting demand: the hot model changes phase
+                    by phase, against a fleet started with the right one
 ``model_pool_real`` the same scenario's real-model case: one CPU worker swapping between
                     three real models, its texts against each alone, loads, memory
 ``adapters``        LoRA adapters mixed in batches, and swapping past ``--max-loras``,

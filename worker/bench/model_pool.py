@@ -14,6 +14,8 @@ load costs real seconds and the fleet's decisions are measured without real mode
   (p50, the longest), against the bound (``--model-wait-ms`` plus a load).
 - **priority**: a backlog of low requests for the resident model, then ``HIGH`` high ones for a
   cold one: how long the high ones waited to start, against a load plus 1 s.
+- **shifting demand** (``model_pool_shifting.py``): the hot model changes phase by phase; the
+  fleet's tokens/s against one started with the right model;
 - **real models** (``model_pool_real.py``): one CPU worker swapping between three real models;
   its answers against each prompt alone, the load times, and its memory swap after swap.
 """
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from genq.worker.bench.model_pool_real import real_pool_markdown, run_real_pool
+from genq.worker.bench.model_pool_shifting import run_shifting, shifting_markdown
 
 MODELS = ("A", "B", "C", "D")
 POLICIES = ("backlog", "arrival", "collate")
@@ -60,6 +63,22 @@ def _fleet(redis_url: str, queue: str, policy: str, workers: int = WORKERS) -> l
         start_worker(redis_url=redis_url, queue=queue, consumer=f"w{i}", extra_args=tuple(args))
         for i in range(workers)
     ]
+
+
+def _shifting_fleet(redis_url: str, queue: str, models: tuple[str, ...]) -> list[Any]:
+    """The shifting case's fleets: the pool's (``backlog``), or workers of one model alone."""
+    from genq.worker.devtools.worker_process import start_worker
+
+    if len(models) > 1:
+        procs = _fleet(redis_url, queue, "backlog")
+    else:
+        args = ("--model", models[0], "--engine", "echo", "--echo-step-ms", str(STEP_MS))
+        procs = [
+            start_worker(redis_url=redis_url, queue=queue, consumer=f"w{i}", extra_args=args)
+            for i in range(WORKERS)
+        ]
+    _serving(redis_url, queue, procs)
+    return procs
 
 
 def _serving(redis_url: str, queue: str, procs: list[Any]) -> None:
@@ -182,6 +201,9 @@ def run_model_pool(redis_url: str) -> dict[str, Any]:
         for policy in ("backlog", "collate"):
             out["starvation"].append(_starvation(redis_url, policy, workers))
     out["priority"].append(_priority(redis_url, "backlog"))
+    out["shifting"] = run_shifting(
+        redis_url, lambda q, ms: _shifting_fleet(redis_url, q, ms), MODELS, NEW_TOKENS, WORKERS
+    )
     out["real"] = run_real_pool(redis_url)
     return out
 
@@ -226,6 +248,8 @@ def model_pool_markdown(res: dict[str, Any]) -> str:
     ]
     for x in res["priority"]:
         lines.append(f"| {x['policy']} | {x['high_wait_max_ms']} | {x['bound_ms']} |")
+    if "shifting" in res:
+        lines += ["", shifting_markdown(res["shifting"], WORKERS)]
     if "real" in res:
         lines += ["", real_pool_markdown(res["real"])]
     return "\n".join(lines)
