@@ -36,7 +36,7 @@ def _stop(procs: list[Any]) -> None:
 def _tokens_per_s(results: list[Any]) -> float:
     start = min(int(x.timings.started_unix_ms) for x in results)
     end = max(int(x.timings.finished_unix_ms) for x in results)
-    return float(sum(x.completion_tokens for x in results) / max(1e-3, (end - start) / 1000))
+    return float(sum(x.usage.completion_tokens for x in results) / max(1e-3, (end - start) / 1000))
 
 
 def _loads(r: Any, queue: str, workers: int) -> int:
