@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from genq.common.keys import Keys
 from genq.producer import Client
 
 from tests.conftest import WorkerProcess, wait_until
+from tests.test_model_pool import refused_at_start
 
 MODELS = ("tiny", "smollm2-135m")
 PROMPTS = ["The capital of France is", "Water boils at", "One, two, three,", "Hello, my name"]
@@ -71,11 +70,6 @@ def test_a_pool_of_real_models_answers_each_request_as_its_model_alone(
     client.close()
 
 
-def run_worker(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
-
-
 def huge_model(folder: Path) -> Path:
     """A model folder whose one weight (its safetensors header says) takes 400 GB as float32."""
     folder.mkdir()
@@ -101,12 +95,7 @@ def test_a_real_pool_that_cannot_work_is_one_clear_line_at_start(
         ),
         ("--engine", "static", "--model", "tiny", "--model", "tiny"): "given twice",
     }
-    for args, says in cases.items():
-        done = run_worker(redis_url, *args)
-        assert done.returncode != 0, args
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        assert any(says in line for line in lines), (args, done.stderr)
-        assert "Traceback" not in done.stderr, done.stderr
+    refused_at_start(redis_url, cases)
 
 
 def test_a_pool_admits_with_each_models_own_engine_and_hands_back_what_it_does_not_hold() -> None:
