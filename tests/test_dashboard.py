@@ -258,9 +258,11 @@ def test_a_pool_workers_models_and_swaps_show_as_genq_stats_shows_them(
         for field in ("holding", "loads", "evictions"):
             assert number(shown[field]) == stats[model][field], (model, field)
         assert shown["load_ms_p50"] != "-", model
+    dashboard.shot("pool-overview")
     page = dashboard.open("workers")
     held = page.text_content("[data-worker=w0] [data-test=holding]") or ""
     assert held.startswith("alpha (beta -> alpha"), held
+    dashboard.shot("pool-workers")
 
 
 def test_a_cancelled_batch_shows_cancelled(dashboard: Watched, redis_url: str, queue: str) -> None:
