@@ -367,3 +367,14 @@ def genq(
         timeout=timeout_s,
         cwd=ROOT,
     )
+
+
+def refused_at_start(redis_url: str, cases: dict[tuple[str, ...], str]) -> None:
+    """Each ``genq worker`` of these arguments exits non-zero at start, a line of its stderr
+    saying what it was told, and no traceback."""
+    for args, says in cases.items():
+        done = genq("worker", "--redis-url", redis_url, *args, timeout_s=120)
+        assert done.returncode != 0, args
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert any(says in line for line in lines), (args, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr

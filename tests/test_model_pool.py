@@ -18,7 +18,7 @@ from genq.common.lua.model_claim import CLAIM_MODEL
 from genq.common.prefixes import adapter_key
 from genq.producer import Client
 
-from tests.conftest import WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, refused_at_start, wait_until
 
 POOL = ("--engine", "echo", "--model", "alpha", "--model", "beta", "--model", "gamma")
 
@@ -118,18 +118,6 @@ def test_one_claim_per_need_and_a_dead_holder_counts_for_nothing(
     assert claim("w3", 1) == 1, "dead holders hold nothing"
     assert r.hget(keys.holders, model) == b"w3"
     assert claim("w4", 0) == 1, "a starving model: any number"
-
-
-def refused_at_start(redis_url: str, cases: dict[tuple[str, ...], str]) -> None:
-    """Each ``genq worker`` of these arguments exits non-zero at start, a line of its stderr
-    saying what it was told, and no traceback."""
-    for args, says in cases.items():
-        command = [sys.executable, "-m", "genq.worker", "worker", "--redis-url", redis_url, *args]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert done.returncode != 0, args
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        assert any(says in line for line in lines), (args, done.stderr)
-        assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_pool_that_cannot_work_is_one_clear_line_at_start(redis_url: str) -> None:

@@ -15,8 +15,7 @@ import redis
 from genq.common.keys import Keys
 from genq.producer import Client
 
-from tests.conftest import WorkerProcess, wait_until
-from tests.test_model_pool import refused_at_start
+from tests.conftest import WorkerProcess, refused_at_start, wait_until
 
 MODELS = ("tiny", "smollm2-135m")
 PROMPTS = ["The capital of France is", "Water boils at", "One, two, three,", "Hello, my name"]
