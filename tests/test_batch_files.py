@@ -69,10 +69,8 @@ def test_a_batch_file_round_trip_on_the_tiny_model(
     assert sub.returncode == 0, sub.stderr
     bid = sub.stdout.strip()  # only the batch id on stdout
     assert bid.startswith("batch_") and "\n" not in bid
-    assert "line 3: 'url' must be one of" in sub.stderr
-    assert "line 4: unsupported body fields ['suffix']" in sub.stderr
-    assert "line 6: not valid JSON" in sub.stderr
-    assert "3 submitted, 3 refused" in sub.stderr
+    assert "3 submitted, 3 refused (lines 3, 4, 6: genq batch results --errors)" in sub.stderr
+    assert len(sub.stderr.strip().splitlines()) == 1, sub.stderr
     start_worker(queue, "--model", "tiny", "--engine", "static", "--max-new-tokens-limit", "256")
     out, errs = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
     res = genq("results", *where, bid, "-o", str(out), "--errors", str(errs), "--timeout-s", "120")
@@ -102,6 +100,30 @@ def test_a_batch_file_round_trip_on_the_tiny_model(
     again = genq("submit", *where, str(src), "--batch-id", bid)
     assert again.stdout.strip() == bid
     assert json.loads(genq("status", *where, bid).stdout)["status"] == "completed"
+
+
+def test_a_file_that_is_not_a_batch_file_is_one_line_exit_2_and_no_batch(
+    redis_url: str, queue: str, tmp_path: Path, files_dir: Path
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    where = ["--redis-url", redis_url, "--queue", queue]
+    prose = tmp_path / "notes.txt"
+    prose.write_text("".join(f"a line of notes, number {n}\n" for n in range(4003)))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    stored_before = sorted(p.name for p in files_dir.rglob("*"))
+    for path, says in [
+        (prose, "notes.txt is not a batch input file: line 1: not valid JSON"),
+        (empty, "empty.jsonl has no lines"),
+    ]:
+        sub = genq("submit", *where, str(path))
+        assert sub.returncode == 2, sub.stderr
+        (line,) = [x for x in sub.stderr.splitlines() if x.strip()]
+        assert says in line and "no batch was created" in line, line
+        assert "Traceback" not in sub.stderr and not sub.stdout
+    assert "(and 4002 more lines like it)" in genq("submit", *where, str(prose)).stderr
+    assert not r.keys(f"*{queue}*")  # no batch, no request, nothing of the queue
+    assert sorted(p.name for p in files_dir.rglob("*")) == stored_before
 
 
 def test_a_completion_without_max_tokens_gets_openais_default_of_16(

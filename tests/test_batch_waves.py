@@ -61,6 +61,21 @@ def new_batch(client: Client, src: Path, *, window: int) -> str:
     return wave_files.upload_and_create(client, store(), str(src), source=src.name, window=window)
 
 
+def unchecked_batch(client: Client, src: Path, *, window: int) -> str:
+    """A wave batch of ``src`` recorded as the gateway records an uploaded file's (``genq batch
+    submit`` refuses a file of no request before; a gateway's batch of one fails when fed)."""
+    bid = batch_waves.new_batch_id()
+    name = f"uploads/{bid}.jsonl"
+    data = src.read_bytes()
+    store().put(name, data, create=True)
+    lines = sum(1 for x in data.splitlines() if x.strip())
+    wave = batch_waves.WaveBatch(
+        id=bid, path=name, lines=lines, source=src.name, endpoint="", window=window
+    )
+    batch_waves.create(client, store(), wave)
+    return bid
+
+
 def output_lines(batch_id: str, kind: str = "output") -> list[dict[str, object]]:
     s = store()
     data = b"".join(wave_files.read_parts(s, wave_files.parts(s, batch_id, kind)))
@@ -176,7 +191,7 @@ def test_a_part_written_before_a_crash_is_not_written_twice(
     src = write_file(tmp_path / "in.jsonl", 5, bad_every=1)  # five refused lines
     s = store()
     with Client.from_url(redis_url, queue) as client:
-        bid = new_batch(client, src, window=100)
+        bid = unchecked_batch(client, src, window=100)
         stale = batch_waves.record_of(client, bid)
         assert batch_waves.feed(client, s, bid, stale).fed == 0
         assert r.llen(Keys.batch_rejected(bid)) == 5

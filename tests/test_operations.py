@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from genq.common.keys import Keys
 from genq.producer import Client
 from genq.worker.devtools.redis_server import free_port
 
-from tests.conftest import WorkerProcess, genq_stats, wait_until
+from tests.conftest import WorkerProcess, genq, genq_stats, wait_until
 
 
 def scrape(port: int) -> str:
@@ -135,52 +137,40 @@ def test_stats_and_top_show_streams_workers_and_waits(
     assert "w0" in top.stdout
 
 
-def test_submit_a_file_of_prompts_reports_bad_lines_and_prints_results(
-    redis_url: str, queue: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+def test_submit_a_file_of_prompts_refuses_bad_lines_whole_and_prints_results(
+    redis_url: str,
+    queue: str,
+    r: redis.Redis,
+    tmp_path: Path,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     import json
-    import subprocess
-    import sys
 
     start_worker(queue, "--engine", "echo")
-    src = tmp_path / "prompts.txt"
-    src.write_text(
+    good = (
         "first prompt\n"
         "\n"
         '{"prompt": "second", "max_new_tokens": 3, "priority": "high"}\n'
-        "{not json\n"
-        '{"prompt": "x", "max_new_tokens": -1}\n'
         "third prompt\n"
     )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "submit",
-            "--redis-url",
-            redis_url,
-            "--queue",
-            queue,
-            "--file",
-            str(src),
-            "--max-new-tokens",
-            "5",
-            "--timeout-s",
-            "60",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 1  # some lines were bad
-    assert "line 4: not valid JSON" in out.stderr and "line 5: invalid request" in out.stderr
-    assert "2 line(s) were not submitted" in out.stderr
+    src = tmp_path / "prompts.txt"
+    src.write_text(good + "{not json\n" + '{"prompt": "x", "max_new_tokens": -1}\n')
+    where = ("--redis-url", redis_url, "--queue", queue, "--max-new-tokens", "5")
+    out = genq("submit", *where, "--file", str(src), "--timeout-s", "60", timeout_s=120)
+    assert out.returncode == 2, out.stderr  # the file is refused whole
+    (line,) = [x for x in out.stderr.splitlines() if x.strip()]
+    assert "line 5: not valid JSON" in line and "(and 1 more: line 6)" in line
+    assert "nothing was submitted" in line and not out.stdout
+    streams = [s for s in Keys(queue).streams() if r.exists(s)]  # (none: nothing added)
+    assert all(r.xinfo_stream(s)["entries-added"] == 0 for s in streams)
+    src.write_text(good)
+    out = genq("submit", *where, "--file", str(src), "--timeout-s", "60", timeout_s=120)
+    assert out.returncode == 0, out.stderr
     results = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["line"], r["status"], r["text"]) for r in results] == [
         (1, "succeeded", "first"),
         (3, "succeeded", "sec"),
-        (6, "succeeded", "third"),
+        (4, "succeeded", "third"),
     ]
     assert results[1]["priority"] == "high"
 

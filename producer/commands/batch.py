@@ -8,7 +8,12 @@ from typing import Any
 import click
 from genq.common.errors import GenqError
 from genq.common.models import DEFAULT_PRIORITY
-from genq.producer.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
+from genq.producer.commands.options import (
+    PRIORITY_CHOICE,
+    RefusedInput,
+    redis_options,
+    tenant_option,
+)
 from genq.producer.gateway.batch_lines import ENDPOINTS
 from rich.console import Console
 
@@ -74,8 +79,10 @@ def batch_submit(
     """Submit an OpenAI batch input file (JSON Lines) of any size and print the batch id (only
     that, on stdout). The file is copied to the file store, then fed into the queue in waves
     (at most --batch-window requests in Redis at once) while this runs, with a progress bar;
-    stopped, a gateway sharing the store goes on, or run this again with --batch-id. Invalid
-    lines are reported on stderr with their numbers and appear in the batch's error file."""
+    stopped, a gateway sharing the store goes on, or run this again with --batch-id. Every line
+    is checked as the file is copied: a file with no request in it is refused in one line (the
+    first bad line's number and why), exit 2, no batch; otherwise the refused lines are counted
+    in the last line on stderr, with where they are, and are in the batch's error file."""
     import os
 
     from genq.common.connection import is_cluster
@@ -84,7 +91,7 @@ def batch_submit(
     from rich.progress import Progress
 
     err = Console(stderr=True)
-    refused = 0
+    checked: list[wave_files.LineVerdicts] = []
     with (
         Client.from_url(redis_url, queue) as client,
         Progress(console=err, transient=True) as progress,
@@ -106,13 +113,10 @@ def batch_submit(
                 endpoint=endpoint,
                 window=batch_window,
                 completion_window=completion_window,
+                on_verdicts=lambda v: checked.append(v),
             )
 
             def show(did: batch_waves.Round, rec: Any) -> None:
-                nonlocal refused
-                for bad in did.refused:
-                    refused += 1
-                    err.print(f"line {bad.line}: {bad.message}", markup=False)
                 lines = int(rec.get("total") or 0) + int(rec.get("refused") or 0)
                 progress.update(
                     task, description="feeding", completed=int(rec.get("fed") or 0), total=lines
@@ -121,10 +125,15 @@ def batch_submit(
             rec = wave_files.run_until(
                 client, store, bid, lambda rec: rec.get("feeding") != "1", every=show
             )
+        except wave_files.NotABatchFile as e:
+            raise RefusedInput(f"{e}; no batch was created") from None
         except GenqError as e:
             raise click.ClickException(f"{e} (batch {batch_id or 'not created'})") from None
     fed = int(rec.get("fed") or 0) - int(rec.get("refused") or 0)
-    err.print(f"batch {bid}: {fed} submitted, {int(rec.get('refused') or 0)} refused")
+    refused = int(rec.get("refused") or 0)
+    where = checked[0].where() if checked and checked[0].refused_count else "see"
+    why = f" ({where}: genq batch results --errors)" if refused else ""
+    click.echo(f"batch {bid}: {fed} submitted, {refused} refused{why}", err=True)
     click.echo(bid)
 
 
@@ -239,15 +248,26 @@ def _submit_in_redis(
     import os
 
     from genq.producer.gateway.batches import submit_batch
+    from genq.producer.gateway.repeated_ids import CustomIds
+    from genq.producer.gateway.wave_files import LineVerdicts, NotABatchFile
 
     task = progress.add_task("submitting", total=None)
-    err = Console(stderr=True)
+    source = os.path.basename(path)
     with click.open_file(path, encoding="utf-8") as f:
+        lines = list(f)
+        verdicts = LineVerdicts("check", priority, endpoint, tenant, CustomIds())
+        for n, line in enumerate(lines, start=1):
+            if line.strip():
+                verdicts.add(n, line.encode())
+        try:
+            verdicts.check(source)
+        except NotABatchFile as e:
+            raise RefusedInput(f"{e}; no batch was created") from None
         try:
             done = submit_batch(
                 client,
-                f,
-                source=os.path.basename(path),
+                lines,
+                source=source,
                 batch_id=batch_id,
                 priority=priority,
                 tenant=tenant,
@@ -256,9 +276,10 @@ def _submit_in_redis(
             )
         except GenqError as e:
             raise click.ClickException(f"{e} (batch {batch_id or 'not created'})") from None
-    for bad in done.rejected:
-        err.print(f"line {bad.line}: {bad.message}", markup=False)
-    err.print(f"batch {done.id}: {done.submitted} submitted, {len(done.rejected)} refused")
+    refused = len(done.rejected)
+    where = verdicts.where() if verdicts.refused_count else "see"
+    why = f" ({where}: genq batch results --errors)" if refused else ""
+    click.echo(f"batch {done.id}: {done.submitted} submitted, {refused} refused{why}", err=True)
     click.echo(done.id)
 
 

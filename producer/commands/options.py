@@ -21,6 +21,13 @@ REDIS_URL_ENV = WorkerSettings.env_var("redis_url")
 TENANT_ENV = "GENQ_TENANT"
 
 
+class RefusedInput(click.ClickException):
+    """An input file refused whole before anything was made of it: one line, exit 2 (as a
+    usage error: what was given cannot be run)."""
+
+    exit_code = 2
+
+
 class _AutoOrCount(click.ParamType[Any]):
     """``auto`` or a whole number (``--max-batch-tokens``, ``--max-batch-size``)."""
 

@@ -8,7 +8,12 @@ from typing import Any
 import click
 from genq.common.errors import GenqError
 from genq.common.models import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRIORITY
-from genq.producer.commands.options import PRIORITY_CHOICE, redis_options, tenant_option
+from genq.producer.commands.options import (
+    PRIORITY_CHOICE,
+    RefusedInput,
+    redis_options,
+    tenant_option,
+)
 from rich.console import Console
 
 
@@ -132,8 +137,9 @@ def _submit_file(
     timeout_s: float | None,
     no_wait: bool,
 ) -> None:
-    """``genq submit --file``: bad lines to stderr with their numbers, the rest submitted in
-    chunks under a progress bar; then (unless --no-wait) one JSON line per result."""
+    """``genq submit --file``: every line checked first (one that is not a request: one line
+    saying where and why, exit 2, nothing submitted), then submitted in chunks under a
+    progress bar; then (unless --no-wait) one JSON line per result."""
     from genq.producer import Client
     from genq.producer.files import read_requests
     from genq.producer.submitting import SUBMIT_CHUNK
@@ -141,9 +147,14 @@ def _submit_file(
 
     with click.open_file(path, encoding="utf-8") as f:
         requests, errors = read_requests(f, options)
+    if errors:  # nothing is submitted: the file is mended and run again whole
+        first, others = errors[0], len(errors) - 1
+        shown = ", ".join(str(e.line) for e in errors[1:6]) + (" ..." if others > 5 else "")
+        more = f" (and {others} more: line{'s' if others > 1 else ''} {shown})" if others else ""
+        raise RefusedInput(f"line {first.line}: {first.message}{more}; nothing was submitted")
+    if not requests:
+        raise RefusedInput(f"{path} has no lines; nothing was submitted")
     err = Console(stderr=True)
-    for e in errors:
-        err.print(f"line {e.line}: {e.message}", markup=False)
     chunk = SUBMIT_CHUNK
     with Client.from_url(redis_url, queue) as client, Progress(console=err) as progress:
         sent = progress.add_task("submitting", total=len(requests))
@@ -167,5 +178,3 @@ def _submit_file(
             for (line, _), res in zip(requests[start : start + chunk], results, strict=True):
                 out = {"line": line, **res.model_dump(mode="json")}
                 click.echo(json.dumps(out))
-    if errors:
-        raise click.ClickException(f"{len(errors)} line(s) were not submitted (see above)")

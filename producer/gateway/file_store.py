@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from genq.common.errors import GenqError
 from genq.producer.gateway.repeated_ids import CustomIds, numbered, repeats, too_many
@@ -72,15 +72,19 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
+class LineSink(Protocol):
+    """What is handed each line of an upload as it passes (``CustomIds``, ``LineVerdicts``)."""
+
+    def add(self, number: int, line: bytes) -> None: ...
+
+
 class LineCheck:
     """Checks an upload's bytes as they pass: UTF-8, and no line over ``max_line_bytes``;
     counts its bytes and its lines (those that are not blank: ``lines``); with ``ids``, hands
     each line to it (``repeated_ids.CustomIds``: lines that repeat a ``custom_id``). ``feed``
     raises ``UploadRefused`` at the first problem."""
 
-    def __init__(
-        self, *, max_bytes: int, max_line_bytes: int, ids: CustomIds | None = None
-    ) -> None:
+    def __init__(self, *, max_bytes: int, max_line_bytes: int, ids: LineSink | None = None) -> None:
         self.max_bytes, self.max_line_bytes = max_bytes, max_line_bytes
         self.ids = ids
         self._parts: list[bytes] = []  # the line so far (with ``ids`` only)
