@@ -52,12 +52,8 @@ class LineVerdicts:
     def __init__(
         self, batch_id: str, priority: str, endpoint: str | None, tenant: str, ids: CustomIds
     ) -> None:
-        self.batch_id, self.priority, self.endpoint, self.tenant = (
-            batch_id,
-            priority,
-            endpoint,
-            tenant,
-        )
+        self.batch_id = batch_id
+        self.lane = (priority, endpoint, tenant)  # (parse_line's, in its order)
         self.ids = ids
         self.good = 0
         self.refused: list[int] = []  # the first ``SHOWN`` refused lines' numbers
@@ -69,10 +65,7 @@ class LineVerdicts:
         self.ids.add(number, line)
         text = line.decode("utf-8", "replace")
         try:
-            parse_line(
-                number, text, self.batch_id, self.priority, self.endpoint, self.tenant,
-                self._templates,
-            )  # fmt: skip
+            parse_line(number, text, self.batch_id, *self.lane, self._templates)
         except InvalidRequest as err:
             self.refused_count += 1
             self.first_why = self.first_why or str(err)
