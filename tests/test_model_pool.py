@@ -71,6 +71,23 @@ def test_a_pool_worker_swaps_to_what_waits_and_each_answer_is_its_models(
     client.close()
 
 
+def test_pool_workers_that_start_at_once_start_on_different_models(
+    queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Each claims its first model as a load is claimed: three workers of a pool of three,
+    started together, hold one model each, not all the pool's first."""
+    args = (*POOL, "--resident-models", "1", "--echo-load-ms", "100")
+    for _ in range(3):
+        start_worker(queue, *args)
+    keys = Keys(queue)
+
+    def held() -> list[bytes | None]:
+        return [r.hget(keys.worker(f"w{i}"), "resident") for i in range(3)]
+
+    wait_until(lambda: all(held()), timeout_s=60)
+    assert sorted(held()) == [b"alpha", b"beta", b"gamma"], held()
+
+
 def test_a_pool_worker_reads_no_lane_of_a_model_it_does_not_hold(
     redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
 ) -> None:

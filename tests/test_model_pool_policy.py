@@ -56,6 +56,20 @@ def test_a_model_stays_its_minimum_residence_and_keeps_its_running_requests() ->
     assert decide({"B": waiting(5_000)}, [old("A", running=3)], LOAD, NOW, RULES) is None
 
 
+def test_a_model_is_swapped_out_only_once_idle_as_long_as_its_load_takes() -> None:
+    between_waves = old("A", used_ago_ms=600)  # its last requests ended 0.6 s ago
+    assert decide({"B": waiting(5_000)}, [between_waves], LOAD, NOW, RULES) is None
+    idle = old("A", used_ago_ms=1_000)  # as long as a reload of A takes
+    assert decide({"B": waiting(5_000)}, [idle], LOAD, NOW, RULES) == Swap(
+        load="B", evict="A", reason="backlog 5000", need=2
+    )
+    starving = {"B": waiting(10, waited_ms=31_000)}
+    assert decide(starving, [between_waves], LOAD, NOW, RULES) is not None, "the bound wins"
+    for policy in ("arrival", "collate"):  # the peers' rules have no such wait
+        rules = PoolRules(capacity=1, policy=policy, drain_tokens_per_s=100.0)
+        assert decide({"B": waiting(5_000)}, [between_waves], LOAD, NOW, rules) is not None
+
+
 def test_a_starving_model_is_loaded_whatever_else_waits_its_place_drained_first() -> None:
     young_busy = Resident(model="A", loaded_ms=NOW - 2_000, used_ms=NOW, running=4)
     backlogs = {"A": waiting(90_000), "D": waiting(10, waited_ms=31_000, rank=1)}

@@ -72,7 +72,8 @@ def _shifting_fleet(redis_url: str, queue: str, models: tuple[str, ...]) -> list
     if len(models) > 1:
         procs = _fleet(redis_url, queue, "backlog")
     else:
-        args = ("--model", models[0], "--engine", "echo", "--echo-step-ms", str(STEP_MS))
+        args: tuple[str, ...] = ("--engine", "echo", "--served-model-name", models[0])
+        args += ("--echo-step-ms", str(STEP_MS))
         procs = [
             start_worker(redis_url=redis_url, queue=queue, consumer=f"w{i}", extra_args=args)
             for i in range(WORKERS)

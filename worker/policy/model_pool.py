@@ -9,7 +9,8 @@ wait, the highest priority) against what it holds, and says what to load and wha
 - **never thrash**: a model is loaded only when what waits for it outweighs the swap, the work
   this worker would have served during the load (``load_ms`` at its measured drain rate, at most
   what waits for the models it holds) plus what still waits for the model it evicts; a model
-  stays at least ``min_resident_ms``;
+  stays at least ``min_resident_ms``, and is swapped out only once idle for as long as its own
+  load takes (so a model whose requests come in waves is not evicted between two waves);
 - **never starve**: a model whose oldest request has waited ``model_wait_ms`` is loaded whatever
   else waits (the minimum residence does not hold it back);
 - **priority across models**: a request for a cold model that outranks the work (waiting or
@@ -190,7 +191,8 @@ def _weigh(
     if best is None:
         return None
     gain, model = best
-    swap = _place(model, held, backlogs, now_ms, rules, f"backlog {ready[model].tokens}")
+    why = f"backlog {ready[model].tokens}"
+    swap = _place(model, held, backlogs, now_ms, rules, why, reload_ms=load_ms)
     if swap is None or swap.evict is None:
         return swap
     if gain <= backlogs.get(swap.evict, Backlog()).tokens:
@@ -212,10 +214,14 @@ def _place(
     why: str,
     force: Force = None,
     keep_min: bool = True,
+    reload_ms: Mapping[str, int] | None = None,
 ) -> Swap | None:
     """Load ``model``: into a free place, else in the place of the resident model that loses
     least (nothing running here first, then the least waiting, then the least recently used).
-    Unforced, only a model past its minimum residence with nothing running is a place. Forced
+    Unforced, only a model past its minimum residence with nothing running is a place; with
+    ``reload_ms`` (the models' load times), only one idle for as long as its own load takes
+    (the rent-or-buy rule: a model whose requests keep coming is not swapped out between them,
+    to be loaded back a moment later; one idle that long has cost as much as a reload). Forced
     by ``"rank"`` (``model`` outranks what the resident models have waiting), a model past its
     minimum residence whose own work (running or waiting) ranks lower, drained first;
     by ``"starving"``, any model, drained first."""
@@ -228,6 +234,8 @@ def _place(
         b = backlogs.get(r.model, Backlog())
         young = keep_min and now_ms - r.loaded_ms < rules.min_resident_ms
         if force is None and (r.running or young):
+            continue
+        if reload_ms is not None and now_ms - r.used_ms < reload_ms.get(r.model, 0):
             continue
         if force == "rank" and (young or _rank(r, backlogs) >= rank):
             continue

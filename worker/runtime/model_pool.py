@@ -154,10 +154,18 @@ class ModelPool:
         self._served = (0, 0, time.monotonic())  # (requests, weighted tokens) ended, when
 
     def start(self) -> None:
-        """Load the first ``capacity`` models of the pool (the worker's join), beside the turn."""
-        first = self.models[: self.rules.capacity]
-        for model in first:
-            self._tell("+", model)
+        """Load the pool's first models (the worker's join), beside the turn: in the pool's
+        order, those no other live worker holds or loads (each claimed as a load is, so two
+        workers that start at once take different ones: the fleet starts spread over the pool),
+        then, places left, the first of the others."""
+        first: list[str] = []
+        for model in self.models:
+            if len(first) < self.rules.capacity and self._claimed(model, need=1):
+                first.append(model)
+        for model in self.models:
+            if len(first) < self.rules.capacity and model not in first:
+                first.append(model)
+                self._tell("+", model)
         self._loading = _Load(first, "start", None, self.loader)
         self.fields["loading"] = " ".join(first)
 
@@ -251,12 +259,14 @@ class ModelPool:
 
     def one_model(self, waiting: Iterable[Held]) -> list[Held]:
         """What waits of one model (a batch is one model's): the model of the request that
-        goes first by priority and age."""
+        goes first by priority and age (used now)."""
         held = list(waiting)
         if not held:
             return held
         first = max(held, key=lambda h: (RANK[h.request.priority], -h.enqueued_ms))
         model = self.model_of[first.stream]
+        if model in self._held:  # (its last use: the policy's idle time counts from here)
+            self._held[model].used_ms = now_ms()
         return [h for h in held if self.model_of[h.stream] == model]
 
     def _go_on(self, swap: Swap, lookahead: Lookahead, running: Iterable[Held]) -> None:
@@ -288,14 +298,19 @@ class ModelPool:
         self.fields["resident"] = " ".join(sorted(self._held))
 
     def _claim(self, swap: Swap) -> bool:
-        """Claim ``swap.load`` in the fleet before the swap (``CLAIM_MODEL``): refused when as
-        many other workers as its backlog needs hold it or load it already."""
+        """Claim ``swap.load`` in the fleet before the swap: refused when as many other workers
+        as its backlog needs hold it or load it already."""
         assert swap.load is not None
-        args = [self.keys.config, self.consumer, adapter_key(swap.load), swap.need]
-        claimed = bool(script_calls.call(self.redis, CLAIM_MODEL, 1, *args))
+        claimed = self._claimed(swap.load, swap.need)
         if not claimed:
             log.debug("model pool: %s is held by enough workers", swap.load)
         return claimed
+
+    def _claimed(self, model: str, need: int) -> bool:
+        """``CLAIM_MODEL``: whether this worker now holds ``model`` in the fleet's eyes (fewer
+        than ``need`` other live workers held it; 0: any number)."""
+        args = [self.keys.config, self.consumer, adapter_key(model), need]
+        return bool(script_calls.call(self.redis, CLAIM_MODEL, 1, *args))
 
     def _load(self, model: str, why: str, victim: str | None = None) -> None:
         """Start loading ``model`` beside the turn (its claim was told: held from then on)."""
