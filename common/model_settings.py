@@ -15,6 +15,8 @@ from genq.common.models import model_problem
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 EngineName = Literal["auto", "static", "continuous", "vllm", "echo"]
+WARM_ENGINES = ("static", "continuous")
+"""The engines whose pools keep evicted models warm (``--warm-models``)."""
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 SwapPolicy = Literal["backlog", "collate", "arrival"]
 """How a pool of models swaps (``worker/policy/model_pool.py``)."""
@@ -42,6 +44,12 @@ class ModelSettings(BaseModel):
         None,
         description="a pool's models loaded at once (default: what fits in 60% of the free "
         "memory by the models' sizes, GPU or RAM; the echo engine all of them)",
+    )
+    warm_models: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="a pool's evicted models kept warm in host memory, at most this many "
+        "(static, continuous: on a GPU copied back instead of read from disk; on a CPU kept "
+        "whole, in RAM); 0: none",
     )
     swap_policy: SwapPolicy = Field(
         "backlog",
@@ -127,6 +135,12 @@ class ModelSettings(BaseModel):
     @model_validator(mode="after")
     def _pool_checks(self) -> ModelSettings:
         """A pool's names given once; what a pool cannot be combined with."""
+        if self.warm_models and (not self.pool_models or self.engine not in WARM_ENGINES):
+            raise ValueError(
+                "--warm-models keeps a pool's (--model repeated) evicted models in host memory "
+                "on --engine static or continuous (vLLM's sleep mode is CUDA-only and not used "
+                "yet; the echo engine's models are names)"
+            )
         if not self.pool_models:
             return self
         seen: set[str] = set()

@@ -69,6 +69,31 @@ def test_a_pool_of_real_models_answers_each_request_as_its_model_alone(
     client.close()
 
 
+def test_a_warm_model_comes_back_from_host_memory_and_answers_as_alone(
+    redis_url: str, queue: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """``--warm-models 1`` on the continuous engine: the model evicted stays warm, its next
+    load comes from host memory (the log says so, ``model_swaps`` counts it), and its answers
+    (its batching manager started again) still equal each prompt alone."""
+    pool = [a for m in MODELS for a in ("--model", m)]
+    args = ("--resident-models", "1", "--warm-models", "1", "--min-resident-ms", "0")
+    worker = start_worker(queue, "--engine", "continuous", *pool, *args)
+    keys = Keys(queue)
+    wait_until(lambda: r.hget(keys.worker("w0"), "resident") == b"tiny", timeout_s=120)
+    client = Client.from_url(redis_url, queue)
+    expected = {m: alone(m, PROMPTS[:2], 8) for m in MODELS}
+    for model in ("smollm2-135m", "tiny", "smollm2-135m", "tiny"):  # each one a swap
+        ids = [client.submit(p, model=model, max_new_tokens=8) for p in PROMPTS[:2]]
+        results = client.results(ids, timeout=180)
+        assert [(x.status, x.model) for x in results] == [("succeeded", model)] * 2
+        assert [x.text for x in results] == expected[model], model
+    log = worker.log()
+    assert "loaded tiny in" in log and "ms from host memory" in log, log
+    swaps = json.loads(r.hget(keys.worker("w0"), "model_swaps") or "{}")
+    assert swaps["tiny"]["warm_loads"] == 2 and swaps["smollm2-135m"]["warm_loads"] == 1, swaps
+    client.close()
+
+
 def huge_model(folder: Path) -> Path:
     """A model folder whose one weight (its safetensors header says) takes 400 GB as float32."""
     folder.mkdir()
@@ -93,6 +118,10 @@ def test_a_real_pool_that_cannot_work_is_one_clear_line_at_start(
             "no-such-model-folder"
         ),
         ("--engine", "static", "--model", "tiny", "--model", "tiny"): "given twice",
+        ("--engine", "static", "--model", "tiny", "--warm-models", "1"): "--warm-models keeps",
+        ("--engine", "echo", "--model", "a", "--model", "b", "--warm-models", "1"): (
+            "--warm-models keeps"
+        ),
     }
     refused_at_start(redis_url, cases)
 

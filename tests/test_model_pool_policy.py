@@ -74,7 +74,7 @@ def test_a_starving_model_is_loaded_whatever_else_waits_its_place_drained_first(
     young_busy = Resident(model="A", loaded_ms=NOW - 2_000, used_ms=NOW, running=4)
     backlogs = {"A": waiting(90_000), "D": waiting(10, waited_ms=31_000, rank=1)}
     swap = decide(backlogs, [young_busy], LOAD, NOW, RULES)
-    assert swap == Swap(load="D", evict="A", reason="waited 31 s", drain=True)
+    assert swap == Swap(load="D", evict="A", reason="waited 31 s", drain=True, need=1)
 
 
 def test_a_model_that_would_starve_before_the_next_look_starves_now() -> None:
@@ -101,8 +101,12 @@ def test_a_model_other_workers_hold_is_loaded_here_only_when_its_backlog_needs_m
     # One worker drains 100 tokens/s x 30 s = 3,000 tokens within the wait bound.
     assert decide({"B": waiting(2_000, holders=1)}, [old("A")], LOAD, NOW, RULES) is None
     assert decide({"B": waiting(7_000, holders=2)}, [old("A")], LOAD, NOW, RULES) is not None
-    starving = {"B": waiting(10, waited_ms=40_000, holders=3)}
-    assert decide(starving, [old("A")], LOAD, NOW, RULES) is not None, "a holder that lags"
+    served = {"B": waiting(10, waited_ms=40_000, holders=1)}
+    assert decide(served, [old("A")], LOAD, NOW, RULES) is None, "its holder serves it"
+    young = Resident(model="A", loaded_ms=NOW - 2_000, used_ms=NOW, running=4)
+    alone = {"A": waiting(90_000), "B": waiting(10, waited_ms=40_000, holders=0)}
+    swap = decide(alone, [young], LOAD, NOW, RULES)
+    assert swap is not None and swap.need == 1, "held by nobody: it starves, one worker loads it"
 
 
 def test_an_idle_model_is_evicted_alone() -> None:

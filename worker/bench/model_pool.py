@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from genq.worker.bench.model_pool_real import real_pool_markdown, run_real_pool
+from genq.worker.bench.model_pool_real import WARM, real_pool_markdown, run_real_pool
 from genq.worker.bench.model_pool_shifting import run_shifting, shifting_markdown
 
 MODELS = ("A", "B", "C", "D")
@@ -205,7 +205,7 @@ def run_model_pool(redis_url: str) -> dict[str, Any]:
     out["shifting"] = run_shifting(
         redis_url, lambda q, ms: _shifting_fleet(redis_url, q, ms), MODELS, NEW_TOKENS, WORKERS
     )
-    out["real"] = run_real_pool(redis_url)
+    out["real"] = [run_real_pool(redis_url), run_real_pool(redis_url, warm=WARM)]
     return out
 
 

@@ -4,8 +4,9 @@ real models (``REAL_MODELS``), one resident at a time, made to swap ``ROUNDS`` t
 Each round asks ``PROMPTS`` of the next model in turn and waits for their answers, so every
 round is a swap. Reported: every answer against the same prompt run alone on its model's
 engine (greedy: the texts must be equal), each model's load times (from the worker's swap log
-lines: a load from the model's folder on disk), and the worker's resident memory with each model
-loaded, the first time against the last (a swap must not leak: within 10%).
+lines: a load from the model's folder on disk, or from the warm tier), and the worker's resident
+memory with each model loaded, the first time against the last (a swap must not leak: within
+10%). Run twice: without a warm tier, and with ``--warm-models 2`` (every evicted model kept).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ REAL_MODELS = ("tiny", "smollm2-135m", "random-250m")
 ROUNDS = 20
 PROMPTS = ("The capital of France is", "Water boils at", "One, two, three,")
 NEW_TOKENS = 12
-LOADED = re.compile(r"model pool: loaded (\S+) in (\d+) ms")
+LOADED = re.compile(r"model pool: loaded (\S+) in (\d+) ms( from host memory)?")
+WARM = 2
 
 
 def _alone(model: str) -> list[str]:
@@ -46,17 +48,18 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def run_real_pool(redis_url: str) -> dict[str, Any]:
-    """The case (see the module's docstring)."""
+def run_real_pool(redis_url: str, warm: int = 0) -> dict[str, Any]:
+    """The case (see the module's docstring), with ``warm`` models kept warm."""
     import redis
     from genq.common.keys import Keys
     from genq.producer import Client
     from genq.worker.devtools.worker_process import start_worker, wait_until_serving
 
     expected = {m: _alone(m) for m in REAL_MODELS}
-    queue, consumer = "bench-pool-real", "r0"
+    queue, consumer = f"bench-pool-real-{warm}", "r0"
     args: list[str] = [a for m in REAL_MODELS for a in ("--model", m)]
     args += ["--resident-models", "1", "--min-resident-ms", "0", "--max-wait-ms", "0"]
+    args += ["--warm-models", str(warm)]
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "worker.log"
         with open(log_path, "wb") as log:
@@ -91,9 +94,13 @@ def run_real_pool(redis_url: str) -> dict[str, Any]:
             proc.terminate()
             proc.wait(timeout=60)
         loads: dict[str, list[int]] = {m: [] for m in REAL_MODELS}
-        for model, ms in LOADED.findall(log_path.read_text(errors="replace")):
-            loads[model].append(int(ms))
+        warm_loads: dict[str, list[int]] = {m: [] for m in REAL_MODELS}
+        for model, ms, warmed in LOADED.findall(log_path.read_text(errors="replace")):
+            (warm_loads if warmed else loads)[model].append(int(ms))
     return {
+        "warm": warm,
+        "warm_load_ms_p50": {m: int(statistics.median(v)) for m, v in warm_loads.items() if v},
+        "warm_loads": {m: len(v) for m, v in warm_loads.items()},
         "requests": asked,
         "equal_alone": equal,
         "swaps": swaps,
@@ -107,22 +114,27 @@ def run_real_pool(redis_url: str) -> dict[str, Any]:
     }
 
 
-def real_pool_markdown(x: dict[str, Any]) -> str:
-    """The BENCHMARKS.md lines."""
+def real_pool_markdown(runs: list[dict[str, Any]]) -> str:
+    """The BENCHMARKS.md lines (a run without a warm tier, then one with)."""
     lines = [
         "**Real models**: one CPU worker (`--engine continuous`), `--model "
         + " --model ".join(REAL_MODELS)
         + f" --resident-models 1`; {ROUNDS} rounds of {len(PROMPTS)} requests, each round the "
-        f"next model ({x['swaps']} swaps, {x['seconds']} s): **{x['equal_alone']} of "
-        f"{x['requests']}** answers equal to the prompt alone on its model (greedy).",
+        "next model (every round a swap), without and with `--warm-models`:",
         "",
-        "| model | loads | load p50 ms | RSS MiB, first time loaded | RSS MiB, last time |",
-        "|---|---:|---:|---:|---:|",
+        "| warm | model | answers equal alone | loads from disk | p50 ms | from host memory "
+        "| p50 ms | RSS MiB first / last |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for m in REAL_MODELS:
-        first, last = x["rss_mib_first_last"].get(m, ["-", "-"])
-        lines.append(
-            f"| {m} | {x['loads'].get(m, 0)} | {x['load_ms_p50'].get(m, '-')} | {first} | {last} |"
-        )
-    lines += ["", f"RSS last over first, the worst model: **{x['rss_last_over_first']}x**."]
+    for x in runs:
+        for m in REAL_MODELS:
+            first, last = x["rss_mib_first_last"].get(m, ["-", "-"])
+            lines.append(
+                f"| {x['warm']} | {m} | {x['equal_alone']} of {x['requests']} | "
+                f"{x['loads'].get(m, 0)} | {x['load_ms_p50'].get(m, '-')} | "
+                f"{x['warm_loads'].get(m, 0)} | {x['warm_load_ms_p50'].get(m, '-')} | "
+                f"{first} / {last} |"
+            )
+    worst = ", ".join(f"{x['rss_last_over_first']}x (warm {x['warm']})" for x in runs)
+    lines += ["", f"RSS last over first, the worst model: **{worst}**."]
     return "\n".join(lines)

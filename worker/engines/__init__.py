@@ -109,6 +109,8 @@ def _pool(settings: WorkerSettings, limits: BatchLimits) -> Engine:
             f"{settings.device}"
         )
 
+    room = _warm_room(settings, sizes, free, room)
+
     def build(model: str) -> Engine:  # as a worker of that model alone builds it
         one = settings.model_copy(update={"model": model, "pool_models": ()})
         return make_engine(one)
@@ -116,7 +118,29 @@ def _pool(settings: WorkerSettings, limits: BatchLimits) -> Engine:
     cls = EnginePool if settings.engine == "static" else IterationPool
     pool = cls(settings.engine, build, settings.model, limits)
     pool.fit = room
+    pool.warm_slots = settings.warm_models
     return pool
+
+
+def _warm_room(settings: WorkerSettings, sizes: dict[str, int], free: int, room: int) -> int:
+    """``--warm-models`` checked against host memory (a warm model stays there: on a CPU beside
+    the resident ones, which then default to what is left); the resident models' room."""
+    from genq.worker.engines.pool import free_memory
+    from genq.worker.policy.model_pool import MODELS_SHARE, fits
+
+    warm = settings.warm_models
+    if not warm:
+        return room
+    on_cpu = settings.device == "cpu"
+    host = free if on_cpu else free_memory("cpu")
+    held = (settings.resident_models or 1) + warm if on_cpu else warm
+    if fits(list(sizes.values()), host) < held:
+        where = "resident and warm" if on_cpu else "warm"
+        raise ConfigError(
+            f"--warm-models {warm}: {held} of this pool's largest models ({where}) do not fit "
+            f"in {MODELS_SHARE:.0%} of the {host / 2**30:.1f} GiB of free host memory"
+        )
+    return max(1, room - warm) if on_cpu else room
 
 
 def _room(settings: WorkerSettings, limits: BatchLimits) -> int | None:

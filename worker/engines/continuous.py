@@ -87,6 +87,7 @@ class ContinuousEngine:
         # The static engine knows this model's eos, pad and context; reuse it for those.
         self._static = StaticEngine(model, tokenizer, device)
         self.model = model
+        self.device = device
         self.tokenizer = tokenizer
         self.eos_token_ids = self._static.eos_token_ids
         self.max_context_tokens = self._static.max_context_tokens

@@ -8,6 +8,11 @@ as a worker of that model alone would build it (``make_engine``), so a pooled an
 one model's; a row goes to the engine of the model its request names (``GenerationInput.adapter``;
 None: the queue's default model). An eviction closes the engine (vLLM's processes end with it),
 drops it, and gives its memory back (the collector, the CUDA cache, the C heap's free pages).
+With ``--warm-models W`` (transformers engines), the last W evicted models stay warm in host
+memory instead (W + 1 between a swap's eviction and its load, which may take the oldest back):
+on a GPU the weights are moved to the host and a load moves them back (no read from disk, no
+build); on a CPU they stay as they are, so a load is immediate and the memory stays taken. A
+continuous engine's batching manager (its KV cache) is stopped either way.
 
 ``pool_sizes`` reads each model's size from its folder (the safetensors headers) before any
 loads, so that ``--resident-models`` defaults to what fits (``policy/model_pool.py: fits``)
@@ -23,6 +28,7 @@ import json
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,19 +70,43 @@ class EnginePool:
         self.engines: dict[str, Engine] = {}
         self.fit = 1
         """How many of its models fit in memory at once (``--resident-models``' default)."""
+        self.warm_slots = 0
+        """How many evicted models stay warm in host memory (``--warm-models``)."""
+        self.warm: OrderedDict[str, Engine] = OrderedDict()  # the least recently evicted first
 
     def of(self, model: str | None) -> Engine | None:
         """The engine of ``model`` (None: the default model), or None when it is not loaded."""
         return self.engines.get(model or self.default)
 
-    def load(self, model: str) -> None:
-        if model not in self.engines:
+    def load(self, model: str) -> str | None:
+        if model in self.engines:
+            return None
+        engine = self.warm.pop(model, None)
+        self._trim(self.warm_slots)
+        if engine is None:
             self.engines[model] = self.build(model)
+            return None
+        _move(engine, _device_of(engine))
+        self.engines[model] = engine
+        return "host memory"
+
+    def _trim(self, most: int) -> None:
+        """Drop the warm models evicted longest ago past ``most``."""
+        if len(self.warm) > most:
+            while len(self.warm) > most:
+                self.warm.popitem(last=False)
+            release_memory()
 
     def evict(self, model: str) -> None:
         engine = self.engines.pop(model, None)
         if isinstance(engine, IterationEngine):
-            engine.close()
+            engine.close()  # (a continuous engine's manager starts again at its next request)
+        if engine is not None and self.warm_slots:
+            _move(engine, "cpu")
+            self.warm[model] = engine
+            # (one more than ``warm_slots`` until the next load: a swap evicts first, and the
+            # model it loads may be the warm one evicted longest ago)
+            self._trim(self.warm_slots + 1)
         del engine
         release_memory()
 
@@ -148,8 +178,22 @@ class IterationPool(EnginePool):
             engine.resume(key)
 
     def close(self) -> None:
+        self.warm_slots = 0
+        self.warm.clear()
         for model in list(self.engines):
             self.evict(model)
+
+
+def _device_of(engine: Engine) -> str:
+    """The device a transformers engine runs on."""
+    return str(getattr(engine, "device", "cpu"))
+
+
+def _move(engine: Engine, device: str) -> None:
+    """Move a transformers engine's weights to ``device`` (nothing to do on a CPU engine)."""
+    model = getattr(engine, "model", None)
+    if model is not None and _device_of(engine) != "cpu":
+        model.to(device)
 
 
 def engine_for(engine: Any, model: str | None) -> Any:

@@ -11,8 +11,9 @@ wait, the highest priority) against what it holds, and says what to load and wha
   what waits for the models it holds) plus what still waits for the model it evicts; a model
   stays at least ``min_resident_ms``, and is swapped out only once idle for as long as its own
   load takes (so a model whose requests come in waves is not evicted between two waves);
-- **never starve**: a model whose oldest request has waited ``model_wait_ms`` is loaded whatever
-  else waits (the minimum residence does not hold it back);
+- **never starve**: a model no live worker holds whose oldest request has waited
+  ``model_wait_ms`` is loaded whatever else waits (the minimum residence does not hold it back;
+  one that others hold is served by them, and loaded here only when its backlog needs more);
 - **priority across models**: a request for a cold model that outranks the work (waiting or
   running) of the resident ones is loaded for in the place of one whose work it outranks (past
   its minimum residence), its running requests drained first;
@@ -20,8 +21,9 @@ wait, the highest priority) against what it holds, and says what to load and wha
   outranking model needs its place, and then only once they finished (``Swap.drain``: the worker
   starts no more of it meanwhile and hands back what it holds);
 - **one load per need, fleet-wide**: a model other workers hold (or load) is not loaded here
-  unless its backlog needs more workers than hold it (what one drains in ``model_wait_ms``), or
-  it starves;
+  unless its backlog needs more workers than hold it (what one drains in ``model_wait_ms``);
+  the claim says how many holders the decision saw, so two workers that decide at once (a
+  model that starves for both) never both load it;
 - **idle models go**: one nothing waits for and nothing ran on for ``model_idle_ms`` is evicted.
 
 ``fits`` says how many models a worker keeps loaded when ``--resident-models`` is not given: N
@@ -97,8 +99,8 @@ class Swap:
     """What to do: load ``load`` (None: nothing), evicting ``evict`` first (None: a free place,
     or an idle model evicted alone); ``drain``: ``evict`` still has requests running here, so the
     worker starts no more of it, hands back what it holds of it, and swaps once they end.
-    ``need``: how many workers the loaded model's backlog needs in all (0: any number, it
-    starved): the fleet-wide claim refuses the load when that many others hold it already."""
+    ``need``: how many workers the loaded model's backlog needs in all: the fleet-wide claim
+    refuses the load when that many others hold it already."""
 
     load: str | None
     evict: str | None
@@ -144,13 +146,13 @@ def _choose_load(
             key=lambda m: backlogs[m].oldest_ms or 0,
             default=None,
         )
-        if oldest is None or oldest in held or _covered(backlogs[oldest], now_ms, rules):
+        if oldest is None or oldest in held or _covered(backlogs[oldest], rules):
             return None
         return _place(oldest, held, backlogs, now_ms, rules, "the oldest request", keep_min=False)
     if rules.policy == "collate":
         if any(backlogs.get(m, Backlog()).waiting for m in held) and len(held) >= rules.capacity:
             return None  # what waits for the resident models goes first
-        ready = [m for m, b in cold.items() if not _covered(b, now_ms, rules)]
+        ready = [m for m, b in cold.items() if not _covered(b, rules)]
         if not ready:
             return None
         first = min(ready, key=lambda m: cold[m].oldest_ms or now_ms)
@@ -171,12 +173,12 @@ def _weigh(
     work of the resident models (waiting or running), then the one whose backlog most outweighs
     its swap."""
     bound = rules.model_wait_ms - rules.look_ms
-    starving = [m for m, b in cold.items() if _waited_ms(b, now_ms) >= bound]
+    starving = [m for m, b in cold.items() if _waited_ms(b, now_ms) >= bound and not b.holders]
     if starving:
         model = min(starving, key=lambda m: cold[m].oldest_ms or now_ms)
         waited_s = _waited_ms(cold[model], now_ms) // 1000
         return _place(model, held, backlogs, now_ms, rules, f"waited {waited_s} s", "starving")
-    ready = {m: b for m, b in cold.items() if not _covered(b, now_ms, rules)}
+    ready = {m: b for m, b in cold.items() if not _covered(b, rules)}
     busy_rank = max((_rank(r, backlogs) for r in held.values()), default=0)
     outranking = [m for m, b in ready.items() if busy_rank and b.top_rank > busy_rank]
     if outranking:
@@ -225,7 +227,7 @@ def _place(
     by ``"rank"`` (``model`` outranks what the resident models have waiting), a model past its
     minimum residence whose own work (running or waiting) ranks lower, drained first;
     by ``"starving"``, any model, drained first."""
-    need = 0 if force == "starving" else _need(backlogs.get(model, Backlog()), rules)
+    need = _need(backlogs.get(model, Backlog()), rules)
     if len(held) < rules.capacity:
         return Swap(load=model, evict=None, reason=why, need=need)
     rank = backlogs[model].top_rank if model in backlogs else 0
@@ -250,12 +252,9 @@ def _waited_ms(b: Backlog, now_ms: int) -> int:
     return 0 if b.oldest_ms is None else now_ms - b.oldest_ms
 
 
-def _covered(b: Backlog, now_ms: int, rules: PoolRules) -> bool:
-    """Whether the workers that hold (or load) a model are enough for what waits for it (one
-    that starves is never covered)."""
-    if not b.holders or _waited_ms(b, now_ms) >= rules.model_wait_ms:
-        return False
-    return b.holders >= _need(b, rules)
+def _covered(b: Backlog, rules: PoolRules) -> bool:
+    """Whether the workers that hold (or load) a model are enough for what waits for it."""
+    return bool(b.holders) and b.holders >= _need(b, rules)
 
 
 def _need(b: Backlog, rules: PoolRules) -> int:

@@ -60,7 +60,8 @@ DEFAULT_COST = 100
 class Loader(Protocol):
     """What loads and evicts a pool's models (an engine's side)."""
 
-    def load(self, model: str) -> None: ...
+    def load(self, model: str) -> str | None:
+        """Load ``model``; where from, when it says (``"host memory"``: a warm model)."""
 
     def evict(self, model: str) -> None: ...
 
@@ -71,8 +72,9 @@ class EchoLoader:
     def __init__(self, load_ms: float) -> None:
         self.load_ms = load_ms
 
-    def load(self, model: str) -> None:
+    def load(self, model: str) -> str | None:
         time.sleep(self.load_ms / 1000)
+        return None
 
     def evict(self, model: str) -> None:
         pass
@@ -92,6 +94,7 @@ class _Load:
     def __init__(self, models: list[str], why: str, victim: str | None, loader: Loader) -> None:
         self.models, self.why, self.victim, self.loader = models, why, victim, loader
         self.took_ms: dict[str, int] = {}
+        self.source: dict[str, str] = {}  # where a model came from, when the loader said
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="genq-model-load", daemon=True)
         self.thread.start()
@@ -100,11 +103,13 @@ class _Load:
         for model in self.models:
             t0 = time.perf_counter()
             try:
-                self.loader.load(model)
+                source = self.loader.load(model)
             except Exception as err:  # an engine's load can raise anything: one model lost
                 self.error = err
                 continue
             self.took_ms[model] = int((time.perf_counter() - t0) * 1000)
+            if source:
+                self.source[model] = source
 
 
 class ModelPool:
@@ -331,7 +336,7 @@ class ModelPool:
                 log.error("model pool: loading %s failed: %s", model, load.error)
                 continue
             self.load_ms[model] = took_ms
-            self._count(model, "loads", took_ms)
+            self._count(model, "loads", took_ms, warm=model in load.source)
             self.metrics.model_loaded(model, took_ms / 1000)
             now = now_ms()
             self._held[model] = _Held(loaded_ms=now, used_ms=now)
@@ -340,14 +345,20 @@ class ModelPool:
             self.counters.model_load_ms += took_ms
             self.fields["last_swap"] = f"{load.victim or '-'} -> {model}: {load.why}"
             place = f" in place of {load.victim}" if load.victim else ""
-            log.info("model pool: loaded %s in %d ms%s (%s)", model, took_ms, place, load.why)
+            source = f" from {load.source[model]}" if model in load.source else ""
+            args = (model, took_ms, source, place, load.why)
+            log.info("model pool: loaded %s in %d ms%s%s (%s)", *args)
         self.fields["resident"] = " ".join(sorted(self._held))
 
-    def _count(self, model: str, what: str, load_ms: int | None = None) -> None:
+    def _count(
+        self, model: str, what: str, load_ms: int | None = None, *, warm: bool = False
+    ) -> None:
         """Count a load or an eviction of ``model`` in the stats hash's ``model_swaps`` (per
-        model: loads, evictions, the last load's time)."""
-        one = self._swaps.setdefault(model, {"loads": 0, "evictions": 0, "load_ms": 0})
+        model: loads, those of them from the warm tier, evictions, the last load's time)."""
+        zero = {"loads": 0, "warm_loads": 0, "evictions": 0, "load_ms": 0}
+        one = self._swaps.setdefault(model, zero)
         one[what] += 1
+        one["warm_loads"] += warm
         if load_ms is not None:
             one["load_ms"] = load_ms
         self.fields["model_swaps"] = json.dumps(self._swaps, separators=(",", ":"))
