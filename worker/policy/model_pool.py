@@ -22,8 +22,8 @@ wait, the highest priority) against what it holds, and says what to load and wha
   starts no more of it meanwhile and hands back what it holds);
 - **one load per need, fleet-wide**: a model other workers hold (or load) is not loaded here
   unless its backlog needs more workers than hold it (what one drains in ``model_wait_ms``);
-  the claim says how many holders the decision saw, so two workers that decide at once (a
-  model that starves for both) never both load it;
+  the claim is refused once that many hold it, so two workers that decide at once (a model
+  that starves for both) never both load what one can serve;
 - **idle models go**: one nothing waits for and nothing ran on for ``model_idle_ms`` is evicted.
 
 ``fits`` says how many models a worker keeps loaded when ``--resident-models`` is not given: N
