@@ -322,8 +322,12 @@ def test_a_fleet_serves_a_trickle_through_a_flood_and_settles_every_charge(
     keys = Keys(queue)
     client = Client.from_url(redis_url, queue)
     flood = client.submit_many([f"f{i}" for i in range(400)], tenant="flood", max_new_tokens=4)
-    args = ("--engine", "echo", "--echo-step-ms", "5", "--max-batch-size", "8")
-    args += ("--claim-idle-ms", "2000")
+    # A trickle request the killed worker took starts again only once it is reclaimed (1-1.25 s
+    # after the kill: idle past --claim-idle-ms, at a check every quarter of it): the flood
+    # left for one worker (some 390 requests, 49 batches of 4 steps of 20 ms: about 4 s) must
+    # outlast that, or such a request starts behind the whole flood.
+    args = ("--engine", "echo", "--echo-step-ms", "20", "--max-batch-size", "8")
+    args += ("--claim-idle-ms", "1000")
     first = start_worker(queue, *args)
     start_worker(queue, *args)
     wait_until(lambda: r.llen(keys.waiting) < 390, timeout_s=30)
