@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from genq.worker.engines.base import GenerationInput
+from genq.worker.engines.base import GenerationInput, LogitAdjust
 from genq.worker.engines.continuous import ContinuousEngine
 
 from tests.conftest import varied_prompts
@@ -147,3 +147,96 @@ def test_the_transformers_the_engine_names_is_the_one_genq_pins() -> None:
         f"transformers=={TESTED_TRANSFORMERS}"
         in pyproject["project"]["optional-dependencies"]["worker"]
     )
+
+
+def _lows(engine: ContinuousEngine, pieces: list[str]) -> dict[str, GenerationInput]:
+    """Low rows that run apart (a static group), long enough to be running when a high one
+    comes: seeded sampled, unseeded sampled and streaming, and greedy with ignore_eos."""
+    a, b, c = engine.tokenize(varied_prompts(3, seed=31))
+    return {
+        "seeded": GenerationInput(
+            prompt_ids=a, max_new_tokens=300, temperature=0.7, seed=5, priority="low"
+        ),
+        "unseeded": GenerationInput(
+            prompt_ids=b,
+            max_new_tokens=300,
+            temperature=0.7,
+            priority="low",
+            on_text=pieces.append,
+        ),
+        "counting": GenerationInput(
+            prompt_ids=c, max_new_tokens=300, adjust=LogitAdjust(ignore_eos=True), priority="low"
+        ),
+    }
+
+
+def _order(engine: ContinuousEngine, lows: dict[str, GenerationInput], pieces: list[str]):
+    """Submit the low rows, wait until the group streams, then a high greedy row: the order
+    the rows end in, and their outputs."""
+    for key, row in lows.items():
+        engine.submit(key, row)
+    done: dict[str, Any] = {}
+    order: list[str] = []
+    while not pieces:
+        for key, out in engine.poll(0.02):
+            done[key] = out
+            order.append(key)
+    (h,) = engine.tokenize(varied_prompts(1, seed=32))
+    engine.submit("high", GenerationInput(prompt_ids=h, max_new_tokens=4, priority="high"))
+    while engine.in_flight:
+        for key, out in engine.poll(0.05):
+            done[key] = out
+            order.append(key)
+    return order, done
+
+
+def test_a_high_request_stops_a_lower_static_group_which_then_ends_as_it_would_have(
+    engine: ContinuousEngine,
+) -> None:
+    """With preemption, a high greedy request does not wait for a running static group of low
+    sampled and ignore_eos rows: the group stops at a step boundary, the high one runs, and the
+    group runs again from its prompts to the same texts (a seed fixed at submit for the unseeded
+    one: its stream's pieces stay the beginning of its text, none sent twice)."""
+    pieces: list[str] = []
+    lows = _lows(engine, pieces)
+    engine.preempt = True
+    try:
+        order, done = _order(engine, lows, pieces)
+    finally:
+        engine.preempt = False
+    assert order[0] == "high", order
+    for key in ("seeded", "counting"):
+        alone = engine._static.generate([lows[key]]).outputs[0]
+        assert done[key] == alone, key
+    assert done["counting"].completion_tokens == 300
+    assert done["unseeded"].text.startswith("".join(pieces)) and len(pieces) > 1
+
+
+def test_without_preemption_a_high_request_waits_for_the_running_group(
+    engine: ContinuousEngine,
+) -> None:
+    pieces: list[str] = []
+    order, done = _order(engine, _lows(engine, pieces), pieces)
+    assert order[-1] == "high", order
+    assert all(not isinstance(out, str) for out in done.values())
+
+
+def test_a_paused_row_of_a_static_group_stops_it_and_runs_again_to_the_same_text(
+    engine: ContinuousEngine,
+) -> None:
+    pieces: list[str] = []
+    lows = _lows(engine, pieces)
+    for key, row in lows.items():
+        engine.submit(key, row)
+    done: dict[str, Any] = {}
+    while not pieces:
+        done.update(engine.poll(0.02))
+    assert engine.pause("seeded") and engine.paused == ["seeded"]
+    _until(engine, "counting", done)
+    assert "seeded" not in done
+    engine.resume("seeded")
+    _until(engine, "seeded", done)
+    _until(engine, "unseeded", done)
+    for key in ("seeded", "counting"):
+        assert done[key] == engine._static.generate([lows[key]]).outputs[0], key
+    assert engine.in_flight == 0

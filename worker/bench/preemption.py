@@ -3,7 +3,8 @@ taking turns, each on a fresh queue and worker (smollm2-135m unless ``--model``)
 
 - **high behind low**: every place of a worker (8) taken by low requests of 200 new tokens
   (counting: they run to their limit), then 4 high ones of 8: the high ones' queue wait, and
-  whether the low texts are the same either way (greedy: they must be); continuous and vLLM;
+  whether the low texts are the same either way (greedy or seeded: they must be); the low
+  requests greedy, with ``ignore_eos``, and sampled (``LOW_KINDS``); continuous and vLLM;
 - **low backlog**: 32 low requests of 64 new tokens and nothing else: requests/s, preemption on
   against off (nothing to preempt: the cost of looking);
 - **long and shorts**: a request of 4,000 new tokens and 32 of 16 at the same priority, on 4
@@ -80,11 +81,27 @@ def _running(client: Client, ids: list[str]) -> None:
         time.sleep(0.02)
 
 
-def high_behind_low(client: Client, slots: int) -> dict[str, Any]:
-    """Low requests of 200 tokens in every place, then 4 high ones of 8."""
+LOW_KINDS: dict[str, dict[str, Any]] = {
+    "greedy": {},
+    "ignore_eos": {"ignore_eos": True},
+    "sampled": {"temperature": 0.7, "ignore_eos": True},
+}
+"""The low requests of ``high_behind_low``: greedy (on the continuous engine they run in its
+manager), and with ``ignore_eos`` or sampled (temperature 0.7, seeded; they run apart there, as a
+static group: ``engines/static_group.py``)."""
+
+
+def high_behind_low(client: Client, slots: int, kind: str = "greedy") -> dict[str, Any]:
+    """Low requests of 200 tokens (``LOW_KINDS[kind]``) in every place, then 4 high ones of 8."""
     lows = client.submit_many(
         [
-            {"prompt": COUNT.format(n=i + 1), "max_new_tokens": 200, "priority": "low"}
+            {
+                "prompt": COUNT.format(n=i + 1),
+                "max_new_tokens": 200,
+                "priority": "low",
+                "seed": i + 1,
+                **LOW_KINDS[kind],
+            }
             for i in range(slots)
         ]
     )
@@ -173,14 +190,16 @@ def run_scenario(
         def serve(queue: str, mode: str, slots: int = 8, e: str = engine) -> tuple[Any, Client]:
             return _serve(url, queue, e, model, slots, mode)
 
-        cases: dict[str, Any] = {
-            "high_behind_low": _rounds(
-                url, f"hbl-{engine}", rounds, serve, lambda c: high_behind_low(c, 8)
-            ),
-            "low_backlog": _rounds(url, f"lb-{engine}", rounds, serve, low_backlog),
-        }
-        texts = {tuple(r.pop("low_texts")) for r in cases["high_behind_low"]}
-        cases["low_texts_equal"] = len(texts) == 1
+        cases: dict[str, Any] = {"low_texts_equal": {}}
+        for kind in LOW_KINDS:
+
+            def case(c: Client, k: str = kind) -> dict[str, Any]:
+                return high_behind_low(c, 8, k)
+
+            runs = _rounds(url, f"hbl-{kind}-{engine}", rounds, serve, case)
+            cases[f"high_behind_{kind}"] = runs
+            cases["low_texts_equal"][kind] = len({tuple(r.pop("low_texts")) for r in runs}) == 1
+        cases["low_backlog"] = _rounds(url, f"lb-{engine}", rounds, serve, low_backlog)
         if engine == "continuous":
             cases["long_and_shorts_1"] = _rounds(
                 url, f"ls1-{engine}", rounds, lambda q, m: serve(q, m, 4), long_and_shorts
@@ -209,16 +228,18 @@ def priority_markdown(res: dict[str, Any]) -> str:
     """The scenario as BENCHMARKS.md tables, per engine and case."""
     lines = [f"Model {res['model']}, {res['rounds']} rounds, modes taking turns."]
     for engine, cases in res["engines"].items():
-        lines += ["", f"**{engine}: 8 low requests of 200 tokens in every place, 4 high of 8**", ""]
-        lines += _table(
-            cases["high_behind_low"],
-            {
-                "high_wait_p50_ms": "high wait p50 ms",
-                "high_wait_max_ms": "high wait max ms",
-                "low_generation_p50_ms": "low generation p50 ms",
-            },
-        )
-        lines += ["", f"Low texts the same in every run: {cases['low_texts_equal']}."]
+        for kind, equal in cases["low_texts_equal"].items():
+            title = f"8 low requests ({kind}) of 200 tokens in every place, 4 high of 8"
+            lines += ["", f"**{engine}: {title}**", ""]
+            lines += _table(
+                cases[f"high_behind_{kind}"],
+                {
+                    "high_wait_p50_ms": "high wait p50 ms",
+                    "high_wait_max_ms": "high wait max ms",
+                    "low_generation_p50_ms": "low generation p50 ms",
+                },
+            )
+            lines += ["", f"Low texts the same in every run: {equal}."]
         lines += ["", f"**{engine}: a backlog of 32 low requests of 64 tokens (8 places)**", ""]
         lines += _table(cases["low_backlog"], {"requests_per_s": "requests/s"})
         ratio = _ratio(cases["low_backlog"], "requests_per_s")

@@ -9,7 +9,8 @@ package), ``chat`` (chat templates), ``grammar`` (response formats compiled by x
 the logits processor that holds rows to them), ``adapters`` (LoRA adapters on a transformers
 model: mixed-adapter batches, loaded on demand; ``lora_layers`` runs them per row;
 ``lora_builder`` builds test ones)
-``pool`` (a pool of models on a real engine:
+``static_group`` (the continuous engine's sampled rows, a static batch in a thread of its own,
+stoppable between two decode steps), ``pool`` (a pool of models on a real engine:
 one engine a resident model, loaded and evicted by the model pool), ``simulated_cache`` (the echo
 engine's prefix cache, an LRU of hashed prompt blocks) and ``reaper`` (a small process that
 ends vLLM's processes when their worker dies, SIGKILL included). Engines that need torch import
@@ -55,6 +56,7 @@ def make_engine(settings: WorkerSettings) -> Engine:
             max_batch_tokens=limits.tokens,
             max_batch_size=limits.size,
             prefix_room_tokens=_room(settings, limits) or 0,
+            preempt=settings.preempt,
         )
     else:
         engine = StaticEngine(model, tokenizer, settings.device, _adapters(settings, model))

@@ -15,16 +15,23 @@ the request runs on to its limit: correct output, some wasted decode steps).
 
 Sampled requests (temperature > 0), and requests with penalties, a logit bias, ``min_tokens``,
 ``ignore_eos``, ``logprobs``, a response format (the manager applies one set of logits processors to
-all its requests) or ``n`` > 1, are grouped and run apart from the manager. The manager can sample,
+all its requests) or ``n`` > 1, run apart from the manager (``runs_apart``). The manager can sample,
 but from one global random stream for all its requests, so a request's seed could not make its
-output reproducible. Instead, sampled requests wait until the manager has finished the greedy
-requests it is running (greedy requests submitted meanwhile wait too), then run together as one
-static batch (``StaticEngine``: per-row temperature, top-k, top-p and a generator seeded from the
-request's seed) on the same model; then the waiting greedy requests go to the manager. Not both at
-once: two threads computing on two cores change the float rounding of each other's matmuls enough to
-flip near-tied greedy picks (seen in the tests), and the guarantee that a greedy request's output
-equals its output alone would be lost. A sampled request thus gets exactly the output ``--engine
-static`` gives for its seed; the cost is a drained pipeline each time one arrives.
+output reproducible. Instead, they run together as a static group (``static_group.py``: a
+``StaticEngine`` batch with per-row temperature, top-k, top-p and a generator seeded from the
+request's seed, in a thread of its own) once the manager is idle: the waiting ones of the highest
+priority among them. Not both at once: two threads computing on two cores change the float rounding
+of each other's matmuls enough to flip near-tied greedy picks (seen in the tests), and the
+guarantee that a greedy request's output equals its output alone would be lost. So a greedy request
+waits while a group runs, and while sampled requests of its priority or above wait; one of a higher
+priority goes to the manager before them. A sampled request gets exactly the output ``--engine
+static`` gives for its seed.
+
+Priorities hold across the two (``preempt``, the worker's ``--preempt``): a request that outranks
+the running group stops it at the next decode step; its rows wait to run again from their prompts
+(a seed is fixed for each at submit, so they generate the same text, and their streams send nothing
+twice), and the higher-priority request runs first. The cost is what the group had generated,
+computed again.
 
 A greedy request can be paused (``pause``: out of the running batch, its place free for
 another, as preemption needs) and resumed (``resume``): it runs again from its prompt under a
@@ -50,6 +57,7 @@ from genq.worker.engines.base import (
 )
 from genq.worker.engines.grammar import Constraint
 from genq.worker.engines.static import StaticEngine, load_model
+from genq.worker.engines.static_group import StaticGroups
 from genq.worker.policy.sizing import BatchLimits
 
 PAGE_SIZE = 16
@@ -68,6 +76,17 @@ TESTED_TRANSFORMERS = "5.19.0"
 ``pyproject.toml``; a test keeps the two equal)."""
 
 
+def runs_apart(row: GenerationInput) -> bool:
+    """Whether ``row`` runs in a static group, not in the manager (see the module's text)."""
+    return (
+        row.temperature > 0
+        or row.adjust is not None
+        or row.logprobs is not None
+        or row.constraint is not None
+        or row.n > 1
+    )
+
+
 class ContinuousEngine:
     """Requests are submitted and finish one by one; ``generate`` is a convenience on top."""
 
@@ -83,6 +102,7 @@ class ContinuousEngine:
         max_batch_tokens: int,
         max_batch_size: int,
         prefix_room_tokens: int = 0,
+        preempt: bool = False,
     ) -> None:
         # The static engine knows this model's eos, pad and context; reuse it for those.
         self._static = StaticEngine(model, tokenizer, device)
@@ -103,7 +123,9 @@ class ContinuousEngine:
         # fails here, one line at start, instead of killing the worker on its first request.
         self._configs = self._batching_configs()
         self._rows: dict[str, GenerationInput] = {}
-        self._sampled: dict[str, GenerationInput] = {}
+        self.preempt = preempt
+        """Whether a running static group stops for a row that outranks it (``--preempt``)."""
+        self._groups = StaticGroups(self._static)  # what runs apart, waiting and running
         self._deferred: dict[str, GenerationInput] = {}  # greedy, waiting for the sampled ones
         self._streamers: dict[str, TextStreamer] = {}
         self._paused: dict[str, GenerationInput] = {}  # out of the batch until ``resume``
@@ -191,19 +213,17 @@ class ContinuousEngine:
 
     def submit(self, key: str, row: GenerationInput) -> None:
         """Start generating ``row``; its output comes back from ``poll`` under ``key``."""
-        if (
-            row.temperature > 0
-            or row.adjust is not None
-            or row.logprobs is not None
-            or row.constraint is not None
-            or row.n > 1
-        ):
-            self._sampled[key] = row  # runs as a static group once the manager is idle
-            return
-        if self._sampled:
+        if row.on_text is not None and key not in self._streamers:  # a resumed one keeps its own
+            self._streamers[key] = TextStreamer(self._static._decode, self.eos_token_ids, row)
+        groups = self._groups
+        if runs_apart(row):
+            groups.add(key, row)  # runs in a static group once the manager is idle
+        elif groups.running is not None or groups.ahead_of(row):
             self._deferred[key] = row
-            return
-        self._add(key, row)
+        else:
+            self._add(key, row)
+        if self.preempt:  # it does not wait for a lower group to end
+            groups.outranked_by(row)
 
     def constrain(self, fmt: ResponseFormat) -> Constraint:
         """The compiled grammar of a response format (the static group runs constrained
@@ -212,8 +232,6 @@ class ContinuousEngine:
 
     def _add(self, key: str, row: GenerationInput) -> None:
         self._rows[key] = row
-        if row.on_text is not None and key not in self._streamers:  # a resumed one keeps its own
-            self._streamers[key] = TextStreamer(self._static._decode, self.eos_token_ids, row)
         run = key if key not in self._run_of else f"{key}#{time.monotonic_ns()}"
         self._runs[run], self._run_of[key] = key, run
         self._ensure_started().add_request(
@@ -232,7 +250,9 @@ class ContinuousEngine:
 
     def cancel(self, key: str) -> None:
         """Stop generating ``key`` (running or paused) and free its place in the batch."""
-        self._sampled.pop(key, None)
+        if key in self._groups.waiting:
+            self._groups.take(key)
+        self._groups.grouped.pop(key, None)  # (its group runs on for the others)
         self._deferred.pop(key, None)
         self._paused.pop(key, None)
         self._streamers.pop(key, None)
@@ -243,14 +263,18 @@ class ContinuousEngine:
     def pause(self, key: str) -> bool:
         """Take ``key`` out of the running batch and keep it, its place free for another
         (preemption); ``resume`` runs it again. What it generated is dropped and computed
-        again on resume: greedy, it then generates exactly what it would have, and its stream
-        sends nothing twice (its streamer knows what it sent). False where ``key`` is no
-        greedy request the batch is running (a sampled one runs apart, as a static batch)."""
+        again on resume: greedy or seeded, it then generates exactly what it would have, and
+        its stream sends nothing twice (its streamer knows what it sent). A row of a running
+        static group stops the group at the next decode step (its other rows run again when
+        the manager is next idle). False where ``key`` is not running here."""
         row = self._rows.pop(key, None)
+        if row is not None:
+            self._stop_run(key)
+            self._run_of[key] = ""  # its next run takes a new id: the old one's outputs are stale
+        else:
+            row = self._deferred.pop(key, None) or self._groups.take(key)
         if row is None:
             return False
-        self._stop_run(key)
-        self._run_of[key] = ""  # its next run takes a new id: the old one's outputs are stale
         self._paused[key] = row
         return True
 
@@ -258,7 +282,7 @@ class ContinuousEngine:
         """Put a paused request back into the running batch."""
         row = self._paused.pop(key, None)
         if row is not None:
-            self._add(key, row)
+            self.submit(key, row)
 
     @property
     def paused(self) -> list[str]:
@@ -268,18 +292,28 @@ class ContinuousEngine:
     @property
     def in_flight(self) -> int:
         """Requests submitted and not yet returned by ``poll`` (paused ones included)."""
-        return len(self._rows) + len(self._sampled) + len(self._deferred) + len(self._paused)
+        return len(self._rows) + len(self._groups) + len(self._deferred) + len(self._paused)
 
     def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | str | GenqError]]:
         """Finished requests: (key, output) or (key, error message). Waits up to ``timeout_s``
-        for the first one, then takes whatever else is ready. With the manager idle, runs the
-        waiting sampled requests, then hands it the greedy ones that waited for them."""
+        for the first one, then takes whatever else is ready. While a static group runs, waits
+        for it; with the manager idle, starts the waiting sampled rows of the highest priority
+        as a group; greedy rows that waited for a group go to the manager once it ended."""
         done: list[tuple[str, GenerationOutput | str | GenqError]] = []
-        if self._sampled and not self._rows:
-            done = self._run_sampled()
-            for waited_key, waited in self._deferred.items():
+        groups = self._groups
+        if groups.running is not None:
+            if not groups.running.wait(timeout_s):
+                return done
+            done = list(groups.end(self._paused))
+            for ended, _ in done:
+                self._streamers.pop(ended, None)
+        for waited_key, waited in list(self._deferred.items()):
+            if not groups.ahead_of(waited):
+                del self._deferred[waited_key]
                 self._add(waited_key, waited)
-            self._deferred.clear()
+        if groups.waiting and not self._rows:
+            groups.start(self._streamers)
+            return done
         if self._manager is None or not self._rows:
             return done
         wait = 0.0 if done else timeout_s
@@ -306,18 +340,6 @@ class ContinuousEngine:
             else:
                 done.append((key, self._finish(row, list(out.generated_tokens))))
 
-    def _run_sampled(self) -> list[tuple[str, GenerationOutput | str | GenqError]]:
-        """The waiting sampled requests, run as one static batch."""
-        if not self._sampled:
-            return []
-        keys, rows = list(self._sampled), list(self._sampled.values())
-        self._sampled.clear()
-        try:
-            outputs = self._static.generate(rows).outputs
-        except Exception as err:  # reported per request, as the manager reports its errors
-            return [(k, f"{type(err).__name__}: {err}") for k in keys]
-        return list(zip(keys, outputs, strict=True))
-
     def _finish(self, row: GenerationInput, tokens: list[int]) -> GenerationOutput:
         """Finish a row exactly as the static engine does, given where a stop string ended it
         (the manager knows no stop strings, so find that point here)."""
@@ -334,7 +356,8 @@ class ContinuousEngine:
         return run_to_completion(self, batch)
 
     def close(self) -> None:
-        """Stop the manager's thread."""
+        """Stop the manager's thread (and a static group's)."""
+        self._groups.close()
         if self._manager is not None:
             self._manager.stop(block=True)
             self._manager = None

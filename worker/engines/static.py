@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from genq.common.formats import ResponseFormat
@@ -96,23 +98,44 @@ class StaticEngine:
         xgrammar cannot compile it."""
         return self.grammars.constraint(fmt)
 
-    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+    def generate(
+        self,
+        batch: Sequence[GenerationInput],
+        *,
+        stop: threading.Event | None = None,
+        streamers: Mapping[int, TextStreamer] | None = None,
+    ) -> BatchReport:
         """Run the batch in one ``generate`` call (a row with ``n`` > 1 as n rows; rows of more
-        adapters than fit at once, in parts: ``Adapters.parts_of``)."""
+        adapters than fit at once, in parts: ``Adapters.parts_of``). With ``stop``: once it is
+        set, the batch ends at the next decode step boundary and ``StoppedEarly`` is raised
+        (what it generated is dropped: run again, a greedy or seeded row generates the same).
+        ``streamers``: a streaming row's own streamer, by ``id(row)``, where a run before this
+        one already sent some of its text (it sends nothing twice)."""
+        run = functools.partial(self._generate_rows, stop=stop, streamers=streamers)
         if self.adapters is not None:
             before = self.adapters.loads
-            report = in_parts(self._generate_rows, batch, self.adapters)
+            report = in_parts(run, batch, self.adapters)
             return dataclasses.replace(report, adapter_loads=self.adapters.loads - before)
-        return self._generate_rows(batch)
+        return run(batch)
 
-    def _generate_rows(self, batch: Sequence[GenerationInput]) -> BatchReport:
+    def _generate_rows(
+        self,
+        batch: Sequence[GenerationInput],
+        stop: threading.Event | None,
+        streamers: Mapping[int, TextStreamer] | None,
+    ) -> BatchReport:
         if all(r.n == 1 for r in batch):
-            return self._generate(batch)
-        rows, counts = expand_choices(batch)
-        report = self._generate(rows)
+            return self._generate(batch, stop, streamers or {})
+        rows, counts = expand_choices(batch)  # (a row of n > 1 never streams)
+        report = self._generate(rows, stop, {})
         return dataclasses.replace(report, outputs=gather_choices(report.outputs, counts))
 
-    def _generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+    def _generate(
+        self,
+        batch: Sequence[GenerationInput],
+        stop: threading.Event | None,
+        streamers: Mapping[int, TextStreamer],
+    ) -> BatchReport:
         torch = _torch()
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -124,9 +147,9 @@ class StaticEngine:
             n = len(r.prompt_ids)
             input_ids[i, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
             attention_mask[i, width - n :] = 1
-        limits = _RowLimits(batch, width, self.tokenizer)
+        limits = _RowLimits(batch, width, self.tokenizer, stop)
         limits.streamers = {
-            i: TextStreamer(self._decode, self.eos_token_ids, r)
+            i: streamers.get(id(r)) or TextStreamer(self._decode, self.eos_token_ids, r)
             for i, r in enumerate(batch)
             if r.on_text is not None
         }
@@ -157,6 +180,8 @@ class StaticEngine:
                 logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([limits]),
             )
+        if limits.stopped:
+            raise StoppedEarly
         generated = out[:, width:].tolist()
         steps = len(generated[0]) if generated else 0
         outputs = [
@@ -197,13 +222,26 @@ class StaticEngine:
         return GenerationOutput(text=text, completion_tokens=count, finish_reason=reason)
 
 
+class StoppedEarly(Exception):
+    """A batch given a ``stop`` event ended when it was set, before its rows did."""
+
+
 class _RowLimits:
     """Stopping criterion: each row ends at its own max_new_tokens or first stop string.
-    Records, per row, how many tokens it had generated when a stop string appeared."""
+    Records, per row, how many tokens it had generated when a stop string appeared. Once the
+    ``stop`` event is set, every row ends (``stopped``)."""
 
-    def __init__(self, batch: Sequence[GenerationInput], prompt_width: int, tokenizer: Any):
+    def __init__(
+        self,
+        batch: Sequence[GenerationInput],
+        prompt_width: int,
+        tokenizer: Any,
+        stop: threading.Event | None = None,
+    ):
+        self.stop = stop
+        self.stopped = False
         self.max_new = [r.max_new_tokens for r in batch]
-        self.stop = [r.stop for r in batch]
+        self.stop_strings = [r.stop for r in batch]
         self.prompt_width = prompt_width
         self.tokenizer = tokenizer
         self.stopped_at: list[int | None] = [None] * len(batch)
@@ -213,9 +251,12 @@ class _RowLimits:
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         torch = _torch()
+        if self.stop is not None and self.stop.is_set():
+            self.stopped = True
+            return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         generated = input_ids.shape[1] - self.prompt_width
         done = [generated >= m for m in self.max_new]
-        for i, stops in enumerate(self.stop):
+        for i, stops in enumerate(self.stop_strings):
             if not stops or done[i]:
                 if self.stopped_at[i] is not None:
                     done[i] = True

@@ -146,7 +146,7 @@ class ContinuousRunner(Runner):
             base_slice_ms=self.time_slice_ms,
         )
         for key in chosen:
-            if self.engine.pause(key):  # a sampled request runs apart: it is not paused
+            if self.engine.pause(key):  # (False: it ended meanwhile)
                 self.paused[key] = self.running[key]
                 self._since[key] = now
                 self._pauses[key] = self._pauses.get(key, 0) + 1
