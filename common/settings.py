@@ -113,9 +113,11 @@ class WorkerSettings(ModelSettings):
     )
     preempt: bool = Field(
         True,
-        description="on the continuous engine, a waiting request of a higher priority takes "
-        "the place of the lowest-priority running one, which is paused and run again (greedy: "
-        "the same text) once there is room (--no-preempt: what runs is never interrupted)",
+        description="on the continuous and vLLM engines, a waiting request of a higher "
+        "priority takes the place of the lowest-priority running one, which is paused and run "
+        "again (greedy or seeded: the same text) once there is room; on the static engine a "
+        "lower batch stops between two decode steps for it and runs again after it "
+        "(--no-preempt: what runs is never interrupted)",
         json_schema_extra={"flag_pair": True},
     )
     time_slice_ms: Annotated[int, Field(ge=0)] = Field(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
 from genq.producer import Client
 from genq.worker.policy.preemption import (
     Running,
@@ -206,3 +207,43 @@ def test_a_long_request_past_its_time_slice_lets_short_ones_of_its_priority_thro
         ends[base] = [done[0].text, done[0].usage]
         worker.stop()
     assert ends["200"] == ends["0"]
+
+
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+def test_a_high_request_stops_a_static_batch_of_low_sampled_ones_which_end_as_they_would_have(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess], engine: str
+) -> None:
+    """Low requests that run as one static batch (the static engine; the continuous engine's
+    static group: sampled and ignore_eos), both places taken: with --preempt a high request
+    stops the batch at a decode step and runs first; the low ones run again from their prompts
+    and end with the texts and usage they have without preemption (the sampled one seeded), and
+    the streamed one's pieces add up to its text, nothing sent twice."""
+    texts: dict[str, list[str]] = {}
+    for mode in ("--no-preempt", "--preempt"):
+        q = f"{queue}{mode}"
+        args = ("--engine", engine, "--model", "tiny", "--max-batch-size", "2", "--max-wait-ms")
+        worker = start_worker(q, *args, "0", mode)
+        with Client.from_url(redis_url, q) as client:
+            client.generate("warm up", max_new_tokens=2, timeout=120)
+            low = {"max_new_tokens": 400, "priority": "low", "ignore_eos": True}
+            sampled = {"temperature": 0.7, "seed": 3, "stream": True}
+            lows = client.submit_many(  # (together: one batch)
+                [{"prompt": LOW_PROMPTS[0], **sampled, **low}, {"prompt": LOW_PROMPTS[1], **low}]
+            )
+            wait_until(
+                lambda c=client, ids=lows: all(c.status(i).status == "running" for i in ids), 60
+            )
+            high = client.submit("a high one", max_new_tokens=8, priority="high")
+            pieces = [p for p in client.stream(lows[0], timeout=120) if isinstance(p, str)]
+            done = client.results([high, *lows], timeout=120)
+        assert [d.status for d in done] == ["succeeded"] * 3, worker.log()[-2000:]
+        low_ends = [d.timings.finished_unix_ms or 0 for d in done[1:]]
+        texts[mode] = [d.text for d in done[1:]] + [str(d.usage) for d in done[1:]]
+        assert "".join(pieces) == done[1].text  # in order, nothing twice
+        assert done[1].usage.completion_tokens == 400
+        if mode == "--preempt":
+            assert (done[0].timings.finished_unix_ms or 0) < min(low_ends)  # ahead of both
+        else:
+            assert (done[0].timings.finished_unix_ms or 0) > min(low_ends)  # behind the batch
+        worker.stop()
+    assert texts["--preempt"] == texts["--no-preempt"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from genq.worker.engines.base import GenerationInput
@@ -164,3 +165,60 @@ def test_vllms_stream_sends_a_piece_at_its_first_output_even_with_no_text_yet() 
     for text in ("", "", "Hi", "Hi", "Hi there"):
         engine._stream("k", row, text)
     assert pieces == ["", "Hi", " there"]
+
+
+def test_a_batch_given_a_stop_ends_at_the_next_step_and_runs_again_to_the_same_text(
+    engine: StaticEngine,
+) -> None:
+    """Preemption's engine half on the static engine: once ``stop`` is set the batch ends
+    between two decode steps (``StoppedEarly``), and run again it gives what it gives alone."""
+    import threading
+
+    from genq.worker.engines.base import LogitAdjust, StoppedEarly
+
+    a, b = engine.tokenize(varied_prompts(2, seed=41))
+    rows = [
+        GenerationInput(prompt_ids=a, max_new_tokens=200, temperature=0.7, seed=9),
+        GenerationInput(prompt_ids=b, max_new_tokens=200, adjust=LogitAdjust(ignore_eos=True)),
+    ]
+    stop = threading.Event()
+    steps: list[str] = []
+    rows[1] = dataclasses.replace(rows[1], on_text=steps.append)
+    timer = threading.Thread(target=_set_after, args=(stop, steps, 5))
+    timer.start()
+    with pytest.raises(StoppedEarly):
+        engine.generate(rows, stop=stop)
+    timer.join()
+    assert 5 <= len(steps) < 200  # it ran a few steps, then stopped
+    again = engine.generate(rows).outputs
+    assert again == [engine.generate([r]).outputs[0] for r in rows]
+    assert again[1].completion_tokens == 200
+    stop.clear()
+    assert engine.generate(rows, stop=stop).outputs == again  # never set: it runs to its end
+
+
+def _set_after(stop: Any, steps: list[str], n: int) -> None:
+    """Set ``stop`` once ``steps`` has ``n`` pieces (a stream's piece a decode step)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(steps) < n and time.monotonic() < deadline:
+        time.sleep(0.001)
+    stop.set()
+
+
+def test_an_echo_batch_given_a_stop_ends_when_it_is_set() -> None:
+    import threading
+    import time
+
+    from genq.worker.engines.base import StoppedEarly
+    from genq.worker.engines.echo import EchoEngine
+
+    echo = EchoEngine(step_ms=10)
+    row = GenerationInput(prompt_ids=list(b"hello"), max_new_tokens=500)  # 5 s of steps
+    stop = threading.Event()
+    threading.Timer(0.1, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(StoppedEarly):
+        echo.generate([row], stop=stop)
+    assert time.monotonic() - t0 < 2

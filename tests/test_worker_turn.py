@@ -74,7 +74,7 @@ def test_a_cluster_routing_error_at_a_start_keeps_the_batch_for_both_engines(
 def test_both_engines_run_behind_the_same_turn(redis_url: str, queue: str) -> None:
     """The worker picks a runner by the engine's kind; the loop itself is the same."""
     from genq.worker.runtime.continuous_runner import ContinuousRunner
-    from genq.worker.runtime.runners import StaticRunner
+    from genq.worker.runtime.static_runner import StaticRunner
 
     client = Client.from_url(redis_url, queue)
     for name, runner in (("echo", StaticRunner), ("continuous", ContinuousRunner)):
@@ -260,3 +260,46 @@ def test_the_doorbell_listener_hears_rings_only_while_armed_and_takes_none_from_
         assert not listener.rung()
     finally:
         listener.stop()
+
+
+def test_a_submissions_ring_says_the_highest_priority_it_brings(r: redis.Redis, queue: str) -> None:
+    """``p`` on the doorbell's ring: what a static batch with --preempt listens for (a lower
+    batch stops); the listener hands it to ``on_priority`` while armed."""
+    keys = Keys(queue)
+    settings = WorkerSettings.build({"queue": queue, "engine": "echo"}, env={})
+    read_trip_of(r, keys, settings, "idle")
+    heard: list[str] = []
+    listener = DoorbellListener(r, [keys.doorbell])
+    listener.start()
+    try:
+        listener.arm(True, on_priority=heard.append)
+        time.sleep(0.2)  # blocked on the doorbell by now
+        client = Client(r, queue)
+        client.submit_many(
+            [{"prompt": "a", "priority": "low"}, {"prompt": "b", "priority": "normal"}],
+            max_new_tokens=2,
+        )
+        wait_until(lambda: heard, timeout_s=3)
+        client.submit("c", max_new_tokens=2, priority="high")
+        wait_until(lambda: len(heard) == 2, timeout_s=3)
+        assert heard == ["normal", "high"]
+        rings: Any = r.xrange(keys.doorbell)
+        assert [f[b"p"] for _, f in rings] == [b"normal", b"high"]
+    finally:
+        listener.stop()
+
+
+def test_a_stream_run_again_sends_only_what_the_runs_before_it_did_not() -> None:
+    """A static batch that stopped runs again from its prompts: the same text again, so its
+    streams send only what is new, and the first (empty) piece once."""
+    from genq.worker.runtime.static_runner import Replayed
+
+    sent: list[str] = []
+    stream = Replayed(sent.append)
+    stream.restart()
+    for piece in ("", "Hel", "lo"):
+        stream(piece)
+    stream.restart()  # stopped; from the prompt again
+    for piece in ("", "H", "ello", ", wor", "ld"):
+        stream(piece)
+    assert sent == ["", "Hel", "lo", ", wor", "ld"]

@@ -194,12 +194,13 @@ local bells = {{}}
 for stream, p in pairs(touched) do
   use_lane(stream)
   sweep(stream, p, known[stream] or {{}})
-  bells[BASE] = true
+  if not bells[BASE] or RANK[p] > RANK[bells[BASE]] then bells[BASE] = p end
 end
 -- Wake an idle worker of each lane (it blocks on the doorbell): only where workers made it.
-for base in pairs(bells) do
+-- The ring says the highest priority it brings (``p``): a static batch below it stops.
+for base, p in pairs(bells) do
   if redis.call('EXISTS', key_doorbell(base)) == 1 then
-    redis.call('XADD', key_doorbell(base), 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', n)
+    redis.call('XADD', key_doorbell(base), 'MAXLEN', '~', {DOORBELL_MAX}, '*', 'n', n, 'p', p)
   end
 end
 return out

@@ -4,7 +4,7 @@ taking turns, each on a fresh queue and worker (smollm2-135m unless ``--model``)
 - **high behind low**: every place of a worker (8) taken by low requests of 200 new tokens
   (counting: they run to their limit), then 4 high ones of 8: the high ones' queue wait, and
   whether the low texts are the same either way (greedy or seeded: they must be); the low
-  requests greedy, with ``ignore_eos``, and sampled (``LOW_KINDS``); continuous and vLLM;
+  requests greedy, with ``ignore_eos``, and sampled (``LOW_KINDS``); continuous, static and vLLM;
 - **low backlog**: 32 low requests of 64 new tokens and nothing else: requests/s, preemption on
   against off (nothing to preempt: the cost of looking);
 - **long and shorts**: a request of 4,000 new tokens and 32 of 16 at the same priority, on 4
@@ -255,9 +255,10 @@ def priority_markdown(res: dict[str, Any]) -> str:
 
 
 def run_and_print(params: dict[str, Any]) -> None:
-    """``genq bench --scenario priority`` with the command's parameters (``--engine vllm``:
-    the vLLM engine as well as the continuous one)."""
-    engines = ("continuous", "vllm") if params["bench_engine"] == "vllm" else ("continuous",)
+    """``genq bench --scenario priority`` with the command's parameters: the continuous and
+    static engines (``--engine vllm``: the vLLM engine as well)."""
+    engines: tuple[str, ...] = ("continuous", "static")
+    engines += ("vllm",) if params["bench_engine"] == "vllm" else ()
     model = "smollm2-135m" if params["model"] == "tiny" else str(params["model"])
     report_on_redis(
         params,

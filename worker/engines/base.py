@@ -6,6 +6,7 @@ and runs one batch of already-admitted requests.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -232,6 +233,12 @@ class BatchReport:
         return max(0.0, 1.0 - self.completion_tokens / self.decode_slots)
 
 
+class StoppedEarly(Exception):
+    """A batch given a ``stop`` event ended when it was set, before its rows did: what it
+    generated is dropped (run again from their prompts, greedy or seeded rows generate the
+    same)."""
+
+
 class Engine(Protocol):
     """What the worker needs from an engine. A new engine: a class with these, built in
     ``engines/__init__.py: make_engine`` under a new ``EngineName``; the runner, the turn and
@@ -268,6 +275,19 @@ class Engine(Protocol):
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
         """Run one batch; outputs in input order. Must not return or count a token past a
         row's own max_new_tokens."""
+        ...
+
+
+class StoppableEngine(Engine, Protocol):
+    """An engine whose batch can be stopped between two decode steps (``static``, ``echo``
+    and a pool of static engines: ``stoppable`` True), for preemption on the static runner."""
+
+    stoppable: bool
+
+    def generate(
+        self, batch: Sequence[GenerationInput], *, stop: threading.Event | None = None
+    ) -> BatchReport:
+        """``Engine.generate``; once ``stop`` is set, raise ``StoppedEarly`` at the next step."""
         ...
 
 

@@ -15,6 +15,7 @@ token it does not hold cost that long before the batch's decode steps, as a GPU'
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -26,6 +27,7 @@ from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
     GenerationOutput,
+    StoppedEarly,
     cut_at_stop,
     expand_choices,
     gather_choices,
@@ -39,6 +41,7 @@ class EchoEngine:
     """Returns each prompt's first max_new_tokens bytes (cut at a stop string) as its output."""
 
     name = "echo"
+    stoppable = True
     limits: BatchLimits | None = None
     max_context_tokens: int | None = None
     tokenizer = None
@@ -69,11 +72,14 @@ class EchoEngine:
             "(use static, continuous or vllm)"
         )
 
-    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
-        """Echo each prompt, within its own limits (``n`` times for a row with ``n``)."""
+    def generate(
+        self, batch: Sequence[GenerationInput], *, stop: threading.Event | None = None
+    ) -> BatchReport:
+        """Echo each prompt, within its own limits (``n`` times for a row with ``n``); with
+        ``stop``, ``StoppedEarly`` as soon as it is set (its steps are one wait)."""
         if any(r.n > 1 for r in batch):
             rows, counts = expand_choices(batch)
-            report = self.generate(rows)
+            report = self.generate(rows, stop=stop)
             return replace(report, outputs=gather_choices(report.outputs, counts))
         cached = [0] * len(batch)
         if self.cache.capacity_blocks:  # --echo-cache-tokens: a simulated prefix cache
@@ -84,7 +90,9 @@ class EchoEngine:
         wait_s = self.prefill_us_per_token * computed / 1e6
         if self.step_ms > 0 and batch:
             wait_s += self.step_ms * max(r.max_new_tokens for r in batch) / 1000
-        if wait_s > 0:
+        if stop is not None and stop.wait(wait_s):
+            raise StoppedEarly
+        if stop is None and wait_s > 0:
             time.sleep(wait_s)
         outputs = []
         for row, hit in zip(batch, cached, strict=True):

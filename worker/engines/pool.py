@@ -27,11 +27,12 @@ import gc
 import json
 import math
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from genq.common.errors import ConfigError, GenqError
 from genq.common.formats import ResponseFormat
@@ -43,6 +44,7 @@ from genq.worker.engines.base import (
     GenerationOutput,
     IterationEngine,
     PausingEngine,
+    StoppableEngine,
 )
 from genq.worker.policy.sizing import BatchLimits
 
@@ -57,6 +59,7 @@ class EnginePool:
     tokenizer: Any = None  # (each model's engine has its own: ``of``)
     max_context_tokens: int | None = None  # (each model's: ``of``)
     prefix_room = 0
+    stoppable = True  # (a pool of static engines: each one's batch stops between steps)
 
     def __init__(
         self, name: str, build: Callable[[str], Engine], default: str, limits: BatchLimits
@@ -122,9 +125,14 @@ class EnginePool:
     def constrain(self, fmt: ResponseFormat) -> Any:
         raise NotImplementedError("a pool constrains with each model's engine (of)")
 
-    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
-        """Run one model's batch on that model's engine."""
-        return self._engine(batch[0].adapter).generate(batch)
+    def generate(
+        self, batch: Sequence[GenerationInput], *, stop: threading.Event | None = None
+    ) -> BatchReport:
+        """Run one model's batch on that model's engine (stoppable: ``StaticEngine``)."""
+        engine = self._engine(batch[0].adapter)
+        if stop is None:
+            return engine.generate(batch)
+        return cast(StoppableEngine, engine).generate(batch, stop=stop)
 
     def _engine(self, model: str | None) -> Engine:
         engine = self.of(model)
@@ -136,6 +144,8 @@ class EnginePool:
 class IterationPool(EnginePool):
     """A pool of iteration-level engines (``continuous``, ``vllm``): each request is
     submitted to its model's engine and polled from it; pause and resume where it can."""
+
+    stoppable = False  # (its engines pause requests instead: ``PausingEngine``)
 
     def __init__(
         self, name: str, build: Callable[[str], Engine], default: str, limits: BatchLimits

@@ -33,6 +33,7 @@ from genq.worker.engines.base import (
     BatchReport,
     GenerationInput,
     GenerationOutput,
+    StoppedEarly,
     TextStreamer,
     cut_at_stop,
     expand_choices,
@@ -53,6 +54,7 @@ class StaticEngine:
     """Batched generation with Hugging Face transformers ``generate``."""
 
     name = "static"
+    stoppable = True
     limits: BatchLimits | None = None
     prefix_room = 0
     """No cache outlives a ``generate`` call: nothing of a batch is kept for the next."""
@@ -220,10 +222,6 @@ class StaticEngine:
         if stopped or (stopped_at is not None and stopped_at <= count):
             reason = "stop"
         return GenerationOutput(text=text, completion_tokens=count, finish_reason=reason)
-
-
-class StoppedEarly(Exception):
-    """A batch given a ``stop`` event ended when it was set, before its rows did."""
 
 
 class _RowLimits:

@@ -14,8 +14,13 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from genq.worker.engines.base import GenerationInput, GenerationOutput, TextStreamer
-from genq.worker.engines.static import StaticEngine, StoppedEarly
+from genq.worker.engines.base import (
+    GenerationInput,
+    GenerationOutput,
+    StoppedEarly,
+    TextStreamer,
+)
+from genq.worker.engines.static import StaticEngine
 from genq.worker.policy.preemption import RANK
 
 

@@ -18,8 +18,9 @@
   shares (corrections, starts, refunds);
 - ``intake``: the admit step (decode, verdicts, tokenize); ``starting``: the start step (mark
   running, expired and poison sorted out, hand-back);
-- ``runners``: engines behind one interface, and the static runner; ``continuous_runner``:
-  iteration-level engines, with preemption and time slices;
+- ``runners``: engines behind one interface; ``static_runner``: a batch per ``generate``, which
+  stops for a higher priority; ``continuous_runner``: iteration-level engines, with preemption
+  and time slices;
 - ``outcomes``: final results as the worker writes them;
 - ``writer``: the thread that writes results; ``streamed_text``: the thread that sends
   streaming requests' text, a step's pieces in one round trip; ``recovery``: claims and

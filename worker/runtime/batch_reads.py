@@ -1,6 +1,6 @@
 """Reads while a static batch runs: the turn's read, off its critical path.
 
-A static runner runs its whole batch inside the turn (``runners.StaticRunner.collect``), so
+A static runner runs its whole batch inside the turn (``static_runner.StaticRunner.collect``), so
 the loop used to read only between batches: a request that arrived during a batch was read
 after it ended, and that read (a round trip, slow on a busy host or Redis) came before the
 next start. Identical workers end their batches together and their reads then queue behind

@@ -44,9 +44,10 @@ from genq.worker.runtime.queue_io import QueueIO, raw_read_reply
 from genq.worker.runtime.read_asks import ReadAsks
 from genq.worker.runtime.read_trip import ReadTrip
 from genq.worker.runtime.reader import Reader
-from genq.worker.runtime.runners import Runner, RunnerContext, StaticRunner
+from genq.worker.runtime.runners import Runner, RunnerContext
 from genq.worker.runtime.spacing import StaggeredStarts
 from genq.worker.runtime.starting import Starter
+from genq.worker.runtime.static_runner import StaticRunner
 from genq.worker.runtime.streamed_text import TextSender
 from genq.worker.runtime.worker import Worker
 from genq.worker.runtime.writer import ResultWriter
@@ -461,4 +462,4 @@ def make_runner(
             preempt=settings.preempt,
             time_slice_ms=settings.time_slice_ms,
         )
-    return StaticRunner(context, engine=engine, budget=budget)
+    return StaticRunner(context, engine=engine, budget=budget, preempt=settings.preempt)

@@ -41,6 +41,10 @@ AWAY_PAUSE_S = 1.0
 """How long the listener waits after a Redis error (the loop's own retry reports Redis away)."""
 
 
+RANK = {b"high": 3, b"normal": 2, b"low": 1}
+"""A ring's ``p`` (the highest priority it brings) as a rank."""
+PRIORITIES = {3: "high", 2: "normal", 1: "low"}
+
 Ring = tuple[str, Any, dict[bytes, bytes]]
 """A ring heard: its doorbell, its id (to acknowledge) and its fields."""
 
@@ -48,6 +52,11 @@ PASSED_BY, RELAYED = DOORBELL_BY.encode(), b"relayed"
 """A ring's fields when a read passed entries over for the workers that hold their prefixes
 (PULL rings for them): ``by`` the reader; ``relayed`` once that reader rang it again
 (``relay_own_rings``)."""
+
+
+def _loudest(rings: Sequence[Any]) -> int:
+    """The rank of the highest priority rings (id, fields) say they bring (0: none says)."""
+    return max((RANK.get(as_dict(fields).get(b"p", b""), 0) for _, fields in rings), default=0)
 
 
 def wait_for_ring(r: Any, doorbells: Sequence[str], consumer: str, block_ms: int) -> list[Ring]:
@@ -98,6 +107,7 @@ class DoorbellListener:
         """Whether it listens now (the last ``arm``)."""
         self._rung = threading.Event()
         self._on_ring: Callable[[], None] | None = None
+        self._on_priority: Callable[[str], None] | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -107,11 +117,19 @@ class DoorbellListener:
             self._thread = threading.Thread(target=self._run, name="genq-doorbell", daemon=True)
             self._thread.start()
 
-    def arm(self, listening: bool, on_ring: Callable[[], None] | None = None) -> None:
+    def arm(
+        self,
+        listening: bool,
+        on_ring: Callable[[], None] | None = None,
+        on_priority: Callable[[str], None] | None = None,
+    ) -> None:
         """Listen (the loop is busy and has room for more) or not (it is idle, or full).
         ``on_ring``: also call it, in this thread, at each ring heard while armed (a static
-        batch runs: ``batch_reads.py`` reads in the loop's place)."""
+        batch runs: ``batch_reads.py`` reads in the loop's place). ``on_priority``: call it
+        with the highest priority a submission's rings say they bring (their ``p``: a static
+        batch below it stops, ``StaticRunner.outranked``)."""
         self._on_ring = on_ring if listening else None
+        self._on_priority = on_priority if listening else None
         self.armed = listening
         if listening:
             self._armed.set()
@@ -154,13 +172,16 @@ class DoorbellListener:
                 continue
             if isinstance(reply, dict):  # RESP3
                 reply = list(reply.items())
-            heard = False
+            heard, loudest = False, 0
             for stream, found in reply or []:
                 if found:
                     last_id[as_text(stream)] = as_text(found[-1][0])
                     heard = True
-            on_ring = self._on_ring
+                    loudest = max(loudest, _loudest(found))
+            on_ring, on_priority = self._on_ring, self._on_priority
             if heard and self._armed.is_set():
                 self._rung.set()
                 if on_ring is not None:
                     on_ring()
+                if on_priority is not None and loudest:
+                    on_priority(PRIORITIES[loudest])

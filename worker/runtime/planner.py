@@ -22,6 +22,7 @@ from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.policy.ordering import WaitingOrder
 from genq.worker.policy.planning import plan_start
+from genq.worker.policy.preemption import RANK
 from genq.worker.policy.suspects import Gate, SuspectGate
 from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.fair_share import TenantWeights
@@ -89,6 +90,9 @@ class Planner:
             decision = Decision(batch=[suspect.candidate], reason="suspect")
         else:
             waiting: Iterable[Held] = self.lookahead.waiting.values()
+            floor = self.runner.stopped_rank()  # (a batch that stopped for a higher one)
+            if floor:
+                waiting = [h for h in waiting if RANK[h.request.priority] > floor]
             if self.pool is not None:
                 waiting = self.pool.one_model(waiting)
             planned = plan_start(

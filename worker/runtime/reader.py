@@ -177,8 +177,13 @@ class Reader:
         listening = reading and self.runner.limits_reads and self.asks.listens()
         busy_ms = self.runner.holds_loop_ms if reading and not listening else None
         beside = busy_ms is not None and SHORTEST_MS <= busy_ms < self.hand_back_after_ms
-        if listening or beside or self.doorbell.armed:  # (else it stays unarmed)
-            self.doorbell.arm(listening or beside, self.batch_reads.ring if beside else None)
+        stoppable = reading and self.runner.stoppable()  # (a ring above the batch stops it)
+        if listening or beside or stoppable or self.doorbell.armed:  # (else it stays unarmed)
+            self.doorbell.arm(
+                listening or beside or stoppable,
+                self.batch_reads.ring if beside else None,
+                self.runner.outranked if stoppable else None,
+            )
         until = self.doorbell.rung if listening else None
         window = self.batch_reads.window(busy_ms) if beside and busy_ms else None
         with window or contextlib.nullcontext():

@@ -1,5 +1,6 @@
-"""Runners: an engine behind the one interface the worker's turn uses (``Runner``), and the
-static runner (the continuous one is ``continuous_runner.py``; ``builder.make_runner`` picks).
+"""Runners: an engine behind the one interface the worker's turn uses (``Runner``); the static
+runner is ``static_runner.py``, the continuous one ``continuous_runner.py`` (``builder.make_runner``
+picks).
 
 The turn hands a runner the requests it started (``start``), then asks for what finished
 (``collect``). A **static** runner runs the whole batch inside ``collect`` (one ``generate``
@@ -16,17 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from genq.common.errors import GenerationError
 from genq.worker.engines.base import (
-    Engine,
     GenerationInput,
     logit_adjust,
 )
 from genq.worker.policy import preemption
-from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held, Lookahead
 from genq.worker.runtime import read_trip
-from genq.worker.runtime.clock import now_ms
 from genq.worker.runtime.heartbeat import Counters
 from genq.worker.runtime.metrics import Metrics
 from genq.worker.runtime.outcomes import Outcome, Outcomes
@@ -99,6 +96,20 @@ class Runner:
     def preemptible_by(self, priority: str) -> int:
         """How many running requests a waiting one of ``priority`` could take the place of
         (0: this runner does not preempt)."""
+        return 0
+
+    def stoppable(self) -> bool:
+        """Whether the batch ``collect`` runs next may stop for a higher priority (a static
+        runner with ``--preempt``: the doorbell's rings then go to ``outranked``)."""
+        return False
+
+    def outranked(self, priority: str) -> None:
+        """A ring brought a request of ``priority`` (called in the doorbell's thread)."""
+
+    def stopped_rank(self) -> int:
+        """The highest priority rank of the batches that stopped for a higher one and wait to
+        run again (a static runner with ``--preempt``): the planner starts only what outranks
+        them until they have run; 0: none."""
         return 0
 
     def preempting(self, waiting: Sequence[str]) -> int:
@@ -229,111 +240,3 @@ def towards(last: float | None, sample: float, weight: float) -> float:
     """A measured average moved ``weight`` of the way to a new ``sample`` (the sample itself
     when there was none): a runner's times, weighted towards the latest."""
     return sample if last is None else last + weight * (sample - last)
-
-
-class StaticRunner(Runner):
-    """One ``generate`` call per batch. If the engine raises, the batch is split in halves and
-    each run again, down to single requests, so that the culprit fails with the error and its
-    batch-mates succeed. Out of memory also lowers the budget (``AdaptiveBudget``); only a
-    request that runs out of memory alone fails."""
-
-    waits_to_fill = True
-    hands_back = True
-
-    def __init__(self, context: RunnerContext, *, engine: Engine, budget: AdaptiveBudget) -> None:
-        super().__init__(context)
-        self.engine = engine
-        self.budget = budget
-        self._started_ms = 0
-        # Measured, weighted towards recent batches; before the first, what the engine says
-        # (an optional ``ms_per_step``: echo's ``--echo-step-ms``), if it knows.
-        self._ms_per_step: float | None = getattr(engine, "ms_per_step", None)
-
-    def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
-        """Hold the batch: it runs in ``collect``, in the same turn. It will hold the loop
-        (``holds_loop_ms``) for the measured time per decode step times its longest
-        ``max_new_tokens``; ``FIRST_BATCH_GUESS_MS`` before any batch was measured (unless the
-        engine knows its time per step)."""
-        self.running.update((h.key, h) for h in batch)
-        self._started_ms = started_ms
-        per_step = self._ms_per_step  # (``expected_ms``, inlined: on every batch's path)
-        steps = max((h.request.max_new_tokens for h in batch), default=0)
-        self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
-        return []
-
-    def expected_ms(self, batch: Sequence[Held]) -> float | None:
-        """The measured time per decode step times the batch's longest ``max_new_tokens``."""
-        per_step = self._ms_per_step
-        if per_step is None:
-            return None
-        return per_step * max((h.request.max_new_tokens for h in batch), default=0)
-
-    def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
-        """Run the batch started this turn to the end."""
-        batch = list(self.running.values())
-        try:
-            return self._generate(batch)
-        finally:
-            self.running.clear()
-            self.holds_loop_ms = None
-
-    def _generate(self, batch: list[Held]) -> list[Outcome]:
-        if not batch:
-            return []
-        t0 = time.perf_counter()
-        try:
-            report = self.engine.generate([self.generation_input(h) for h in batch])
-        except Exception as err:  # an engine can raise anything; isolate the culprit(s)
-            return self._isolate(batch, err)
-        elapsed_ms = (time.perf_counter() - t0) * 1000
-        generation_ms = int(elapsed_ms)
-        step_ms = elapsed_ms / max(h.request.max_new_tokens for h in batch)
-        self._ms_per_step = towards(self._ms_per_step, step_ms, 0.3)
-        self.counters.generated(report, generation_ms)
-        tokens = report.prompt_tokens + report.completion_tokens
-        if self.metrics.enabled:
-            self.metrics.batch(len(batch), tokens, generation_ms / 1000)
-        finished_ms = now_ms()
-        return [
-            self.outcomes.succeeded(
-                h,
-                out,
-                started_ms=self._started_ms,
-                finished_ms=finished_ms,
-                generation_ms=generation_ms,
-                batch_size=len(batch),
-            )
-            for h, out in zip(batch, report.outputs, strict=True)
-        ]
-
-    def _isolate(self, batch: list[Held], err: Exception) -> list[Outcome]:
-        """The batch failed: halve it and run each half (the budget lowered on out of
-        memory); a single request fails with the error."""
-        oom = is_out_of_memory(err)
-        if oom:
-            self.counters.oom_splits += 1
-            budget = self.budget.lower(sum(h.cost_tokens for h in batch), time.monotonic())
-            log.warning(
-                "out of memory: batch budget lowered to %d tokens for %.0f s",
-                budget,
-                self.budget.backoff_s,
-            )
-        if len(batch) == 1:
-            h = batch[0]
-            log.warning("request %s failed in the engine: %r", h.request.id, err)
-            why = (
-                f"out of memory even alone ({len(h.prompt_ids)} prompt tokens + "
-                f"{h.request.max_new_tokens} new): ask for fewer tokens, or run a worker "
-                "with more memory"
-                if oom
-                else f"the engine failed on this request: {err}"
-            )
-            return [self.outcomes.failed_held(h, GenerationError(why), self._started_ms)]
-        half = len(batch) // 2
-        log.warning("batch of %d failed (%s); splitting it in two", len(batch), type(err).__name__)
-        return self._generate(batch[:half]) + self._generate(batch[half:])
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """torch.OutOfMemoryError (CUDA, MPS) or the allocator's message, without importing torch."""
-    return type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err).lower()

@@ -1,0 +1,245 @@
+"""The static runner: one ``generate`` call per batch, run inside the turn (``collect``),
+bisected on failure; with ``--preempt`` and a stoppable engine, a batch stops between two decode
+steps for a request of a higher priority (the doorbell's ring says which a submission brings),
+waits, still held, and runs again from its prompts once what outranks it has run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import cast
+
+from genq.common.errors import GenerationError
+from genq.worker.engines.base import Engine, GenerationInput, StoppableEngine, StoppedEarly
+from genq.worker.policy import preemption
+from genq.worker.policy.budget import AdaptiveBudget
+from genq.worker.policy.lookahead import Held
+from genq.worker.runtime.clock import now_ms
+from genq.worker.runtime.outcomes import Outcome
+from genq.worker.runtime.runners import FIRST_BATCH_GUESS_MS, Runner, RunnerContext, towards
+
+log = logging.getLogger("genq.worker")
+
+
+class StaticRunner(Runner):
+    """One ``generate`` call per batch. If the engine raises, the batch is split in halves and
+    each run again, down to single requests, so that the culprit fails with the error and its
+    batch-mates succeed. Out of memory also lowers the budget (``AdaptiveBudget``); only a
+    request that runs out of memory alone fails."""
+
+    waits_to_fill = True
+    hands_back = True
+
+    def __init__(
+        self,
+        context: RunnerContext,
+        *,
+        engine: Engine,
+        budget: AdaptiveBudget,
+        preempt: bool = False,
+    ) -> None:
+        super().__init__(context)
+        self.engine = engine
+        self.budget = budget
+        self._started_ms = 0
+        self.stops = preempt and bool(getattr(engine, "stoppable", False))
+        """Whether a batch stops between two decode steps for a request that outranks it
+        (``--preempt`` and a stoppable engine: ``StoppableEngine``). A submission's doorbell
+        ring says the highest priority it brings (``outranked``); the stopped batch waits,
+        still held, and runs again from its prompts once what outranks it has run."""
+        self._batches: list[list[Held]] = []
+        """The batches started and not run to their end: the one started this turn, and those
+        that stopped (the earliest first)."""
+        self._stop = threading.Event()
+        self._rank = preemption.RANK["high"]  # the running batch's (none: nothing outranks it)
+        self._heard = 0  # the highest rank a ring brought since the last batch ran
+        self._streams: dict[str, Replayed] = {}  # streaming requests of a batch that may stop
+        # Measured, weighted towards recent batches; before the first, what the engine says
+        # (an optional ``ms_per_step``: echo's ``--echo-step-ms``), if it knows.
+        self._ms_per_step: float | None = getattr(engine, "ms_per_step", None)
+
+    def start(self, batch: Sequence[Held], started_ms: int) -> list[Outcome]:
+        """Hold the batch: it runs in ``collect``, in the same turn. It will hold the loop
+        (``holds_loop_ms``) for the measured time per decode step times its longest
+        ``max_new_tokens``; ``FIRST_BATCH_GUESS_MS`` before any batch was measured (unless the
+        engine knows its time per step)."""
+        self.running.update((h.key, h) for h in batch)
+        self._batches.append(list(batch))
+        self._started_ms = started_ms
+        per_step = self._ms_per_step  # (``expected_ms``, inlined: on every batch's path)
+        steps = max((h.request.max_new_tokens for h in batch), default=0)
+        self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
+        return []
+
+    def expected_ms(self, batch: Sequence[Held]) -> float | None:
+        """The measured time per decode step times the batch's longest ``max_new_tokens``."""
+        per_step = self._ms_per_step
+        if per_step is None:
+            return None
+        return per_step * max((h.request.max_new_tokens for h in batch), default=0)
+
+    def active(self) -> list[Held]:
+        """Nothing between turns: a batch runs within its turn (one that stopped waits apart)."""
+        return []
+
+    def stopped_rank(self) -> int:
+        ranks = preemption.RANK  # (between turns every batch held has stopped)
+        return max((max(ranks[h.request.priority] for h in b) for b in self._batches), default=0)
+
+    def stoppable(self) -> bool:
+        return self.stops and bool(self._batches) and self._next_rank() < preemption.RANK["high"]
+
+    def outranked(self, priority: str) -> None:
+        """The running batch stops at its next step if ``priority`` outranks it (one not
+        started yet, once it starts)."""
+        rank = preemption.RANK[priority]
+        self._heard = max(self._heard, rank)
+        if rank > self._rank:
+            self._stop.set()
+
+    def _next_rank(self) -> int:
+        ranks = preemption.RANK
+        return max(max(ranks[h.request.priority] for h in b) for b in self._batches if b)
+
+    def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
+        """Run one batch to the end: the highest priority of those held, the earliest first
+        (the one started this turn, unless one that stopped outranks it or is its like)."""
+        if not self._batches:
+            return []
+        top = self._next_rank()
+        ranks = preemption.RANK
+        batch = next(b for b in self._batches if max(ranks[h.request.priority] for h in b) == top)
+        self._batches.remove(batch)
+        if self._heard > top:  # (a ring heard before it started)
+            self._stop.set()
+        self._rank = top
+        try:
+            return self._generate(batch)
+        finally:
+            self._rank, self._heard = ranks["high"], 0
+            self._stop.clear()
+            held = {h.key for b in self._batches for h in b}
+            for h in batch:
+                if h.key not in held:
+                    self.running.pop(h.key, None)
+                    self._streams.pop(h.key, None)
+            self.holds_loop_ms = None
+
+    def cancel(self, held: Held) -> None:
+        """Drop ``held`` from the batch that stopped and waits (its state became final)."""
+        self._streams.pop(held.key, None)
+        for b in self._batches:
+            if held in b:
+                b.remove(held)
+        self._batches = [b for b in self._batches if b]
+
+    def _generate(self, batch: list[Held]) -> list[Outcome]:
+        if not batch:
+            return []
+        t0 = time.perf_counter()
+        rows = [self._input(h) for h in batch]
+        try:
+            if self.stops:
+                report = cast(StoppableEngine, self.engine).generate(rows, stop=self._stop)
+            else:
+                report = self.engine.generate(rows)
+        except StoppedEarly:  # it runs again, from its prompts, after what outranks it
+            self._batches.insert(0, batch)
+            self.counters.preempted += len(batch)
+            log.debug("a batch of %d yields to a higher priority", len(batch))
+            return []
+        except Exception as err:  # an engine can raise anything; isolate the culprit(s)
+            return self._isolate(batch, err)
+        elapsed_ms = (time.perf_counter() - t0) * 1000
+        generation_ms = int(elapsed_ms)
+        step_ms = elapsed_ms / max(h.request.max_new_tokens for h in batch)
+        self._ms_per_step = towards(self._ms_per_step, step_ms, 0.3)
+        self.counters.generated(report, generation_ms)
+        tokens = report.prompt_tokens + report.completion_tokens
+        if self.metrics.enabled:
+            self.metrics.batch(len(batch), tokens, generation_ms / 1000)
+        finished_ms = now_ms()
+        return [
+            self.outcomes.succeeded(
+                h,
+                out,
+                started_ms=self._started_ms,
+                finished_ms=finished_ms,
+                generation_ms=generation_ms,
+                batch_size=len(batch),
+            )
+            for h, out in zip(batch, report.outputs, strict=True)
+        ]
+
+    def _input(self, held: Held) -> GenerationInput:
+        """``generation_input``; a streaming request's text sent through its ``Replayed``
+        where a batch may stop (a run again sends nothing twice)."""
+        row = self.generation_input(held)
+        if row.on_text is None or not self.stops:
+            return row
+        stream = self._streams.get(held.key)
+        if stream is None:
+            stream = self._streams[held.key] = Replayed(row.on_text)
+        stream.restart()
+        return replace(row, on_text=stream)
+
+    def _isolate(self, batch: list[Held], err: Exception) -> list[Outcome]:
+        """The batch failed: halve it and run each half (the budget lowered on out of
+        memory); a single request fails with the error."""
+        oom = is_out_of_memory(err)
+        if oom:
+            self.counters.oom_splits += 1
+            budget = self.budget.lower(sum(h.cost_tokens for h in batch), time.monotonic())
+            log.warning(
+                "out of memory: batch budget lowered to %d tokens for %.0f s",
+                budget,
+                self.budget.backoff_s,
+            )
+        if len(batch) == 1:
+            h = batch[0]
+            log.warning("request %s failed in the engine: %r", h.request.id, err)
+            why = (
+                f"out of memory even alone ({len(h.prompt_ids)} prompt tokens + "
+                f"{h.request.max_new_tokens} new): ask for fewer tokens, or run a worker "
+                "with more memory"
+                if oom
+                else f"the engine failed on this request: {err}"
+            )
+            return [self.outcomes.failed_held(h, GenerationError(why), self._started_ms)]
+        half = len(batch) // 2
+        log.warning("batch of %d failed (%s); splitting it in two", len(batch), type(err).__name__)
+        return self._generate(batch[:half]) + self._generate(batch[half:])
+
+
+class Replayed:
+    """A streaming request's text over the runs of a batch that stopped and ran again from
+    its prompts: each run generates the same text (greedy or seeded), so a run sends only what
+    is past what the runs before it sent, and the first (empty) piece once."""
+
+    def __init__(self, send: Callable[[str], None]) -> None:
+        self.send = send
+        self.sent = 0  # characters sent, by all runs
+        self.seen = 0  # characters this run has produced
+        self.opened = False
+
+    def restart(self) -> None:
+        """A run begins (from the prompt)."""
+        self.seen = 0
+
+    def __call__(self, delta: str) -> None:
+        start, self.seen = self.seen, self.seen + len(delta)
+        if self.seen > self.sent:
+            self.send(delta[max(0, self.sent - start) :])
+            self.sent = self.seen
+        elif not delta and not self.opened:
+            self.send(delta)
+        self.opened = True
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA, MPS) or the allocator's message, without importing torch."""
+    return type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err).lower()
