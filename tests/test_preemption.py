@@ -247,3 +247,26 @@ def test_a_high_request_stops_a_static_batch_of_low_sampled_ones_which_end_as_th
             assert (done[0].timings.finished_unix_ms or 0) > min(low_ends)  # behind the batch
         worker.stop()
     assert texts["--preempt"] == texts["--no-preempt"]
+
+
+def test_a_static_batch_that_stopped_and_waits_can_be_cancelled_in_part(
+    redis_url: str, queue: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Echo, static, --preempt: two low requests run as one batch, a long high one stops it;
+    one low request cancelled while its batch waits ends cancelled (and stays so), the other
+    runs again after the high one and succeeds with its whole text."""
+    args = ("--engine", "echo", "--echo-step-ms", "10", "--max-batch-size", "2")
+    start_worker(queue, *args, "--max-wait-ms", "0")
+    with Client.from_url(redis_url, queue) as client:
+        lows = client.submit_many(["a" * 400, "b" * 400], max_new_tokens=400, priority="low")
+        running = lambda: all(client.status(i).status == "running" for i in lows)  # noqa: E731
+        wait_until(running, timeout_s=30)
+        high = client.submit("c" * 300, max_new_tokens=300, priority="high")  # 3 s of steps
+        wait_until(lambda: client.status(high).status == "running", timeout_s=30)
+        assert client.cancel(lows[0])
+        done = client.results([high, lows[1]], timeout=60)
+        assert [d.status for d in done] == ["succeeded", "succeeded"]
+        assert done[1].text == "b" * 400
+        assert (done[0].timings.finished_unix_ms or 0) < (done[1].timings.finished_unix_ms or 0)
+        time.sleep(0.5)
+        assert client.status(lows[0]).status == "cancelled"

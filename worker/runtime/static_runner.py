@@ -68,7 +68,10 @@ class StaticRunner(Runner):
         ``max_new_tokens``; ``FIRST_BATCH_GUESS_MS`` before any batch was measured (unless the
         engine knows its time per step)."""
         self.running.update((h.key, h) for h in batch)
-        self._batches.append(list(batch))
+        if batch:
+            self._batches.append(list(batch))
+        for h in batch:  # (its outcomes' start, should it stop and wait)
+            h.started_ms = started_ms
         self._started_ms = started_ms
         per_step = self._ms_per_step  # (``expected_ms``, inlined: on every batch's path)
         steps = max((h.request.max_new_tokens for h in batch), default=0)
@@ -114,6 +117,7 @@ class StaticRunner(Runner):
         ranks = preemption.RANK
         batch = next(b for b in self._batches if max(ranks[h.request.priority] for h in b) == top)
         self._batches.remove(batch)
+        self._started_ms = batch[0].started_ms or self._started_ms
         if self._heard > top:  # (a ring heard before it started)
             self._stop.set()
         self._rank = top
