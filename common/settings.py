@@ -16,7 +16,7 @@ from genq.common.errors import ConfigError
 from genq.common.keys import check_queue_name
 from genq.common.model_settings import DType as DType
 from genq.common.model_settings import EngineName as EngineName
-from genq.common.model_settings import ModelSettings
+from genq.common.model_settings import ModelSettings, auto_engine
 from genq.common.models import MAX_NEW_TOKENS
 from pydantic import (
     Field,
@@ -261,9 +261,14 @@ class WorkerSettings(ModelSettings):
             if value is not None and value != ():  # (a repeatable flag not given: ())
                 values[name] = value
         try:
-            return cls.model_validate(values, strict=False)
+            settings = cls.model_validate(values, strict=False)
         except ValidationError as err:
             raise ConfigError("invalid setting: " + _problems(cls, err)) from None
+        if values.get("engine", "auto") == "auto":
+            warm = bool(settings.warm_models)
+            why = auto_engine(settings.device, lora=bool(settings.lora), warm=warm)[1]
+            settings._engine_why = f"auto: {why}"
+        return settings
 
 
 def _problems(cls: type[WorkerSettings], err: ValidationError) -> str:

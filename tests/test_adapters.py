@@ -126,9 +126,10 @@ def test_a_worker_serves_its_adapters_as_models_batched_with_the_base(
     start_worker: Callable[..., WorkerProcess],
 ) -> None:
     loras = [f"--lora={n}={p}" for n, p in adapters.items()]
-    start_worker(queue, "--model", "tiny", "--max-wait-ms", "300", *loras, "--max-loras", "2")
+    w = start_worker(queue, "--model", "tiny", "--max-wait-ms", "300", *loras, "--max-loras", "2")
     wait_until(lambda: r.exists(Keys(queue).worker("w0")), timeout_s=120)
     assert r.hget(Keys(queue).worker("w0"), "engine") == b"static"  # auto, with --lora
+    assert "engine static: auto: --lora on a CPU" in w.log()  # its first lines say why
     client = Client.from_url(redis_url, queue)
     models = ["tiny", "a1", "a2", "a3", None, "a1"]
     items = [{"prompt": "Once upon a time", **({"model": m} if m else {})} for m in models]

@@ -136,3 +136,20 @@ def _names(envvar: str | list[str] | tuple[str, ...] | None) -> list[str]:
     if envvar is None:
         return []
     return [envvar] if isinstance(envvar, str) else list(envvar)
+
+
+def test_auto_runs_vllm_on_a_gpu_where_it_is_installed_and_says_why() -> None:
+    from genq.common.model_settings import auto_engine
+
+    assert auto_engine("cuda:1", vllm=True)[0] == "vllm"
+    assert auto_engine("cuda", vllm=True, lora=True)[0] == "vllm"  # vLLM runs adapters
+    engine, why = auto_engine("cuda", vllm=False)
+    assert engine == "static" and "no vllm installed" in why
+    assert auto_engine("cuda", vllm=True, warm=True)[0] == "static"  # warm: transformers only
+    assert auto_engine("cpu", vllm=True)[0] == "continuous"  # measured: BENCHMARKS.md
+    assert auto_engine("cpu", vllm=True, lora=True)[0] == "static"
+    auto = WorkerSettings.build({"queue": "q"}, env={})
+    assert auto.engine == "continuous" and auto.engine_why.startswith("auto: a CPU")
+    named = WorkerSettings.build({"queue": "q"}, env={"GENQ_ENGINE": "static"})
+    assert named.engine_why == "named (--engine static)"
+    assert named.model_copy(update={"model": "tiny"}).engine_why == named.engine_why

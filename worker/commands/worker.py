@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -27,6 +28,7 @@ def worker(**flags: Any) -> None:
     _check_redis(settings)
     if settings.gpus is not None:
         sys.exit(_launch(settings, flags))
+    logging.getLogger("genq.worker").info("engine %s: %s", settings.engine, settings.engine_why)
     try:
         engine = make_engine(settings)
     except ConfigError as err:  # a model, package or engine setting that cannot work
