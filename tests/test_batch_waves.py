@@ -261,3 +261,57 @@ def test_a_completion_window_is_a_duration(window: str) -> None:
         batch_waves.window_seconds(window)
     assert batch_waves.window_seconds("24h") == 86400
     assert batch_waves.window_seconds("90s") == 90
+
+
+def _batch_peak(lines: int, tmp: Path) -> tuple[float, int]:
+    """Redis' memory peak over its idle use while ``genq batch submit`` feeds a batch of
+    ``lines`` chat lines (each prompt its own) to two echo workers, window 2,000; and the
+    fields the prefix holders hash has then."""
+    from genq.worker.devtools.redis_server import RedisServer
+    from genq.worker.devtools.worker_process import start_worker
+
+    src = tmp / f"in-{lines}.jsonl"
+    with src.open("w") as f:
+        for i in range(lines):
+            body = {"messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 4}
+            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions"}
+            f.write(json.dumps({**line, "body": body}))
+            f.write("\n")
+    with RedisServer() as server:
+        r = redis.Redis.from_url(server.url)
+        workers = [
+            start_worker(redis_url=server.url, queue="mem", engine="echo", consumer=f"w{k}")
+            for k in range(2)
+        ]
+        try:
+            wait_until(lambda: len(r.keys("genq:{mem}:worker:*")) == 2, timeout_s=60)
+            base = int(r.info("memory")["used_memory"])
+            sub = subprocess.run(
+                [
+                    *(sys.executable, "-m", "genq.worker", "batch", "submit"),
+                    *("--redis-url", server.url, "--queue", "mem", "--batch-window", "2000"),
+                    *("--files-dir", str(tmp / f"files-{lines}"), str(src)),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert sub.returncode == 0, sub.stderr
+            peak = int(r.info("memory")["used_memory_peak"]) - base
+            return peak / 1e6, int(r.hlen(Keys("mem").holders))
+        finally:
+            for w in workers:
+                w.terminate()
+            for w in workers:
+                w.wait(timeout=60)
+
+
+def test_a_running_batch_costs_redis_the_same_at_any_size(tmp_path: Path) -> None:
+    """Through ``genq batch submit``: Redis' peak for 100,000 lines is within 1.5x of its peak
+    for 5,000 (both fill the window of 2,000). It was 4x at 300,000 lines: every echo or static
+    worker told the fleet it held the prefix of every request it ran (a field per line in the
+    holders hash, ~75 bytes each) though it keeps none."""
+    small, small_holders = _batch_peak(5_000, tmp_path)
+    big, big_holders = _batch_peak(100_000, tmp_path)
+    assert big <= 1.5 * small, (small, big)
+    assert small_holders == big_holders == 0

@@ -366,7 +366,8 @@ def test_a_started_requests_prefix_is_told_to_the_fleet_while_it_runs(
     client (who may send the next turn at once)."""
     keys = Keys(queue)
     client = Client.from_url(redis_url, queue)
-    worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "200")
+    cache = ("--echo-cache-tokens", "4096")  # (a worker that keeps no prefix tells none)
+    worker = start_worker(queue, "--engine", "echo", "--echo-step-ms", "200", *cache)
     hot = [{"role": "system", "content": "Context. " * 50}, {"role": "user", "content": "q"}]
     request_id = client.submit(messages=hot, max_new_tokens=8)  # 1.6 s of steps
     wait_until(lambda: client.status(request_id).status == "running", timeout_s=30)
@@ -610,3 +611,21 @@ def test_the_worker_that_has_an_adapter_loaded_gets_its_requests(
         ids = client.submit_many([{"prompt": f"p{j}", "model": "a1"} for j in range(3)])
         results = client.results(ids, timeout=60)
         assert {x.worker for x in results} == {"w0"}, "w1 leaves a1's requests to w0"
+
+
+def test_a_worker_that_keeps_no_prefix_tells_the_fleet_it_holds_none() -> None:
+    """Capacity 0 (the static engine, echo without its cache): the prefixes it runs are not
+    told as held (they were, and never let go: the holders hash grew a field a request)."""
+    from genq.worker.runtime.prefixes import PrefixAffinity
+
+    kept = PrefixAffinity(
+        keys=Keys("q"), consumer="w1", capacity_tokens=100, enabled=True, sharing=set
+    )
+    none = PrefixAffinity(
+        keys=Keys("q"), consumer="w1", capacity_tokens=0, enabled=True, sharing=set
+    )
+    for affinity in (kept, none):
+        for k in range(3):
+            affinity._hold(f"p{k}", 60)
+    assert kept._ops == {"p0": "-", "p1": "-", "p2": "+"}  # the last one fits; the others go
+    assert none._ops == {} and not none.untold

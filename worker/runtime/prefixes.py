@@ -103,9 +103,15 @@ class PrefixAffinity:
                 self._hold(self.scoped(o.tenant, o.continuation, o.stream), tokens)
 
     def _hold(self, key: str, tokens: int) -> None:
+        """Hold ``key`` (told '+': most recent first), and let go what it pushed out. A worker
+        that keeps nothing (a capacity of 0: the static engine, echo without its simulated
+        cache) tells nothing: it used to tell '+' for every prefix it ever ran and never '-',
+        so the fleet's holders hash grew a field per distinct prompt (15 MB at a 200,000-line
+        batch of echo workers)."""
         _, gone = self.holdings.hold(key, tokens)
-        self._ops[key] = "+"
-        self.untold = True
+        if key in self.holdings:
+            self._ops[key] = "+"
+            self.untold = True
         for k in gone:
             self._ops[k] = "-"
 
