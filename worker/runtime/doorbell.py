@@ -54,9 +54,10 @@ PASSED_BY, RELAYED = DOORBELL_BY.encode(), b"relayed"
 (``relay_own_rings``)."""
 
 
-def _loudest(rings: Sequence[Any]) -> int:
-    """The rank of the highest priority rings (id, fields) say they bring (0: none says)."""
-    return max((RANK.get(as_dict(fields).get(b"p", b""), 0) for _, fields in rings), default=0)
+def _loudest(reply: Sequence[Any]) -> int:
+    """The rank of the highest priority an XREAD reply's rings say they bring (0: none)."""
+    ranks = [RANK.get(as_dict(f).get(b"p", b""), 0) for _, found in reply for _, f in found]
+    return max(ranks, default=0)
 
 
 def wait_for_ring(r: Any, doorbells: Sequence[str], consumer: str, block_ms: int) -> list[Ring]:
@@ -172,16 +173,16 @@ class DoorbellListener:
                 continue
             if isinstance(reply, dict):  # RESP3
                 reply = list(reply.items())
-            heard, loudest = False, 0
+            heard = False
             for stream, found in reply or []:
                 if found:
                     last_id[as_text(stream)] = as_text(found[-1][0])
                     heard = True
-                    loudest = max(loudest, _loudest(found))
             on_ring, on_priority = self._on_ring, self._on_priority
             if heard and self._armed.is_set():
                 self._rung.set()
                 if on_ring is not None:
                     on_ring()
+                loudest = _loudest(reply) if on_priority is not None else 0
                 if on_priority is not None and loudest:
                     on_priority(PRIORITIES[loudest])

@@ -90,7 +90,7 @@ class Planner:
             decision = Decision(batch=[suspect.candidate], reason="suspect")
         else:
             waiting: Iterable[Held] = self.lookahead.waiting.values()
-            floor = self.runner.stopped_rank()  # (a batch that stopped for a higher one)
+            floor = self.runner.stopped_rank  # (a batch that stopped for a higher one)
             if floor:
                 waiting = [h for h in waiting if RANK[h.request.priority] > floor]
             if self.pool is not None:

@@ -177,7 +177,7 @@ class Reader:
         listening = reading and self.runner.limits_reads and self.asks.listens()
         busy_ms = self.runner.holds_loop_ms if reading and not listening else None
         beside = busy_ms is not None and SHORTEST_MS <= busy_ms < self.hand_back_after_ms
-        stoppable = reading and self.runner.stoppable()  # (a ring above the batch stops it)
+        stoppable = reading and self.runner.stoppable  # (a ring above the batch stops it)
         if listening or beside or stoppable or self.doorbell.armed:  # (else it stays unarmed)
             self.doorbell.arm(
                 listening or beside or stoppable,

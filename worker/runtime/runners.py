@@ -70,6 +70,13 @@ class Runner:
     ``preemptible_by``): the loop skips those steps for a runner that never preempts."""
     limits_reads = False
     """Whether ``read_limit`` can say anything but None (asked first: on every read's path)."""
+    stoppable = False
+    """Whether the batch ``collect`` runs next may stop for a higher priority (a static runner
+    with ``--preempt``: the doorbell's rings then go to ``outranked``)."""
+    stopped_rank = 0
+    """The highest priority rank of the batches that stopped for a higher one and wait to run
+    again (a static runner): the planner starts only what outranks them until they have run;
+    0: none."""
     holds_loop_ms: float | None = None
     """How long the batch just started should keep the loop busy, expected (a runner whose loop
     is busy while a batch runs: ``hands_back``; set by ``start``); None: nothing running, not
@@ -98,19 +105,8 @@ class Runner:
         (0: this runner does not preempt)."""
         return 0
 
-    def stoppable(self) -> bool:
-        """Whether the batch ``collect`` runs next may stop for a higher priority (a static
-        runner with ``--preempt``: the doorbell's rings then go to ``outranked``)."""
-        return False
-
     def outranked(self, priority: str) -> None:
         """A ring brought a request of ``priority`` (called in the doorbell's thread)."""
-
-    def stopped_rank(self) -> int:
-        """The highest priority rank of the batches that stopped for a higher one and wait to
-        run again (a static runner with ``--preempt``): the planner starts only what outranks
-        them until they have run; 0: none."""
-        return 0
 
     def preempting(self, waiting: Sequence[str]) -> int:
         """How many more a read may bring, beyond the free places, to take running requests'

@@ -6,6 +6,7 @@ waits, still held, and runs again from its prompts once what outranks it has run
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -23,6 +24,17 @@ from genq.worker.runtime.outcomes import Outcome
 from genq.worker.runtime.runners import FIRST_BATCH_GUESS_MS, Runner, RunnerContext, towards
 
 log = logging.getLogger("genq.worker")
+
+STOP_WORTH_MS = 100.0
+"""A batch expected to end sooner than this is not stopped for a higher priority (the high
+request waits for it at most this long, and listening to the doorbell for it costs a read)."""
+
+
+def _takes_stop(engine: Engine) -> bool:
+    """Whether ``engine.generate`` takes a ``stop`` event (``StoppableEngine``)."""
+    if not getattr(engine, "stoppable", False):
+        return False
+    return "stop" in inspect.signature(engine.generate).parameters
 
 
 class StaticRunner(Runner):
@@ -46,14 +58,14 @@ class StaticRunner(Runner):
         self.engine = engine
         self.budget = budget
         self._started_ms = 0
-        self.stops = preempt and bool(getattr(engine, "stoppable", False))
+        self.stops = preempt and _takes_stop(engine)
         """Whether a batch stops between two decode steps for a request that outranks it
         (``--preempt`` and a stoppable engine: ``StoppableEngine``). A submission's doorbell
         ring says the highest priority it brings (``outranked``); the stopped batch waits,
         still held, and runs again from its prompts once what outranks it has run."""
-        self._batches: list[list[Held]] = []
-        """The batches started and not run to their end: the one started this turn, and those
-        that stopped (the earliest first)."""
+        self._batches: list[tuple[int, list[Held]]] = []
+        """The batches started and not run to their end, with their priority rank: the one
+        started this turn, and those that stopped (the earliest first)."""
         self._stop = threading.Event()
         self._rank = preemption.RANK["high"]  # the running batch's (none: nothing outranks it)
         self._heard = 0  # the highest rank a ring brought since the last batch ran
@@ -68,14 +80,18 @@ class StaticRunner(Runner):
         ``max_new_tokens``; ``FIRST_BATCH_GUESS_MS`` before any batch was measured (unless the
         engine knows its time per step)."""
         self.running.update((h.key, h) for h in batch)
-        if batch:
-            self._batches.append(list(batch))
+        rank, ranks = 0, preemption.RANK
         for h in batch:  # (its outcomes' start, should it stop and wait)
             h.started_ms = started_ms
+            rank = max(rank, ranks[h.request.priority])
+        if batch:
+            self._batches.append((rank, list(batch)))
         self._started_ms = started_ms
         per_step = self._ms_per_step  # (``expected_ms``, inlined: on every batch's path)
         steps = max((h.request.max_new_tokens for h in batch), default=0)
         self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
+        if self.stops and rank < ranks["high"] and self.holds_loop_ms >= STOP_WORTH_MS:
+            self.stoppable = True  # (one shorter ends before a stop would help)
         return []
 
     def expected_ms(self, batch: Sequence[Held]) -> float | None:
@@ -89,13 +105,6 @@ class StaticRunner(Runner):
         """Nothing between turns: a batch runs within its turn (one that stopped waits apart)."""
         return []
 
-    def stopped_rank(self) -> int:
-        ranks = preemption.RANK  # (between turns every batch held has stopped)
-        return max((max(ranks[h.request.priority] for h in b) for b in self._batches), default=0)
-
-    def stoppable(self) -> bool:
-        return self.stops and bool(self._batches) and self._next_rank() < preemption.RANK["high"]
-
     def outranked(self, priority: str) -> None:
         """The running batch stops at its next step if ``priority`` outranks it (one not
         started yet, once it starts)."""
@@ -104,19 +113,16 @@ class StaticRunner(Runner):
         if rank > self._rank:
             self._stop.set()
 
-    def _next_rank(self) -> int:
-        ranks = preemption.RANK
-        return max(max(ranks[h.request.priority] for h in b) for b in self._batches if b)
-
     def collect(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[Outcome]:
         """Run one batch to the end: the highest priority of those held, the earliest first
         (the one started this turn, unless one that stopped outranks it or is its like)."""
         if not self._batches:
             return []
-        top = self._next_rank()
-        ranks = preemption.RANK
-        batch = next(b for b in self._batches if max(ranks[h.request.priority] for h in b) == top)
-        self._batches.remove(batch)
+        at = 0
+        for k in range(1, len(self._batches)):
+            if self._batches[k][0] > self._batches[at][0]:
+                at = k
+        top, batch = self._batches.pop(at)
         self._started_ms = batch[0].started_ms or self._started_ms
         if self._heard > top:  # (a ring heard before it started)
             self._stop.set()
@@ -124,35 +130,52 @@ class StaticRunner(Runner):
         try:
             return self._generate(batch)
         finally:
-            self._rank, self._heard = ranks["high"], 0
+            self._rank, self._heard = preemption.RANK["high"], 0
             self._stop.clear()
-            held = {h.key for b in self._batches for h in b}
+            kept: set[str] = set()  # (those that stopped wait, still running)
+            for _, b in self._batches:
+                for h in b:
+                    kept.add(h.key)
             for h in batch:
-                if h.key not in held:
+                if h.key not in kept:
                     self.running.pop(h.key, None)
                     self._streams.pop(h.key, None)
+            if self._batches or self.stoppable:  # (else nothing changed)
+                self._held_changed()
             self.holds_loop_ms = None
+
+    def _held_changed(self) -> None:
+        """``stopped_rank`` and ``stoppable`` from the batches that stopped and wait."""
+        top = 0
+        for rank, _ in self._batches:
+            top = max(top, rank)
+        self.stopped_rank = top
+        self.stoppable = bool(self._batches) and top < preemption.RANK["high"]
 
     def cancel(self, held: Held) -> None:
         """Drop ``held`` from the batch that stopped and waits (its state became final)."""
         self._streams.pop(held.key, None)
-        for b in self._batches:
+        for _, b in self._batches:
             if held in b:
                 b.remove(held)
-        self._batches = [b for b in self._batches if b]
+        self._batches = [(r, b) for r, b in self._batches if b]
+        self._held_changed()
 
     def _generate(self, batch: list[Held]) -> list[Outcome]:
         if not batch:
             return []
         t0 = time.perf_counter()
-        rows = [self._input(h) for h in batch]
+        rows = [self.generation_input(h) for h in batch]
+        if self.stops:
+            pairs = zip(batch, rows, strict=True)
+            rows = [self._replayed(h, row) if row.on_text else row for h, row in pairs]
         try:
             if self.stops:
                 report = cast(StoppableEngine, self.engine).generate(rows, stop=self._stop)
             else:
                 report = self.engine.generate(rows)
         except StoppedEarly:  # it runs again, from its prompts, after what outranks it
-            self._batches.insert(0, batch)
+            self._batches.insert(0, (self._rank, batch))
             self.counters.preempted += len(batch)
             log.debug("a batch of %d yields to a higher priority", len(batch))
             return []
@@ -179,12 +202,10 @@ class StaticRunner(Runner):
             for h, out in zip(batch, report.outputs, strict=True)
         ]
 
-    def _input(self, held: Held) -> GenerationInput:
-        """``generation_input``; a streaming request's text sent through its ``Replayed``
-        where a batch may stop (a run again sends nothing twice)."""
-        row = self.generation_input(held)
-        if row.on_text is None or not self.stops:
-            return row
+    def _replayed(self, held: Held, row: GenerationInput) -> GenerationInput:
+        """A streaming ``row`` whose text goes through its ``Replayed``, where a batch may
+        stop (a run again sends nothing twice)."""
+        assert row.on_text is not None
         stream = self._streams.get(held.key)
         if stream is None:
             stream = self._streams[held.key] = Replayed(row.on_text)
