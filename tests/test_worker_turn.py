@@ -292,7 +292,7 @@ def test_a_submissions_ring_says_the_highest_priority_it_brings(r: redis.Redis, 
 def test_a_stream_run_again_sends_only_what_the_runs_before_it_did_not() -> None:
     """A static batch that stopped runs again from its prompts: the same text again, so its
     streams send only what is new, and the first (empty) piece once."""
-    from genq.worker.runtime.static_runner import Replayed
+    from genq.worker.engines.base import Replayed
 
     sent: list[str] = []
     stream = Replayed(sent.append)

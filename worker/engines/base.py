@@ -390,6 +390,31 @@ class TextStreamer:
         self.row.on_text(delta)
 
 
+class Replayed:
+    """A streaming request's text over the runs of a batch that stopped and ran again from
+    its prompts: each run generates the same text (greedy or seeded), so a run sends only what
+    is past what the runs before it sent, and the first (empty) piece once."""
+
+    def __init__(self, send: Callable[[str], None]) -> None:
+        self.send = send
+        self.sent = 0  # characters sent, by all runs
+        self.seen = 0  # characters this run has produced
+        self.opened = False
+
+    def restart(self) -> None:
+        """A run begins (from the prompt)."""
+        self.seen = 0
+
+    def __call__(self, delta: str) -> None:
+        start, self.seen = self.seen, self.seen + len(delta)
+        if self.seen > self.sent:
+            self.send(delta[max(0, self.sent - start) :])
+            self.sent = self.seen
+        elif not delta and not self.opened:
+            self.send(delta)
+        self.opened = True
+
+
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """Cut ``text`` before the earliest occurrence of any stop string; say whether one matched."""
     cut = len(text)

@@ -213,15 +213,16 @@ class ContinuousEngine:
 
     def submit(self, key: str, row: GenerationInput) -> None:
         """Start generating ``row``; its output comes back from ``poll`` under ``key``."""
-        if row.on_text is not None and key not in self._streamers:  # a resumed one keeps its own
-            self._streamers[key] = TextStreamer(self._static._decode, self.eos_token_ids, row)
         groups = self._groups
         if runs_apart(row):
             groups.add(key, row)  # runs in a static group once the manager is idle
-        elif groups.running is not None or groups.ahead_of(row):
-            self._deferred[key] = row
         else:
-            self._add(key, row)
+            if row.on_text is not None and key not in self._streamers:  # (a resumed one's stays)
+                self._streamers[key] = TextStreamer(self._static._decode, self.eos_token_ids, row)
+            if groups.running is not None or groups.ahead_of(row):
+                self._deferred[key] = row
+            else:
+                self._add(key, row)
         if self.preempt:  # it does not wait for a lower group to end
             groups.outranked_by(row)
 
@@ -250,9 +251,7 @@ class ContinuousEngine:
 
     def cancel(self, key: str) -> None:
         """Stop generating ``key`` (running or paused) and free its place in the batch."""
-        if key in self._groups.waiting:
-            self._groups.take(key)
-        self._groups.grouped.pop(key, None)  # (its group runs on for the others)
+        self._groups.drop(key)
         self._deferred.pop(key, None)
         self._paused.pop(key, None)
         self._streamers.pop(key, None)
@@ -305,14 +304,12 @@ class ContinuousEngine:
             if not groups.running.wait(timeout_s):
                 return done
             done = list(groups.end(self._paused))
-            for ended, _ in done:
-                self._streamers.pop(ended, None)
         for waited_key, waited in list(self._deferred.items()):
             if not groups.ahead_of(waited):
                 del self._deferred[waited_key]
                 self._add(waited_key, waited)
         if groups.waiting and not self._rows:
-            groups.start(self._streamers)
+            groups.start()
             return done
         if self._manager is None or not self._rows:
             return done

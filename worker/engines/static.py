@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from genq.common.formats import ResponseFormat
@@ -101,19 +101,14 @@ class StaticEngine:
         return self.grammars.constraint(fmt)
 
     def generate(
-        self,
-        batch: Sequence[GenerationInput],
-        *,
-        stop: threading.Event | None = None,
-        streamers: Mapping[int, TextStreamer] | None = None,
+        self, batch: Sequence[GenerationInput], *, stop: threading.Event | None = None
     ) -> BatchReport:
         """Run the batch in one ``generate`` call (a row with ``n`` > 1 as n rows; rows of more
         adapters than fit at once, in parts: ``Adapters.parts_of``). With ``stop``: once it is
         set, the batch ends at the next decode step boundary and ``StoppedEarly`` is raised
-        (what it generated is dropped: run again, a greedy or seeded row generates the same).
-        ``streamers``: a streaming row's own streamer, by ``id(row)``, where a run before this
-        one already sent some of its text (it sends nothing twice)."""
-        run = functools.partial(self._generate_rows, stop=stop, streamers=streamers)
+        (what it generated is dropped: run again, a greedy or seeded row generates the same;
+        a stream sends nothing twice through a ``Replayed``)."""
+        run = functools.partial(self._generate_rows, stop=stop)
         if self.adapters is not None:
             before = self.adapters.loads
             report = in_parts(run, batch, self.adapters)
@@ -121,22 +116,16 @@ class StaticEngine:
         return run(batch)
 
     def _generate_rows(
-        self,
-        batch: Sequence[GenerationInput],
-        stop: threading.Event | None,
-        streamers: Mapping[int, TextStreamer] | None,
+        self, batch: Sequence[GenerationInput], stop: threading.Event | None
     ) -> BatchReport:
         if all(r.n == 1 for r in batch):
-            return self._generate(batch, stop, streamers or {})
-        rows, counts = expand_choices(batch)  # (a row of n > 1 never streams)
-        report = self._generate(rows, stop, {})
+            return self._generate(batch, stop)
+        rows, counts = expand_choices(batch)
+        report = self._generate(rows, stop)
         return dataclasses.replace(report, outputs=gather_choices(report.outputs, counts))
 
     def _generate(
-        self,
-        batch: Sequence[GenerationInput],
-        stop: threading.Event | None,
-        streamers: Mapping[int, TextStreamer],
+        self, batch: Sequence[GenerationInput], stop: threading.Event | None
     ) -> BatchReport:
         torch = _torch()
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -151,7 +140,7 @@ class StaticEngine:
             attention_mask[i, width - n :] = 1
         limits = _RowLimits(batch, width, self.tokenizer, stop)
         limits.streamers = {
-            i: streamers.get(id(r)) or TextStreamer(self._decode, self.eos_token_ids, r)
+            i: TextStreamer(self._decode, self.eos_token_ids, r)
             for i, r in enumerate(batch)
             if r.on_text is not None
         }

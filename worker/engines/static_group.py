@@ -5,7 +5,7 @@ steps (``stop``), so that a higher-priority request does not wait for it to end.
 
 A stopped group's rows are run again from their prompts: each sampled row carries a seed fixed
 when it was submitted (``seeded``), so the run again generates the same text, and a streaming
-row keeps its streamer, so it sends nothing twice."""
+row's text goes through a ``Replayed``, so it sends nothing twice."""
 
 from __future__ import annotations
 
@@ -17,19 +17,26 @@ from dataclasses import replace
 from genq.worker.engines.base import (
     GenerationInput,
     GenerationOutput,
+    Replayed,
     StoppedEarly,
-    TextStreamer,
 )
 from genq.worker.engines.static import StaticEngine
 from genq.worker.policy.preemption import RANK
 
 
 def seeded(row: GenerationInput) -> GenerationInput:
-    """``row`` with a seed of its own if it samples without one: drawn once, so that a run
-    again after a stop draws the same tokens (the seed the request gave, else a random one)."""
-    if row.temperature <= 0 or row.seed is not None:
+    """``row`` as it waits for a group: with a seed of its own if it samples without one
+    (drawn once, so that a run again after a stop draws the same tokens), and its stream
+    through a ``Replayed`` (a run again sends nothing twice)."""
+    seed = row.seed
+    if row.temperature > 0 and seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    on_text = row.on_text
+    if on_text is not None and not isinstance(on_text, Replayed):
+        on_text = Replayed(on_text)
+    if seed == row.seed and on_text is row.on_text:
         return row
-    return replace(row, seed=int.from_bytes(os.urandom(8), "little") >> 1)
+    return replace(row, seed=seed, on_text=on_text)
 
 
 class StaticGroup:
@@ -41,7 +48,6 @@ class StaticGroup:
         engine: StaticEngine,
         keys: Sequence[str],
         rows: Sequence[GenerationInput],
-        streamers: dict[str, TextStreamer],
     ) -> None:
         self.keys = list(keys)
         self.rows = list(rows)
@@ -52,15 +58,17 @@ class StaticGroup:
         """Why ``generate`` failed (reported per request, as the manager reports its errors)."""
         self._stop = threading.Event()
         self._done = threading.Event()
-        by_row = {id(r): streamers[k] for k, r in zip(keys, rows, strict=True) if k in streamers}
+        for r in self.rows:
+            if isinstance(r.on_text, Replayed):
+                r.on_text.restart()  # (from its prompt: what it sent before is not sent again)
         self._thread = threading.Thread(
-            target=self._run, args=(engine, by_row), name="genq-static-group", daemon=True
+            target=self._run, args=(engine,), name="genq-static-group", daemon=True
         )
         self._thread.start()
 
-    def _run(self, engine: StaticEngine, streamers: dict[int, TextStreamer]) -> None:
+    def _run(self, engine: StaticEngine) -> None:
         try:
-            self.outputs = engine.generate(self.rows, stop=self._stop, streamers=streamers).outputs
+            self.outputs = engine.generate(self.rows, stop=self._stop).outputs
         except StoppedEarly:
             pass
         except Exception as err:  # reported per request, as the manager reports its errors
@@ -120,6 +128,11 @@ class StaticGroups:
         if group is not None and not group.stopping and RANK[row.priority] > group.rank:
             group.stop()
 
+    def drop(self, key: str) -> None:
+        """Forget ``key`` (cancelled): a running group runs on for its other rows."""
+        self.waiting.pop(key, None)
+        self.grouped.pop(key, None)
+
     def take(self, key: str) -> GenerationInput | None:
         """Take ``key`` out (paused or cancelled): waiting, or a row of the running group, which
         then stops (its other rows run again); None where it is neither."""
@@ -129,12 +142,12 @@ class StaticGroups:
             self.running.stop()
         return row
 
-    def start(self, streamers: dict[str, TextStreamer]) -> None:
+    def start(self) -> None:
         """Run the waiting rows of the highest priority among them as one group."""
         top = max(RANK[r.priority] for r in self.waiting.values())
         keys = [k for k, r in self.waiting.items() if RANK[r.priority] == top]
         self.grouped = {k: self.waiting.pop(k) for k in keys}
-        self.running = StaticGroup(self.engine, keys, list(self.grouped.values()), streamers)
+        self.running = StaticGroup(self.engine, keys, list(self.grouped.values()))
 
     def end(self, paused: dict[str, GenerationInput]) -> list[tuple[str, Result]]:
         """The ended group's results (a row ``paused`` after its group completed ends too, and

@@ -31,6 +31,7 @@ from genq.common.connection import MAX_BLOCK_MS, REDIS_ERRORS, blocking_call, is
 from genq.common.fair_share import DOORBELL_BY, DOORBELL_MAX
 from genq.common.keys import GROUP
 from genq.common.wire import as_dict, as_text
+from genq.worker.policy import preemption
 from genq.worker.runtime.signals import interruptible, longest_block_ms
 
 log = logging.getLogger("genq.worker")
@@ -41,9 +42,9 @@ AWAY_PAUSE_S = 1.0
 """How long the listener waits after a Redis error (the loop's own retry reports Redis away)."""
 
 
-RANK = {b"high": 3, b"normal": 2, b"low": 1}
+RANK = {p.encode(): rank for p, rank in preemption.RANK.items()}
 """A ring's ``p`` (the highest priority it brings) as a rank."""
-PRIORITIES = {3: "high", 2: "normal", 1: "low"}
+PRIORITIES = {rank: p for p, rank in preemption.RANK.items()}
 
 Ring = tuple[str, Any, dict[bytes, bytes]]
 """A ring heard: its doorbell, its id (to acknowledge) and its fields."""

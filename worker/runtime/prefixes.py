@@ -105,9 +105,8 @@ class PrefixAffinity:
     def _hold(self, key: str, tokens: int) -> None:
         """Hold ``key`` (told '+': most recent first), and let go what it pushed out. A worker
         that keeps nothing (a capacity of 0: the static engine, echo without its simulated
-        cache) tells nothing: it used to tell '+' for every prefix it ever ran and never '-',
-        so the fleet's holders hash grew a field per distinct prompt (15 MB at a 200,000-line
-        batch of echo workers)."""
+        cache) tells nothing: it would never tell '-', and the fleet's holders hash would grow
+        a field per distinct prompt it ran (15 MB at a 200,000-line batch of echo workers)."""
         _, gone = self.holdings.hold(key, tokens)
         if key in self.holdings:
             self._ops[key] = "+"

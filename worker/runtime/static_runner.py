@@ -15,7 +15,13 @@ from dataclasses import replace
 from typing import cast
 
 from genq.common.errors import GenerationError
-from genq.worker.engines.base import Engine, GenerationInput, StoppableEngine, StoppedEarly
+from genq.worker.engines.base import (
+    Engine,
+    GenerationInput,
+    Replayed,
+    StoppableEngine,
+    StoppedEarly,
+)
 from genq.worker.policy import preemption
 from genq.worker.policy.budget import AdaptiveBudget
 from genq.worker.policy.lookahead import Held
@@ -239,31 +245,6 @@ class StaticRunner(Runner):
         half = len(batch) // 2
         log.warning("batch of %d failed (%s); splitting it in two", len(batch), type(err).__name__)
         return self._generate(batch[:half]) + self._generate(batch[half:])
-
-
-class Replayed:
-    """A streaming request's text over the runs of a batch that stopped and ran again from
-    its prompts: each run generates the same text (greedy or seeded), so a run sends only what
-    is past what the runs before it sent, and the first (empty) piece once."""
-
-    def __init__(self, send: Callable[[str], None]) -> None:
-        self.send = send
-        self.sent = 0  # characters sent, by all runs
-        self.seen = 0  # characters this run has produced
-        self.opened = False
-
-    def restart(self) -> None:
-        """A run begins (from the prompt)."""
-        self.seen = 0
-
-    def __call__(self, delta: str) -> None:
-        start, self.seen = self.seen, self.seen + len(delta)
-        if self.seen > self.sent:
-            self.send(delta[max(0, self.sent - start) :])
-            self.sent = self.seen
-        elif not delta and not self.opened:
-            self.send(delta)
-        self.opened = True
 
 
 def is_out_of_memory(err: BaseException) -> bool:
