@@ -9,6 +9,7 @@ module             what it holds
 ``models``         ``Request`` / ``Result`` (pydantic, strict), the wire limits, priorities
 ``formats``        ``ResponseFormat``: shapes, sizes, JSON Schema validity, the cache key
 ``tools``          tools and ``tool_choice``: shapes, the forcing format, reading calls
+``embeddings``     embedding requests' limits and inputs, and a vector's one encoding
 ``states``         the result document's one owner: every state written at a result key
 ``keys``           every Redis key, with the key table
 ``wire``           stream entries and requests, events

@@ -119,6 +119,17 @@ class RequestNotFound(GenqError, KeyError):
         return str(self.args[0]) if self.args else self.code
 
 
+class RequestFailed(GenqError):
+    """A request waited for by a call that returns what it made (``Client.embed``) ended
+    without it: failed, expired or cancelled. ``result`` is its final state."""
+
+    code = "request_failed"
+
+    def __init__(self, message: str, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 class ResultTimeout(GenqError, TimeoutError):
     """The request did not reach a final state within the time the caller gave."""
 

@@ -11,6 +11,16 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
+from genq.common.embeddings import (
+    DEFAULT_TRUNCATE,
+    MAX_DIMENSIONS,
+    MAX_EMBED_CHARS,
+    MAX_EMBED_INPUTS,
+    EmbedInput,
+    Truncate,
+    input_chars,
+    unpack,
+)
 from genq.common.formats import ResponseFormat
 from genq.common.prefixes import MAX_PROMPT_CACHE_KEY_CHARS
 from genq.common.tools import (
@@ -186,8 +196,24 @@ class RequestBody(_Strict):
     )
     """A chat to continue: the worker renders it with the model's chat template (or, for a
     model without one, as ``role: content`` lines ending with ``assistant:``)."""
-    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] = DEFAULT_MAX_NEW_TOKENS
-    """Generate at most this many tokens; generation also ends at eos or a stop string."""
+    input: Annotated[list[EmbedInput], Field(min_length=1, max_length=MAX_EMBED_INPUTS)] | None = (
+        None
+    )
+    """An embedding request's inputs (texts or token ids, ``common/embeddings.py``): the result
+    holds one vector per input, in order (``Result.embeddings``). Only an embedding model's
+    workers serve it; none of the generation fields apply (``max_new_tokens`` is 0)."""
+    truncate: Truncate = DEFAULT_TRUNCATE
+    """Embeddings: an input over the model's tokens loses them from the ``end`` or ``start``,
+    or (``none``) the request fails naming it."""
+    dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSIONS)] | None = None
+    """Embeddings: the vectors' size; a model that cannot shorten its vectors refuses any other
+    than its own."""
+    normalize: bool | None = None
+    """Embeddings: scale each vector to length 1 (None: as the model does, its
+    ``Normalize`` module)."""
+    max_new_tokens: Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS)] = DEFAULT_MAX_NEW_TOKENS
+    """Generate at most this many tokens; generation also ends at eos or a stop string. At
+    least 1 for a generation (an embedding's is 0: what its charge reads)."""
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
     """0 means greedy decoding (the default); above 0 samples from the softened distribution."""
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
@@ -275,7 +301,13 @@ class RequestBody(_Strict):
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> RequestBody:
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' and 'messages'")
+            if self.input is not None and self.prompt is None:
+                return self._embedding()
+            raise ValueError("give exactly one of 'prompt', 'messages' and 'input'")
+        if self.input is not None:
+            raise ValueError("give exactly one of 'prompt', 'messages' and 'input'")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
         if (
             self.messages is None
             and self.n == 1
@@ -302,6 +334,16 @@ class RequestBody(_Strict):
                 f"messages hold more than {MAX_PROMPT_CHARS} characters in all (content, tool "
                 "calls' ids, names and arguments)"
             )
+        return self
+
+    def _embedding(self) -> RequestBody:
+        """An embedding request's rules: its inputs in bounds, and no generation field."""
+        if self.input is not None and input_chars(self.input) > MAX_EMBED_CHARS:
+            raise ValueError(f"input holds more than {MAX_EMBED_CHARS} characters in all")
+        if self.stream or self.tools or self.response_format is not None:
+            raise ValueError("an embedding request takes no stream, tools or response_format")
+        if self.n != 1 or self.logprobs:
+            raise ValueError("an embedding request takes no n or logprobs")
         return self
 
 
@@ -383,6 +425,9 @@ class Result(_Strict):
     """The tenant the request belongs to (``default`` when it named none)."""
     text: str | None = None
     """The generated text (without the prompt and without a matched stop string)."""
+    embeddings: list[str] | None = None
+    """An embedding request's vectors, one per input in order, each packed (float32
+    little-endian bytes in base64: ``common/embeddings.py``; ``vectors()`` unpacks them)."""
     finish_reason: FinishReason | None = None
     """``stop``: eos or a stop string; ``length``: reached max_new_tokens."""
     logprobs: list[TokenLogprob] | None = None
@@ -409,6 +454,10 @@ class Result(_Strict):
     entry: str | None = None
     """``queued`` states only: the work entry that owns the id (``PRIORITY/ENTRY_ID``); a
     second entry with the same id is a duplicate."""
+
+    def vectors(self) -> list[list[float]]:
+        """The embeddings as floats (empty for a result that has none)."""
+        return [unpack(e) for e in self.embeddings or ()]
 
     @property
     def is_final(self) -> bool:

@@ -18,12 +18,21 @@ from genq.common.connection import (
     is_cluster,
     refresh_cluster_view_async,
 )
-from genq.common.errors import RequestNotFound, ResultTimeout
+from genq.common.embeddings import MAX_EMBED_INPUTS
+from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import Request, Result
 from genq.common.scripts import APPLY, SUBMIT
 from genq.common.settings import DEFAULT_QUEUE, DEFAULT_RESULT_TTL_S
-from genq.producer.building import Prepared, build_request, prepare, prepare_many
+from genq.producer.building import (
+    Embeddings,
+    Prepared,
+    build_embedding,
+    build_request,
+    embeddings_of,
+    prepare,
+    prepare_many,
+)
 from genq.producer.submitting import (
     cancel_call,
     cancel_outcome,
@@ -198,6 +207,43 @@ class AsyncClient:
     ) -> Result:
         """Submit and wait: ``result(submit(prompt, **options), timeout)``."""
         return await self.result(await self.submit(prompt, **options), timeout=timeout)
+
+    async def embed(
+        self,
+        inputs: str | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        model: str | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Embeddings:
+        """Embed ``inputs`` (a text, texts or token id lists, at most 2,048) as one request and
+        wait: one vector per input, in order (``Embeddings``). ``options`` are
+        ``build_embedding``'s (truncate, dimensions, normalize, priority, tenant,
+        deadline_in_s, metadata, request_id). Raises InvalidRequest before touching Redis,
+        RequestFailed if it ends without vectors, ResultTimeout."""
+        request = build_embedding(inputs, model=model, **options)
+        ids = await self.submit_requests([request])
+        return embeddings_of((await self.results(ids, timeout=timeout))[0])
+
+    async def embed_many(
+        self,
+        inputs: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        model: str | None = None,
+        per_request: int = 64,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> list[list[float]]:
+        """Embed any number of inputs as requests of ``per_request`` inputs each, sent in one
+        round trip (so workers share them out) and waited for together: one vector per input,
+        in order. All are validated before any is sent."""
+        if not 1 <= per_request <= MAX_EMBED_INPUTS:
+            raise InvalidRequest(f"per_request must be 1-{MAX_EMBED_INPUTS}")
+        parts = [inputs[i : i + per_request] for i in range(0, len(inputs), per_request)]
+        requests = [build_embedding(p, model=model, **options) for p in parts]
+        ids = await self.submit_requests(requests)
+        results = await self.results(ids, timeout=timeout)
+        return [v for r in results for v in embeddings_of(r).vectors]
 
     async def stream(
         self, request_id: str, timeout: float | None = None

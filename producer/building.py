@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 import orjson
 from genq.common import states
-from genq.common.errors import InvalidRequest
+from genq.common.embeddings import DEFAULT_TRUNCATE
+from genq.common.errors import InvalidRequest, RequestFailed
 from genq.common.formats import response_format_from
 from genq.common.models import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -23,6 +24,7 @@ from genq.common.models import (
     MAX_PROMPT_CHARS,
     Priority,
     Request,
+    Result,
     model_problem,
     new_request_id,
     tenant_problem,
@@ -112,6 +114,65 @@ def build_request(
         return _keyed(Request.model_validate(fields))
     except ValidationError as err:
         raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
+
+
+def build_embedding(
+    inputs: str | Sequence[str] | Sequence[Sequence[int]],
+    *,
+    model: str | None = None,
+    truncate: str = DEFAULT_TRUNCATE,
+    dimensions: int | None = None,
+    normalize: bool | None = None,
+    priority: str = DEFAULT_PRIORITY,
+    tenant: str = DEFAULT_TENANT,
+    deadline_in_s: float | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> Request:
+    """Validate an embedding request (``genq.common.embeddings``): ``inputs`` a text, texts or
+    token id lists (at most 2,048); ``truncate`` ``end``, ``start`` or ``none``; the vectors
+    come back one per input, in order. Raise InvalidRequest saying what is wrong."""
+    problem = tenant_problem(tenant) or (None if model is None else model_problem(model))
+    if problem is not None:
+        raise InvalidRequest(problem)
+    fields: dict[str, Any] = {
+        "id": request_id if request_id is not None else new_request_id(),
+        "input": [inputs] if isinstance(inputs, str) else _dicts(inputs),
+        "max_new_tokens": 0,
+        "truncate": truncate,
+        "dimensions": dimensions,
+        "normalize": normalize,
+        "priority": priority,
+        "tenant": tenant,
+        "deadline_in_ms": _deadline_ms(deadline_in_s),
+        "metadata": dict(metadata) if isinstance(metadata, Mapping) else (metadata or {}),
+        "model": model,
+    }
+    if isinstance(fields["input"], list):
+        fields["input"] = [list(i) if isinstance(i, tuple) else i for i in fields["input"]]
+    try:
+        return Request.model_validate(fields)
+    except ValidationError as err:
+        raise InvalidRequest(f"invalid request: {describe_validation_error(err)}") from None
+
+
+class Embeddings(NamedTuple):
+    """What ``Client.embed`` returns: one vector per input, in order, and what it cost."""
+
+    vectors: list[list[float]]
+    prompt_tokens: int
+    """The inputs' tokens, in the model's tokenizer (after truncation)."""
+    model: str | None
+    result: Result
+    """The request's final state (its packed ``embeddings``, timings, worker)."""
+
+
+def embeddings_of(result: Result) -> Embeddings:
+    """The vectors of a final state; RequestFailed for one that has none."""
+    if result.status != "succeeded" or result.embeddings is None:
+        why = result.error.message if result.error else "it made no vectors"
+        raise RequestFailed(f"embedding request {result.id} {result.status}: {why}", result)
+    return Embeddings(result.vectors(), result.usage.prompt_tokens, result.model, result)
 
 
 def _dicts(items: Any) -> Any:

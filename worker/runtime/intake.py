@@ -161,7 +161,19 @@ class Intake:
         self, engine: Engine, limits: Limits, runnable: list[Runnable], out: Admitted
     ) -> None:
         """Cost each runnable request in the engine's tokenizer (one call for all), then check
-        it against the limits. A chat the model's template cannot render fails alone."""
+        it against the limits. A chat the model's template cannot render fails alone; a request
+        of the other kind than the model's (an embedding for a generating model, a prompt for
+        an embedding model) fails too, and embedding requests go to ``_embed_with``."""
+        embeds = getattr(engine, "embeds", False)
+        if embeds or [1 for item in runnable if item[2].input is not None]:
+            kept = [item for item in runnable if (item[2].input is not None) == embeds]
+            for stream, entry_id, request, charged, _ in runnable:
+                if (request.input is not None) != embeds:
+                    self._fail(out, stream, entry_id, request, charged, _kind_error(embeds))
+            if embeds:
+                self._embed_with(engine, kept, out)
+                return
+            runnable = kept
         texts = []
         for item in list(runnable):
             stream, entry_id, request, charged, _ = item
@@ -173,16 +185,7 @@ class Intake:
                     f"the model's chat template cannot render these messages: "
                     f"{type(err).__name__}: {err}"
                 )
-                out.outcomes.append(
-                    self.outcomes.failed(
-                        stream=stream,
-                        entry_id=entry_id,
-                        request_id=request.id,
-                        error=error,
-                        request=request,
-                        charge=charged,
-                    )
-                )
+                self._fail(out, stream, entry_id, request, charged, error)
         for (stream, entry_id, request, charged, enqueued_ms), ids in zip(
             runnable, engine.tokenize(texts), strict=True
         ):
@@ -197,16 +200,7 @@ class Intake:
                 except GenqError as err:
                     verdict = Verdict(action=Action.FAIL, error=err)
             if verdict.action is Action.FAIL and verdict.error is not None:
-                out.outcomes.append(
-                    self.outcomes.failed(
-                        stream=stream,
-                        entry_id=entry_id,
-                        request_id=request.id,
-                        error=verdict.error,
-                        request=request,
-                        charge=charged,
-                    )
-                )
+                self._fail(out, stream, entry_id, request, charged, verdict.error)
                 continue
             out.held.append(
                 Held(
@@ -219,6 +213,72 @@ class Intake:
                     charge=charged,
                 )
             )
+
+    def _embed_with(self, engine: Any, runnable: list[Runnable], out: Admitted) -> None:
+        """Tokenize every text input of these embedding requests in one call, fit each input to
+        the model (``truncate``) and hold the request with its inputs; one that asks for what
+        the model cannot give (other dimensions, an input over it with ``truncate: none``,
+        token ids outside its vocabulary) fails alone."""
+        texts = [i for item in runnable for i in item[2].input or () if isinstance(i, str)]
+        tokenized = iter(engine.tokenize(texts))
+        vocab = len(engine.tokenizer)
+        for stream, entry_id, request, charged, enqueued_ms in runnable:
+            raw = [next(tokenized) if isinstance(i, str) else i for i in request.input or ()]
+            try:
+                if request.dimensions not in (None, engine.dimension):
+                    raise InvalidRequest(
+                        f"this model's vectors have {engine.dimension} dimensions and it cannot "
+                        f"make {request.dimensions}: leave out dimensions"
+                    )
+                for n, ids in enumerate(raw):
+                    if any(t >= vocab for t in ids):
+                        raise InvalidRequest(f"input {n} has token ids outside the vocabulary")
+                inputs = [engine.fit(ids, request.truncate, n) for n, ids in enumerate(raw)]
+            except InvalidRequest as err:
+                self._fail(out, stream, entry_id, request, charged, err)
+                continue
+            flat = [t for ids in inputs for t in ids]
+            out.held.append(
+                Held(
+                    stream=stream,
+                    entry_id=entry_id,
+                    request=request,
+                    prompt_ids=flat,
+                    enqueued_ms=enqueued_ms,
+                    inputs=inputs,
+                    charge=charged,
+                )
+            )
+
+    def _fail(
+        self,
+        out: Admitted,
+        stream: str,
+        entry_id: str,
+        request: Request,
+        charged: tuple[int, int],
+        error: GenqError,
+    ) -> None:
+        out.outcomes.append(
+            self.outcomes.failed(
+                stream=stream,
+                entry_id=entry_id,
+                request_id=request.id,
+                error=error,
+                request=request,
+                charge=charged,
+            )
+        )
+
+
+def _kind_error(embeds: bool) -> InvalidRequest:
+    """Why a request of the other kind than its model's fails."""
+    if embeds:
+        return InvalidRequest(
+            "this model makes embeddings and generates no text: send input (an embedding "
+            "request), not a prompt or messages"
+        )
+    return InvalidRequest("this model generates text and makes no embeddings: send a prompt")
 
 
 def body_of(fields: Any) -> bytes:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genq.common import states
+from genq.common.embeddings import pack
 from genq.common.errors import GenqError
 from genq.common.keys import Keys
 from genq.common.models import DEFAULT_TENANT, Request
@@ -122,6 +123,7 @@ class Outcomes:
             logprobs=out.logprobs,
             choices=None if out.choices is None else choice_dicts(out.choices),
             tool_calls=calls or None,
+            embeddings=None if out.vectors is None else [pack(v) for v in out.vectors],
         )
         return Outcome(
             stream=held.stream,

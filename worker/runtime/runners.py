@@ -229,6 +229,8 @@ class Runner:
             priority=r.priority,
             adapter=r.model,
             on_text=on_text,
+            inputs=held.inputs,
+            normalize=r.normalize,
         )
 
 

@@ -190,7 +190,7 @@ class StaticRunner(Runner):
             return self._isolate(batch, err)
         elapsed_ms = (time.perf_counter() - t0) * 1000
         generation_ms = int(elapsed_ms)
-        step_ms = elapsed_ms / max(h.request.max_new_tokens for h in batch)
+        step_ms = elapsed_ms / max(1, *(h.request.max_new_tokens for h in batch))  # embeds: 0
         self._ms_per_step = towards(self._ms_per_step, step_ms, 0.3)
         self.counters.generated(report, generation_ms)
         tokens = report.prompt_tokens + report.completion_tokens

@@ -1,0 +1,246 @@
+"""Embeddings through the queue on a real model (all-MiniLM-L6-v2, from its package): the
+vectors sentence-transformers publishes for it, batched equal to alone, each input's rules
+(truncate, token ids, dimensions) and a request of the wrong kind for its model failing alone
+with a clear error while the rest succeed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from genq.common.embeddings import pack, unpack
+from genq.common.errors import ConfigError, InvalidRequest, RequestFailed
+from genq.producer import Client
+from genq.producer.building import build_embedding, embeddings_of
+from genq.worker.engines.base import GenerationInput
+from genq.worker.engines.embedding import EmbeddingEngine
+from genq.worker.engines.static import StaticEngine, resolve_model
+
+from tests.conftest import WorkerProcess, varied_prompts, wait_until, worker_thread
+
+pytestmark = pytest.mark.slow
+
+MODEL = "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="module")
+def engine() -> EmbeddingEngine:
+    try:
+        return EmbeddingEngine.load(resolve_model(MODEL))
+    except ConfigError as err:  # CI installs it (scripts/setup.sh); say so where it is not
+        pytest.skip(str(err))
+
+
+@pytest.fixture()
+def client(redis_url: str, queue: str) -> Iterator[Client]:
+    c = Client.from_url(redis_url, queue)
+    yield c
+    c.close()
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_the_vectors_are_the_ones_sentence_transformers_publishes(
+    redis_url: str, queue: str, engine: EmbeddingEngine, client: Client
+) -> None:
+    # The model card's quickstart: these three sentences' similarities, to 4 places.
+    texts = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+    with worker_thread(redis_url, queue, engine, served_model_name=MODEL, max_wait_ms=0):
+        got = client.embed(texts, model=MODEL, timeout=60)
+    a, b, c = got.vectors
+    assert len(a) == 384 and got.model == MODEL
+    assert [round(cosine(a, b), 4), round(cosine(a, c), 4), round(cosine(b, c), 4)] == [
+        0.6660,
+        0.1046,
+        0.1411,
+    ]
+    assert abs(math.sqrt(sum(x * x for x in a)) - 1) < 1e-5  # the folder's Normalize module
+    assert got.prompt_tokens == sum(len(ids) for ids in engine.tokenize(texts))
+
+
+def test_batched_vectors_equal_each_input_alone(
+    redis_url: str, queue: str, engine: EmbeddingEngine, client: Client
+) -> None:
+    texts = varied_prompts(40)
+    texts[7] = texts[3]  # a repeat: computed once, given to both
+    ids = client.submit_requests(
+        [build_embedding(texts[i : i + 4], model=MODEL) for i in range(0, 40, 4)]
+    )
+    saved = engine.saved_inputs
+    with worker_thread(redis_url, queue, engine, served_model_name=MODEL, max_wait_ms=0):
+        results = client.results(ids, timeout=120)
+    assert max(r.batch_size or 0 for r in results) > 1  # they did share a batch
+    assert engine.saved_inputs > saved
+    batched = [v for r in results for v in r.vectors()]
+    for text, vector in zip(texts, batched, strict=True):
+        row = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=engine.tokenize([text]))
+        alone = unpack(pack(engine.generate([row]).outputs[0].vectors[0]))
+        assert cosine(vector, alone) > 1 - 1e-5
+
+
+def test_each_inputs_rules_and_the_wrong_kind_of_request_fail_alone(
+    redis_url: str, queue: str, engine: EmbeddingEngine, client: Client
+) -> None:
+    long_text = "head " + "word " * 400 + "tail"  # ~400 tokens, over the model's 256
+    token_ids = engine.tokenize(["The weather is lovely today."])[0]
+    requests = {
+        "plain": build_embedding("The weather is lovely today.", model=MODEL),
+        "ids": build_embedding([token_ids], model=MODEL),
+        "end": build_embedding(long_text, model=MODEL),
+        "start": build_embedding(long_text, model=MODEL, truncate="start"),
+        "none": build_embedding(long_text, model=MODEL, truncate="none"),
+        "own size": build_embedding("x", model=MODEL, dimensions=384),
+        "other size": build_embedding("x", model=MODEL, dimensions=100),
+        "bad ids": build_embedding([[1, 2, 10**6]], model=MODEL),
+        "unnormalized": build_embedding(
+            "The weather is lovely today.", model=MODEL, normalize=False
+        ),
+    }
+    ids = client.submit_requests(list(requests.values()))
+    prompt_id = client.submit("Hello", model=MODEL)
+    with worker_thread(redis_url, queue, engine, served_model_name=MODEL, max_wait_ms=0):
+        results = dict(zip(requests, client.results(ids, timeout=120), strict=True))
+        generation = client.result(prompt_id, timeout=60)
+    status = {name: r.status for name, r in results.items()}
+    assert status == {
+        **dict.fromkeys(requests, "succeeded"),
+        "none": "failed",
+        "other size": "failed",
+        "bad ids": "failed",
+    }
+    assert results["none"].error is not None and "input 0 has" in results["none"].error.message
+    assert generation.status == "failed" and generation.error is not None
+    assert "makes embeddings and generates no text" in generation.error.message
+    plain = results["plain"].vectors()[0]
+    assert cosine(results["ids"].vectors()[0], plain) > 1 - 1e-6  # ids are the text's
+    assert results["end"].usage.prompt_tokens == 256 == results["start"].usage.prompt_tokens
+    assert results["end"].vectors() != results["start"].vectors()
+    raw = results["unnormalized"].vectors()[0]
+    norm = math.sqrt(sum(x * x for x in raw))
+    assert norm > 1.5 and cosine(raw, plain) > 1 - 1e-6
+    with pytest.raises(RequestFailed, match="384 dimensions"):
+        embeddings_of(results["other size"])
+
+
+def test_an_embedding_request_to_a_generating_model_fails_alone(
+    redis_url: str, queue: str, client: Client
+) -> None:
+    embed_id = client.submit_requests([build_embedding("a text")])[0]
+    prompt_id = client.submit("Hello", max_new_tokens=2)
+    with worker_thread(redis_url, queue, StaticEngine.load("tiny"), max_wait_ms=0):
+        embedding, generation = client.results([embed_id, prompt_id], timeout=60)
+    assert generation.status == "succeeded"
+    assert embedding.status == "failed" and embedding.error is not None
+    assert "makes no embeddings" in embedding.error.message
+
+
+@pytest.mark.parametrize(
+    ("inputs", "options", "says"),
+    [
+        ([], {}, "input"),
+        ([""], {}, "input"),
+        (["x"] * 2049, {}, "input"),
+        (["x"], {"truncate": "middle"}, "truncate"),
+        (["x"], {"dimensions": 0}, "dimensions"),
+        ([[]], {}, "input"),
+        ([[-1]], {}, "input"),
+        (["x"], {"tenant": "a b"}, "tenant"),
+    ],
+)
+def test_a_bad_embedding_request_is_refused_before_redis(
+    r: redis.Redis, client: Client, inputs: list[str], options: dict[str, object], says: str
+) -> None:
+    before = r.dbsize()
+    with pytest.raises(InvalidRequest, match=says):
+        client.embed(inputs, **options)  # type: ignore[arg-type]
+    assert r.dbsize() == before
+
+
+def test_genq_worker_serves_an_embedding_model_by_its_name(
+    queue: str, client: Client, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    worker = start_worker(queue, "--model", MODEL)
+    got = client.embed(["one", "two"], model=MODEL, timeout=120)
+    assert len(got.vectors) == 2 and len(got.vectors[0]) == 384
+    log = worker.log()
+    assert "engine embedding: an embedding model" in log
+    assert "256 requests, 4096 tokens" in log  # its own batch limits where they are auto
+    assert worker.stop() == 0
+
+
+def test_any_redis_client_can_ask_for_embeddings_and_read_them(
+    redis_url: str, queue: str, engine: EmbeddingEngine, r: redis.Redis
+) -> None:
+    # The wire format's example, by redis-cli (the queue's default model: its first worker's):
+    # a plain XADD on the unnamed lane, the packed vectors back.
+    import base64
+    import json
+    import struct
+    import subprocess
+
+    from genq.common.keys import Keys
+
+    body = json.dumps(
+        {
+            "input": ["The weather is lovely today.", "It's so sunny outside!"],
+            "max_new_tokens": 0,
+            "model": MODEL,
+        }
+    )
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    with worker_thread(redis_url, queue, engine, served_model_name=MODEL, max_wait_ms=0):
+        subprocess.run(
+            [
+                "redis-cli",
+                "-p",
+                port,
+                "XADD",
+                Keys(queue).stream("normal"),
+                "*",
+                "id",
+                "e1",
+                "body",
+                body,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        wait_until(lambda: b'"succeeded"' in (r.get(Keys.result("e1")) or b""), 60)
+    result = json.loads(r.get(Keys.result("e1")))  # type: ignore[arg-type]
+    a, b = (struct.unpack("<384f", base64.b64decode(e)) for e in result["embeddings"])
+    assert round(cosine(list(a), list(b)), 4) == 0.6660
+    assert result["usage"]["prompt_tokens"] > 0 and result["text"] == ""
+
+
+def test_an_embedding_model_on_vllm_is_refused_at_start_with_one_line(
+    redis_url: str, queue: str
+) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genq.worker",
+            "worker",
+            "--redis-url",
+            redis_url,
+            "--queue",
+            queue,
+            "--model",
+            MODEL,
+            "--engine",
+            "vllm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "is an embedding model" in proc.stderr and "Traceback" not in proc.stderr
