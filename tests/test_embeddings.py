@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -244,3 +245,70 @@ def test_an_embedding_model_on_vllm_is_refused_at_start_with_one_line(
     )
     assert proc.returncode != 0
     assert "is an embedding model" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_openai_sdk_embeds_through_the_gateway_in_float_and_base64(
+    sdk_serving: Callable[[str], Any], engine: EmbeddingEngine
+) -> None:
+    import base64
+
+    import numpy as np
+    import openai
+
+    client = sdk_serving(MODEL)
+    texts = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+    floats = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    assert [d.index for d in floats.data] == [0, 1, 2]
+    a, b, c = (d.embedding for d in floats.data)
+    assert [round(cosine(a, b), 4), round(cosine(a, c), 4)] == [0.6660, 0.1046]
+    assert (
+        floats.usage.prompt_tokens
+        == floats.usage.total_tokens
+        == sum(len(ids) for ids in engine.tokenize(texts))
+    )
+    # The SDK's default asks for base64 and decodes it itself: the same vectors.
+    default = client.embeddings.create(model=MODEL, input=texts)
+    assert [d.embedding for d in default.data] == [d.embedding for d in floats.data]
+    raw = client.embeddings.with_raw_response.create(
+        model=MODEL, input="one text", encoding_format="base64"
+    ).http_response.json()
+    vector = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), "<f4")
+    assert vector.shape == (384,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-5
+    ids = client.embeddings.create(model=MODEL, input=engine.tokenize(["one text"])[0])
+    assert cosine(ids.data[0].embedding, vector.tolist()) > 1 - 1e-6  # token ids: the same
+    models = client.models.list().model_dump()["data"]
+    assert [(m["id"], m["kind"]) for m in models] == [(MODEL, "embedding")]
+    for bad, says in [
+        ({"input": ""}, "input"),
+        ({"input": ["x"] * 2049}, "input"),
+        ({"input": "word " * 400, "extra_body": {"truncate": "none"}}, "over the model"),
+        ({"input": "x", "dimensions": 100}, "384 dimensions"),
+        ({"input": "x", "encoding_format": "binary"}, "encoding_format"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.embeddings.create(model=MODEL, **bad)
+    with pytest.raises(openai.BadRequestError, match="makes embeddings and generates no text"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+
+
+def test_the_openai_package_for_node_embeds_unmodified(
+    sdk_serving: Callable[[str], Any], openai_client: Any
+) -> None:
+    import json
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "node" / "embeddings.mjs"
+    if not (script.parent / "node_modules" / "openai").exists():
+        pytest.skip("the openai package for Node.js is not installed: npm ci --prefix tests/node")
+    sdk_serving(MODEL)
+    url, key = str(openai_client.base_url).rstrip("/"), openai_client.api_key
+    out = subprocess.run(
+        ["node", str(script), url, key, MODEL], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    (a, b), floats = report["base64"], report["float"]
+    assert len(a) == 384 and round(cosine(a, b), 4) == 0.6660
+    assert all(cosine(x, y) > 1 - 1e-6 for x, y in zip(report["base64"], floats, strict=True))
+    assert report["usage"]["prompt_tokens"] > 0

@@ -27,6 +27,7 @@ module             what it holds
 ``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
                    past which the gateway answers 429 (pure)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE
+``embeddings``     ``POST /v1/embeddings``: float or base64 vectors (the stored string as is)
 ``responses_routes``  ``/v1/responses``: create (background, stream), retrieve, cancel,
                    delete, input items (records in Redis; shapes in ``responses``)
 ``webhook_delivery``  the queue's webhook events delivered, signed, retried (any gateway)

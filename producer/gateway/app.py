@@ -18,6 +18,7 @@ from genq.producer.gateway import (
     batch_routes,
     completions,
     dashboard_routes,
+    embeddings,
     files,
     openai_errors,
     responses_routes,
@@ -39,7 +40,13 @@ POOL_WAIT_S = 20.0
 
 def _model(gw: Gateway, model: str) -> dict[str, Any]:
     """OpenAI's model object."""
-    return {"id": model, "object": "model", "created": gw.fleet.created(model), "owned_by": "genq"}
+    return {
+        "id": model,
+        "object": "model",
+        "created": gw.fleet.created(model),
+        "owned_by": "genq",
+        "kind": gw.fleet.kind(model),  # genq's: generation or embedding (not OpenAI's)
+    }
 
 
 def shared_pool(settings: GatewaySettings) -> dict[str, Any]:
@@ -153,7 +160,7 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
 
     if not api:
         return app
-    for module in (completions, responses_routes, files, batch_routes):
+    for module in (completions, embeddings, responses_routes, files, batch_routes):
         app.include_router(module.router)
 
     @app.get("/v1/models")

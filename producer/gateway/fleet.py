@@ -22,6 +22,7 @@ class Fleet:
         self._read_at = -float("inf")
         self._models: dict[str, int] = {}
         self._created: dict[str, int] = {}
+        self._kinds: dict[str, str] = {}
         self._reading: asyncio.Future[dict[str, int]] | None = None
         self.default_model: str | None = None
         """The queue's default model (``DEFAULT_MODEL_FIELD``), as of the last read."""
@@ -59,15 +60,20 @@ class Fleet:
                     names.append(name)
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
-            pipe.hmget(self._keys.worker(name), "model", "started_unix_ms", "adapters")
+            pipe.hmget(self._keys.worker(name), "model", "started_unix_ms", "adapters", "kind")
         models: dict[str, int] = {}
-        for model, started, adapters in await pipe.execute() if names else []:
+        for model, started, adapters, kind in await pipe.execute() if names else []:
             if model is not None:  # the hash expired: that worker is gone
                 for name in [as_text(model), *as_text(adapters or b"").split()]:
                     models[name] = models.get(name, 0) + 1
                     self._created.setdefault(name, int(as_text(started or b"0")) // 1000)
+                    self._kinds[name] = as_text(kind or b"generation")
         self._models, self._read_at = models, time.monotonic()
         return models
+
+    def kind(self, model: str) -> str:
+        """``generation`` or ``embedding``: what the workers seen serving ``model`` do."""
+        return self._kinds.get(model, "generation")
 
     def created(self, model: str) -> int:
         """When the first worker seen serving ``model`` started (unix seconds)."""

@@ -352,6 +352,7 @@ def _heartbeat(
         model=" ".join(settings.pool) if settings.pool_models else settings.served_model,
         device="-" if engine.name == "echo" else settings.device,
         adapters=list(settings.adapters),
+        kind="embedding" if getattr(engine, "embeds", False) else "generation",
     )
     return Heartbeat(
         queue=queue,

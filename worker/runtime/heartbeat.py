@@ -178,6 +178,7 @@ class Identity:
         model: str,
         device: str = "cpu",
         adapters: list[str] | None = None,
+        kind: str = "generation",
     ) -> None:
         self.fields: dict[str, Any] = {
             "consumer": consumer,
@@ -186,6 +187,7 @@ class Identity:
             "pid": os.getpid(),
             "engine": engine,
             "model": model,
+            "kind": kind,  # generation, or embedding: GET /v1/models says which
             "started_unix_ms": now_ms(),
         }
         if adapters:  # the LoRA adapters it serves as models too (--lora), space-separated
