@@ -35,6 +35,7 @@ module              what it measures
 ``tenant_fleet``    one tenants case's fleet, and the counts the cases share
 ``tenant_weights``  weights 3:1 over the fleet; 1, 1, 2, 4, 8 with a worker killed
 ``structured``      a JSON schema against free text, per engine; compile costs
+``embed``           embeddings through the queue against sentence-transformers' ``encode``
 ``webhooks``        webhook delivery latency and deliveries per second
 ``dashboard``       a dashboard refresh's cost in Redis, and its render time, on a busy queue
 ``prefix``          placement by prefix on and off: echo workers with simulated prefix caches

@@ -35,6 +35,7 @@ SELF_RUN = (
     "adapters",
     "batch",
     "model-pool",
+    "embed",
 )  # run_and_print
 SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
 
