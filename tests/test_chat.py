@@ -18,7 +18,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 def test_a_request_has_a_prompt_or_messages_never_both_nor_neither() -> None:
     assert build_request(messages=CHAT).messages is not None
-    with pytest.raises(InvalidRequest, match="exactly one of 'prompt' and 'messages'"):
+    with pytest.raises(InvalidRequest, match="exactly one of 'prompt', 'messages' and 'input'"):
         build_request("text", messages=CHAT)
     with pytest.raises(InvalidRequest, match="exactly one"):
         build_request()
