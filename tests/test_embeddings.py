@@ -19,7 +19,13 @@ from genq.worker.engines.base import GenerationInput
 from genq.worker.engines.embedding import EmbeddingEngine
 from genq.worker.engines.static import StaticEngine, resolve_model
 
-from tests.conftest import WorkerProcess, varied_prompts, wait_until, worker_thread
+from tests.conftest import (
+    WorkerProcess,
+    refused_at_start,
+    varied_prompts,
+    wait_until,
+    worker_thread,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -221,30 +227,8 @@ def test_any_redis_client_can_ask_for_embeddings_and_read_them(
 def test_an_embedding_model_on_vllm_is_refused_at_start_with_one_line(
     redis_url: str, queue: str
 ) -> None:
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "genq.worker",
-            "worker",
-            "--redis-url",
-            redis_url,
-            "--queue",
-            queue,
-            "--model",
-            MODEL,
-            "--engine",
-            "vllm",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode != 0
-    assert "is an embedding model" in proc.stderr and "Traceback" not in proc.stderr
+    args = ("--queue", queue, "--model", MODEL, "--engine", "vllm")
+    refused_at_start(redis_url, {args: "is an embedding model"})
 
 
 def test_the_openai_sdk_embeds_through_the_gateway_in_float_and_base64(
