@@ -26,6 +26,10 @@ MAX_EMBED_CHARS = 1_200_000
 MAX_INPUT_TOKEN_IDS = 32_768
 """Most token ids in one input given as ids."""
 MAX_DIMENSIONS = 65_536
+PART_CHARS = 16_000
+"""Most characters in one of ``embed_many``'s requests (ids count 4 each): ~3-4 k tokens, within
+one embedding worker's batch (4,096 tokens by default), so that a part never makes a batch
+longer than the budget and a high request never waits behind a long one."""
 
 Truncate = Literal["end", "start", "none"]
 """What a worker does with an input longer than its model takes: drop tokens from the end
@@ -46,6 +50,25 @@ token ids (taken as they are)."""
 def input_chars(inputs: Sequence[str | Sequence[int]]) -> int:
     """Characters of the text inputs (ids count one each): bounded by ``MAX_EMBED_CHARS``."""
     return sum(len(i) for i in inputs)
+
+
+def cut_by_length(
+    inputs: Sequence[str | Sequence[int]], *, most_inputs: int, most_chars: int = PART_CHARS
+) -> list[list[int]]:
+    """Many inputs cut into requests as ``encode`` cuts its batches: the indexes of ``inputs``
+    sorted by length, then parts of at most ``most_inputs`` inputs and ``most_chars``
+    characters (one longer input alone). Inputs of one length share a part, so a worker pads
+    them little (in input order, a part of 64 mixed inputs padded ~1.5x; sorted, ~1.05x)."""
+    size = [len(i) if isinstance(i, str) else 4 * len(i) for i in inputs]
+    parts: list[list[int]] = []
+    chars = 0
+    for index in sorted(range(len(inputs)), key=size.__getitem__):
+        if not parts or len(parts[-1]) >= most_inputs or chars + size[index] > most_chars:
+            parts.append([])
+            chars = 0
+        parts[-1].append(index)
+        chars += size[index]
+    return parts
 
 
 def pack(values: Sequence[float] | bytes) -> str:

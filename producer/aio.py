@@ -18,7 +18,7 @@ from genq.common.connection import (
     is_cluster,
     refresh_cluster_view_async,
 )
-from genq.common.embeddings import MAX_EMBED_INPUTS
+from genq.common.embeddings import MAX_EMBED_INPUTS, cut_by_length
 from genq.common.errors import InvalidRequest, RequestNotFound, ResultTimeout
 from genq.common.keys import Keys
 from genq.common.models import Request, Result
@@ -234,16 +234,21 @@ class AsyncClient:
         timeout: float | None = None,
         **options: Any,
     ) -> list[list[float]]:
-        """Embed any number of inputs as requests of ``per_request`` inputs each, sent in one
-        round trip (so workers share them out) and waited for together: one vector per input,
-        in order. All are validated before any is sent."""
+        """Embed any number of inputs as requests of at most ``per_request`` inputs each (and
+        ``PART_CHARS`` characters), inputs of like length together (``cut_by_length``), sent in
+        one round trip (so workers share them out) and waited for together: one vector per
+        input, in the inputs' order. All are validated before any is sent."""
         if not 1 <= per_request <= MAX_EMBED_INPUTS:
             raise InvalidRequest(f"per_request must be 1-{MAX_EMBED_INPUTS}")
-        parts = [inputs[i : i + per_request] for i in range(0, len(inputs), per_request)]
-        requests = [build_embedding(p, model=model, **options) for p in parts]
+        parts = cut_by_length(inputs, most_inputs=per_request)
+        requests = [build_embedding([inputs[i] for i in p], model=model, **options) for p in parts]
         ids = await self.submit_requests(requests)
         results = await self.results(ids, timeout=timeout)
-        return [v for r in results for v in embeddings_of(r).vectors]
+        vectors: list[list[float]] = [[] for _ in inputs]
+        for part, result in zip(parts, results, strict=True):
+            for index, vector in zip(part, embeddings_of(result).vectors, strict=True):
+                vectors[index] = vector
+        return vectors
 
     async def stream(
         self, request_id: str, timeout: float | None = None

@@ -117,7 +117,7 @@ def build_request(
 
 
 def build_embedding(
-    inputs: str | Sequence[str] | Sequence[Sequence[int]],
+    inputs: str | Sequence[str | Sequence[int]],
     *,
     model: str | None = None,
     truncate: str = DEFAULT_TRUNCATE,
