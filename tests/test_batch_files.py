@@ -34,7 +34,7 @@ LINES = [
             "seed": 3,
         },
     },
-    {"custom_id": "c3", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+    {"custom_id": "c3", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}},
     {
         "custom_id": "c4",
         "method": "POST",

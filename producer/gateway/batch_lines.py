@@ -1,18 +1,20 @@
 """The lines of OpenAI Batch API files: input lines into requests, results into output lines.
 Pure: no Redis (``batches.py`` keeps batches in Redis; the HTTP gateway reuses both).
 
-Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions" or
-"/v1/chat/completions", "body": {...}}``. Body fields understood: ``prompt`` (completions) or
-``messages`` (chat), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``stop``, ``n`` (1-16 choices), ``frequency_penalty``, ``presence_penalty``,
-``logit_bias``, vLLM's ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens`` and
-``ignore_eos``, structured outputs (``response_format``, vLLM's ``structured_outputs`` and
-``guided_*``: ``structured_outputs.py``), and genq's own ``priority`` and ``deadline_in_s``;
-``model`` (the model or adapter to run the line: only its workers take it), ``user``, and
-``stream`` = false are accepted; anything else is an error for that line (it would change the
-output, and silently ignoring it would mislead). Every line becomes one request with id
-``BATCH-LINE``, so submitting the same file again under the same batch id enqueues nothing
-twice.
+Input line: ``{"custom_id": "...", "method": "POST", "url": "/v1/completions",
+"/v1/chat/completions" or "/v1/embeddings", "body": {...}}``. An embeddings body is read as
+``POST /v1/embeddings`` reads it (``embedding_bodies.py``), its vectors base64 in the output
+line unless the line asks for ``encoding_format: float``. Completion and chat body fields
+understood: ``prompt`` (completions) or ``messages`` (chat), ``max_tokens`` /
+``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1-16
+choices), ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, vLLM's ``top_k``,
+``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``, structured outputs
+(``response_format``, vLLM's ``structured_outputs`` and ``guided_*``:
+``structured_outputs.py``), and genq's own ``priority`` and ``deadline_in_s``; ``model`` (the
+model or adapter to run the line: only its workers take it), ``user``, and ``stream`` = false
+are accepted; anything else is an error for that line (it would change the output, and silently
+ignoring it would mislead). Every line becomes one request with id ``BATCH-LINE``, so
+submitting the same file again under the same batch id enqueues nothing twice.
 
 Without ``max_tokens``, a completion gets OpenAI's default of 16 tokens; a chat completion gets
 genq's default (``DEFAULT_MAX_NEW_TOKENS``), since OpenAI's is "up to the context".
@@ -28,12 +30,20 @@ from typing import Any
 import orjson
 from genq.common.errors import InvalidRequest
 from genq.common.models import DEFAULT_TENANT, Result
-from genq.producer.building import Prepared, PromptTemplate, build_request, prepare
+from genq.producer.building import (
+    Prepared,
+    PromptTemplate,
+    build_embedding,
+    build_request,
+    prepare,
+)
+from genq.producer.gateway import embedding_bodies
+from genq.producer.gateway.completion_bodies import CHAT, COMPLETIONS, OBJECTS, response_body
+from genq.producer.gateway.embedding_bodies import EMBEDDINGS, ENCODING_KEY
 from genq.producer.gateway.structured_outputs import FIELDS, response_format_arg
 
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
-ENDPOINTS = {COMPLETIONS: "text_completion", CHAT: "chat.completion"}
+ENDPOINTS = {**OBJECTS, EMBEDDINGS: "list"}
+"""The URLs a batch line may name, and each one's response ``object``."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for /v1/completions."""
 _SAMPLING = (
@@ -208,6 +218,8 @@ def parse_line(
         fast = found.template.prepare(body["prompt"], request_id, metadata) if found else None
         if found and fast:
             return BatchLine(line=n, custom_id=custom_id, url=url, prepared=fast, model=found.model)
+    if url == EMBEDDINGS:
+        return _embedding_line(n, custom_id, body, request_id, metadata, priority, tenant)
     args = {"priority": priority, "tenant": tenant, **request_args(url, body)}
     model = args.get("model")
     done = prepare(build_request(**args, request_id=request_id, metadata=metadata))
@@ -217,6 +229,36 @@ def parse_line(
         url=url,
         prepared=done,
         model=None if model is None else str(model),
+    )
+
+
+def _embedding_line(
+    n: int,
+    custom_id: str,
+    body: Mapping[str, Any],
+    request_id: str,
+    metadata: dict[str, Any],
+    priority: str,
+    tenant: str,
+) -> BatchLine:
+    """An embeddings line: its own ``metadata`` is refused (the line's is the batch's), and a
+    float encoding rides in the request's metadata to its output line."""
+    read = embedding_bodies.read_body(body, default_encoding="base64")
+    if read.metadata is not None:
+        raise InvalidRequest("'metadata' is the batch's in a batch line")
+    if read.encoding != "base64":
+        metadata = {**metadata, ENCODING_KEY: read.encoding}
+    options = {"priority": priority, **read.options}
+    request = build_embedding(
+        read.inputs,
+        model=read.model,
+        tenant=tenant,
+        request_id=request_id,
+        metadata=metadata,
+        **options,
+    )
+    return BatchLine(
+        line=n, custom_id=custom_id, url=EMBEDDINGS, prepared=prepare(request), model=read.model
     )
 
 
@@ -340,80 +382,13 @@ def expired_line(batch_id: str, number: int, text: str) -> str:
     )
 
 
-def usage_of(res: Result) -> dict[str, Any]:
-    """OpenAI's usage object of a result (chat, completions, batch output lines), with the
-    prompt tokens the engine took from its prefix cache."""
-    return {
-        "prompt_tokens": res.usage.prompt_tokens,
-        "completion_tokens": res.usage.completion_tokens,
-        "total_tokens": res.usage.prompt_tokens + res.usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": res.usage.cached_tokens},
-    }
-
-
-def response_body(url: str, res: Result) -> dict[str, Any]:
-    """The OpenAI response body (a completion or a chat completion) of a succeeded result:
-    one choice, or each of a request's ``n``."""
-    if res.choices is None:
-        calls = None if res.tool_calls is None else [c.model_dump() for c in res.tool_calls]
-        choices = [_choice(url, 0, res.text or "", res.finish_reason, res.logprobs, calls)]
-    else:
-        choices = [_choice(url, c.index, c.text, c.finish_reason, c.logprobs) for c in res.choices]
-    return {
-        "id": res.id,
-        "object": ENDPOINTS[url],
-        "created": (res.timings.finished_unix_ms or 0) // 1000,
-        "model": res.model or "unknown",
-        "choices": choices,
-        "usage": usage_of(res),
-    }
-
-
-def _choice(
-    url: str,
-    index: int,
-    text: str,
-    finish_reason: str | None,
-    logprobs: list[Any] | None,
-    calls: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason}
-    entries = None if logprobs is None else [e.model_dump() for e in logprobs]
-    if url == CHAT and calls:
-        choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
-        choice["logprobs"] = None
-    elif url == CHAT:
-        choice["message"] = {"role": "assistant", "content": text}
-        choice["logprobs"] = None if entries is None else {"content": entries, "refusal": None}
-    else:
-        choice["text"] = text
-        choice["logprobs"] = None if entries is None else _legacy_logprobs(entries)
-    return choice
-
-
-def _legacy_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The chat shape of log-probabilities as /v1/completions' legacy object: ``tokens``,
-    ``token_logprobs``, ``top_logprobs`` (token -> log-probability) and ``text_offset`` (each
-    token's start in the completion's text)."""
-    offsets, at = [], 0
-    for e in entries:
-        offsets.append(at)
-        at += len(e["token"])
-    return {
-        "tokens": [e["token"] for e in entries],
-        "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-        "text_offset": offsets,
-    }
-
-
 def plain_output_line(request_id: str, url: str, raw: bytes | str) -> dict[str, Any] | None:
     """``output_line`` of a stored state read as JSON, without building its ``Result``, for
     the usual case (succeeded, one choice, no log-probabilities, no tool calls: a batch's
     output is mostly these); None for any other, which takes ``output_line``."""
     state = orjson.loads(raw)
     if state.get("status") != "succeeded" or any(
-        state.get(k) is not None for k in ("choices", "logprobs", "tool_calls")
+        state.get(k) is not None for k in ("choices", "logprobs", "tool_calls", "embeddings")
     ):
         return None
     usage, timings = state.get("usage") or {}, state.get("timings") or {}
@@ -459,7 +434,11 @@ def output_line(request_id: str, url: str, res: Result) -> dict[str, Any]:
             "message": err.message if err else res.status,
         }
         return line
-    body = response_body(url, res)
+    if url == EMBEDDINGS:
+        encoding = str(res.metadata.get(ENCODING_KEY) or "base64")
+        body = embedding_bodies.response_body(res, encoding) | {"id": res.id}
+    else:
+        body = response_body(url, res)
     line["response"] = {"status_code": 200, "request_id": request_id, "body": body}
     line["error"] = None
     return line

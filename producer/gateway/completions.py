@@ -22,13 +22,8 @@ from genq.common.errors import GenqError, InvalidRequest, ResultTimeout
 from genq.common.models import Request as GenqRequest
 from genq.common.models import Result
 from genq.producer.building import build_request
-from genq.producer.gateway.batch_lines import (
-    CHAT,
-    COMPLETIONS,
-    request_args,
-    response_body,
-    usage_of,
-)
+from genq.producer.gateway.batch_lines import request_args
+from genq.producer.gateway.completion_bodies import CHAT, COMPLETIONS, response_body, usage_of
 from genq.producer.gateway.context import Caller, Gateway, caller, gateway
 from genq.producer.gateway.openai_errors import (
     ApiError,
