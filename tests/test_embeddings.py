@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from genq.common.embeddings import pack, unpack
+from genq.common.embeddings import cut_by_length, pack, unpack
 from genq.common.errors import ConfigError, InvalidRequest, RequestFailed
 from genq.producer import Client
 from genq.producer.building import build_embedding, embeddings_of
@@ -88,6 +88,22 @@ def test_batched_vectors_equal_each_input_alone(
         row = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=engine.tokenize([text]))
         alone = unpack(pack(engine.generate([row]).outputs[0].vectors[0]))
         assert cosine(vector, alone) > 1 - 1e-5
+
+
+def test_embed_many_sends_like_lengths_together_and_answers_in_the_inputs_order(
+    redis_url: str, queue: str, engine: EmbeddingEngine, client: Client
+) -> None:
+    texts = [("word " * n).strip() for n in (90, 3, 60, 1, 120, 7, 2, 45, 9, 30)]
+    parts = cut_by_length(texts, most_inputs=3, most_chars=700)
+    assert sorted(i for p in parts for i in p) == list(range(10))  # each input once
+    assert [len(p) for p in parts] == [3, 3, 2, 1, 1]  # 700 chars: the 600-char one is alone
+    assert parts[0] == [3, 6, 1]  # the shortest first
+    assert cut_by_length([[1] * 200, "x"], most_inputs=2, most_chars=700) == [[1], [0]]
+    with worker_thread(redis_url, queue, engine, served_model_name=MODEL, max_wait_ms=0):
+        vectors = client.embed_many(texts, model=MODEL, per_request=3, timeout=120)
+    for text, vector in zip(texts, vectors, strict=True):
+        row = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=engine.tokenize([text]))
+        assert cosine(vector, unpack(pack(engine.generate([row]).outputs[0].vectors[0]))) > 0.9999
 
 
 def test_each_inputs_rules_and_the_wrong_kind_of_request_fail_alone(
@@ -296,3 +312,99 @@ def test_the_openai_package_for_node_embeds_unmodified(
     assert len(a) == 384 and round(cosine(a, b), 4) == 0.6660
     assert all(cosine(x, y) > 1 - 1e-6 for x, y in zip(report["base64"], floats, strict=True))
     assert report["usage"]["prompt_tokens"] > 0
+
+
+def test_a_batch_file_of_embedding_lines_comes_back_base64_unless_a_line_asks_for_floats(
+    sdk_serving: Callable[[str], Any], engine: EmbeddingEngine
+) -> None:
+    import base64
+    import json
+    import time
+
+    import numpy as np
+
+    client = sdk_serving(MODEL)
+    texts = varied_prompts(24)
+    body = {"model": MODEL}
+    lines: list[dict[str, Any]] = [
+        {"custom_id": f"e{i}", "url": "/v1/embeddings", "body": body | {"input": texts[i : i + 3]}}
+        for i in range(0, 24, 3)
+    ]
+    lines[1]["body"]["encoding_format"] = "float"
+    lines[2]["body"]["colour"] = "red"  # refused at submission, naming the field
+    lines[3]["body"]["dimensions"] = 100  # refused by the worker: the model has 384
+    content = "\n".join(json.dumps(x) for x in lines).encode()
+    uploaded = client.files.create(file=("embed.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.output_file_id and batch.error_file_id
+    out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    errors = [json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()]
+    assert sorted(o["custom_id"] for o in out) == ["e0", "e12", "e15", "e18", "e21", "e3"]
+    assert {e["custom_id"]: e["error"]["message"] for e in errors}.keys() == {"e6", "e9"}
+    assert "colour" in next(e for e in errors if e["custom_id"] == "e6")["error"]["message"]
+    for line in out:
+        body = line["response"]["body"]
+        start = int(line["custom_id"][1:])
+        assert body["object"] == "list" and body["model"] == MODEL
+        assert body["usage"]["prompt_tokens"] == sum(
+            len(ids) for ids in engine.tokenize(texts[start : start + 3])
+        )
+        for d, text in zip(body["data"], texts[start : start + 3], strict=True):
+            if line["custom_id"] == "e3":
+                vector = d["embedding"]  # the line asked for floats
+            else:
+                vector = np.frombuffer(base64.b64decode(d["embedding"]), "<f4").tolist()
+            row = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=engine.tokenize([text]))
+            alone = unpack(pack(engine.generate([row]).outputs[0].vectors[0]))
+            assert cosine(vector, alone) > 1 - 1e-5
+
+
+def test_rerank_and_score_on_an_embedding_model_are_the_cosines_of_its_vectors(
+    sdk_serving: Callable[[str], Any],
+) -> None:
+    import httpx
+
+    client = sdk_serving(MODEL)
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    auth = {"Authorization": f"Bearer {client.api_key}"}
+
+    def post(path: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(base + path, json={"model": MODEL, **body}, headers=auth, timeout=60)
+
+    weather, sunny, stadium = (
+        "The weather is lovely today.",
+        "It's so sunny outside!",
+        "He drove to the stadium.",
+    )
+    ranked = post("/v1/rerank", {"query": weather, "documents": [stadium, sunny]}).json()
+    assert [(r["index"], round(r["relevance_score"], 4)) for r in ranked["results"]] == [
+        (1, 0.6660),
+        (0, 0.1046),
+    ]
+    assert ranked["results"][0]["document"] == {"text": sunny} and ranked["model"] == MODEL
+    assert ranked["usage"]["total_tokens"] > 0
+    objects = [{"text": stadium}, {"text": sunny}]
+    only = {"top_n": 1, "return_documents": False}
+    short = post("/rerank", {"query": weather, "documents": objects, **only}).json()
+    assert short["results"] == [
+        {"index": 1, "relevance_score": ranked["results"][0]["relevance_score"]}
+    ]
+    many = post("/v1/score", {"text_1": weather, "text_2": [sunny, stadium]}).json()
+    assert [round(d["score"], 4) for d in many["data"]] == [0.6660, 0.1046]
+    pairwise = post("/score", {"text_1": [weather, sunny], "text_2": [sunny, stadium]}).json()
+    assert [round(d["score"], 4) for d in pairwise["data"]] == [0.6660, 0.1411]
+    for path, bad, says in [
+        ("/v1/rerank", {"query": weather, "documents": []}, "documents"),
+        ("/v1/rerank", {"documents": [sunny]}, "query"),
+        ("/v1/rerank", {"query": weather, "documents": [sunny], "top_n": -1}, "top_n"),
+        ("/v1/score", {"text_1": [weather, sunny], "text_2": [stadium] * 3}, "pairwise"),
+        ("/v1/score", {"text_1": weather, "text_2": sunny, "colour": 1}, "colour"),
+    ]:
+        answer = post(path, bad)
+        assert answer.status_code == 400 and says in answer.json()["error"]["message"], bad

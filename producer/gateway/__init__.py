@@ -27,7 +27,9 @@ module             what it holds
 ``in_flight``      ``InFlight``: requests in flight per tenant and in all, and the limits
                    past which the gateway answers 429 (pure)
 ``completions``    ``POST /v1/completions`` and ``/v1/chat/completions``, streaming as SSE
-``embeddings``     ``POST /v1/embeddings``: float or base64 vectors (the stored string as is)
+``embeddings``     ``POST /v1/embeddings``: float or base64 vectors (the stored string as
+                   is); ``embedded``, the one way the gateway embeds
+``scores``         ``/v1/rerank`` and ``/v1/score``: cosines of an embedding model's vectors
 ``responses_routes``  ``/v1/responses``: create (background, stream), retrieve, cancel,
                    delete, input items (records in Redis; shapes in ``responses``)
 ``webhook_delivery``  the queue's webhook events delivered, signed, retried (any gateway)
@@ -49,8 +51,11 @@ use them too.
 module                  what it holds
 ======================  ======================================================================
 ``responses``           ``/v1/responses`` objects: shapes and their states (pure)
-``batch_lines``         OpenAI Batch/Completions bodies into requests, results into output
-                        lines (pure)
+``batch_lines``         OpenAI Batch lines and completion bodies into requests, results
+                        into output lines (pure)
+``completion_bodies``   a result as OpenAI's completion or chat completion body (pure)
+``embedding_bodies``    OpenAI's embeddings body into a request, a result into its
+                        response body (pure)
 ``structured_outputs``  the fields clients constrain output with (``response_format``,
                         vLLM's ``structured_outputs``, ``guided_*``) as one
                         ``response_format`` (pure)

@@ -22,6 +22,7 @@ from genq.producer.gateway import (
     files,
     openai_errors,
     responses_routes,
+    scores,
 )
 from genq.producer.gateway.batch_runner import BatchRunner
 from genq.producer.gateway.body_limit import BodyLimit, limit_for
@@ -160,7 +161,7 @@ def create_app(settings: GatewaySettings, *, api: bool = True) -> FastAPI:
 
     if not api:
         return app
-    for module in (completions, embeddings, responses_routes, files, batch_routes):
+    for module in (completions, embeddings, scores, responses_routes, files, batch_routes):
         app.include_router(module.router)
 
     @app.get("/v1/models")
