@@ -107,6 +107,27 @@ def stats_of(r: Any, raw: dict[str, Any], queue: str) -> dict[str, Any]:
     }
 
 
+EMBEDDING_COUNTERS = ("embedded_inputs", "embedded_tokens", "saved_inputs")
+"""An embedding worker's counters (its heartbeat hash's), summed per model."""
+
+
+def embedding_work(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The embedding work of ``workers`` (a model's): inputs answered, the input tokens
+    computed, inputs saved (a repeat computed once), inputs/s and input tokens/s (summed: workers run side
+    by side), and the padding of their passes."""
+    out: dict[str, Any] = {k: sum(int(w.get(k, 0)) for w in workers) for k in EMBEDDING_COUNTERS}
+    embedding = [w for w in workers if int(w.get("embedded_inputs", 0))]
+    rates = [derived(w) for w in embedding]
+    out["inputs_per_s"] = round(sum(r["inputs_per_s"] for r in rates), 1)
+    out["input_tokens_per_s"] = round(sum(r["input_tokens_per_s"] for r in rates), 1)
+    summed = {
+        k: sum(int(w.get(k, 0)) for w in embedding)
+        for k in ("prompt_tokens", "padded_prompt_tokens")
+    }
+    out["embedding_padding"] = round(derived(summed)["padding_fraction"], 4)
+    return out
+
+
 def _oldest(streams: dict[str, Any]) -> int:
     return max((int(x.get("oldest_waiting_ms") or 0) for x in streams.values()), default=0)
 
@@ -116,10 +137,11 @@ def _models(
 ) -> list[dict[str, Any]]:
     """Per lane (``Keys.lane``): its model (None: the unnamed lane, served by the queue's
     default model), requests waiting and the oldest one's wait, the live workers serving it (a
-    pool's among them), those holding it loaded and those loading it, what they run and the
-    tokens they generated, and a pool's loads and evictions of it and its load time (the
-    median of each live worker's last); ``no_live_worker``: requests wait that no live worker
-    can take (workers may start later)."""
+    pool's among them), those holding it loaded and those loading it, what they run, the
+    tokens they generated, the inputs they embedded (``embedding_work``), and a pool's loads
+    and evictions of it and its load time (the median of each live worker's last);
+    ``no_live_worker``: requests wait that no live worker can take (workers may start
+    later)."""
     default = as_text(raw["default_model"]) if raw.get("default_model") else None
     live = [w for w in workers if w["alive"]]
     lanes: dict[str | None, int] = {None: int(raw.get("unnamed_waiting") or 0)}
@@ -150,6 +172,7 @@ def _models(
                 "load_ms_p50": load_ms[len(load_ms) // 2] if load_ms else None,
                 "running": sum(int(w.get("in_flight", 0)) for w in serving),
                 "completion_tokens": sum(int(w.get("completion_tokens", 0)) for w in serving),
+                **embedding_work(serving),
                 "no_live_worker": waiting > 0 and not serving,
             }
         )
@@ -284,18 +307,23 @@ def redis_memory(r: Any) -> dict[str, Any]:
 
 def derived(worker: dict[str, Any]) -> dict[str, float]:
     """Mean batch size, padding fraction, prefix cache hit rate (prompt tokens taken from the
-    engine's cache / all prompt tokens) and tokens/s from a worker's counters (or a sum of
+    engine's cache / all prompt tokens), generated tokens/s, and an embedding worker's inputs/s
+    and input tokens/s (all per second of engine time) from a worker's counters (or a sum of
     them)."""
     batches = int(worker.get("batches", 0))
     done = int(worker.get("succeeded", 0))
     padded = int(worker.get("padded_prompt_tokens", 0))
     prompt = int(worker.get("prompt_tokens", 0))
-    gen_ms = int(worker.get("generation_ms", 0))
+    gen_s = int(worker.get("generation_ms", 0)) / 1000
+
+    def per_s(counter: str) -> float:
+        return int(worker.get(counter, 0)) / gen_s if gen_s else 0.0
+
     return {
         "mean_batch_size": done / batches if batches else 0.0,
         "padding_fraction": 1 - prompt / padded if padded else 0.0,
         "cache_hit_rate": int(worker.get("cached_tokens", 0)) / prompt if prompt else 0.0,
-        "tokens_per_s": int(worker.get("completion_tokens", 0)) / (gen_ms / 1000)
-        if gen_ms
-        else 0.0,
+        "tokens_per_s": per_s("completion_tokens"),
+        "inputs_per_s": per_s("embedded_inputs"),
+        "input_tokens_per_s": per_s("embedded_tokens"),
     }

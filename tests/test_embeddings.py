@@ -21,6 +21,8 @@ from genq.worker.engines.static import StaticEngine, resolve_model
 
 from tests.conftest import (
     WorkerProcess,
+    genq,
+    genq_stats,
     refused_at_start,
     varied_prompts,
     wait_until,
@@ -104,6 +106,43 @@ def test_embed_many_sends_like_lengths_together_and_answers_in_the_inputs_order(
     for text, vector in zip(texts, vectors, strict=True):
         row = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=engine.tokenize([text]))
         assert cosine(vector, unpack(pack(engine.generate([row]).outputs[0].vectors[0]))) > 0.9999
+
+
+def test_stats_and_prometheus_count_each_models_inputs_and_the_repeats_it_saved(
+    redis_url: str, queue: str, engine: EmbeddingEngine, client: Client
+) -> None:
+    import re
+    import urllib.request
+
+    from genq.worker.devtools.redis_server import free_port
+
+    port = free_port()
+    texts = ["one text", "another text", "one text", "a third", "another text", "last"]
+    settings = {"served_model_name": MODEL, "max_wait_ms": 0, "metrics_port": port}
+    with worker_thread(redis_url, queue, engine, **settings, metrics_host="127.0.0.1"):
+        got = client.embed(texts, model=MODEL, timeout=60)
+
+        def row() -> dict[str, Any]:
+            rows = genq_stats(redis_url, queue)["models"]
+            return next(m for m in rows if MODEL in (m["model"], m["served_by"]))
+
+        wait_until(lambda: row()["embedded_inputs"] == 6, timeout_s=30)
+        done = row()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        table = genq("stats", "--redis-url", redis_url, "--queue", queue).stdout
+    computed = sum(len(ids) for ids in engine.tokenize(sorted(set(texts))))
+    assert (done["saved_inputs"], done["embedded_tokens"]) == (2, computed)
+    assert got.prompt_tokens > computed  # each request pays for its own inputs
+    assert done["inputs_per_s"] > 0 and done["input_tokens_per_s"] > 0
+    assert 0 <= done["embedding_padding"] < 1
+    counted = {
+        name: float(value)
+        for name, value in re.findall(r"^(genq_\w+_total)\{[^}]*\} (\S+)$", text, re.M)
+    }
+    assert counted["genq_embedded_inputs_total"] == 6
+    assert counted["genq_embedding_saved_inputs_total"] == 2
+    assert counted["genq_embedded_tokens_total"] == computed
+    assert "embeddings (by the live workers" in table and "saved (repeats)" in table
 
 
 def test_each_inputs_rules_and_the_wrong_kind_of_request_fail_alone(

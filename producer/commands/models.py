@@ -20,10 +20,11 @@ def models() -> None:
 def models_list(redis_url: str, queue: str, as_json: bool) -> None:
     """Each model's lane: requests waiting, live workers, running, tokens generated; a model
     that requests wait for and no live worker serves is marked; with pools of models, each
-    model's oldest wait, holders, loaders, loads, evictions and load time."""
+    model's oldest wait, holders, loaders, loads, evictions and load time; and each embedding
+    model's inputs, tokens, repeats saved and rates."""
     from genq.common.connection import connect
     from genq.common.snapshot import collect
-    from genq.producer.commands.stats import models_table, pool_table
+    from genq.producer.commands.stats import embeddings_table, models_table, pool_table
     from rich.console import Console
 
     with connect(redis_url) as r:
@@ -33,9 +34,9 @@ def models_list(redis_url: str, queue: str, as_json: bool) -> None:
         return
     console = Console(width=max(Console().width, WIDE))
     console.print(models_table(rows))
-    pool = pool_table(rows)
-    if pool is not None:
-        console.print(pool)
+    for table in (pool_table(rows), embeddings_table(rows)):
+        if table is not None:
+            console.print(table)
 
 
 @models.command("default")

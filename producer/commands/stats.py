@@ -40,14 +40,14 @@ def print_stats(snapshot: dict[str, Any], console: Console) -> None:
 
 
 def stats_tables(snapshot: dict[str, Any]) -> list[Table]:
-    """A stats snapshot as tables: streams by priority, models (and a pool's side of them),
-    tenants, and workers."""
+    """A stats snapshot as tables: streams by priority, models (and a pool's side of them, and
+    their embedding work), tenants, and workers."""
     models = snapshot.get("models", [])
-    pool = pool_table(models)
+    extra = [t for t in (pool_table(models), embeddings_table(models)) if t is not None]
     return [
         _streams_table(snapshot),
         models_table(models),
-        *([] if pool is None else [pool]),
+        *extra,
         tenants_table(snapshot.get("tenants", {})),
         _workers_table(snapshot),
     ]
@@ -160,6 +160,28 @@ def models_table(models: list[dict[str, Any]]) -> Table:
             str(m["completion_tokens"]),
             "waiting for a model with no live worker" if m["no_live_worker"] else "",
         )
+    return t
+
+
+def embeddings_table(models: list[dict[str, Any]]) -> Table | None:
+    """The embedding work of each model (None when no live worker embedded anything)."""
+    if not any(m.get("embedded_inputs") for m in models):
+        return None
+    t = Table(title="embeddings (by the live workers, since they started; rates per engine second)")
+    cols = ("model", "inputs", "input tokens", "saved (repeats)", "inputs/s", "tokens/s")
+    for col in (*cols, "padding"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for m in models:
+        if m.get("embedded_inputs"):
+            t.add_row(
+                _lane_name(m),
+                str(m["embedded_inputs"]),
+                str(m["embedded_tokens"]),
+                str(m["saved_inputs"]),
+                f"{m['inputs_per_s']:.0f}",
+                f"{m['input_tokens_per_s']:.0f}",
+                f"{m['embedding_padding']:.1%}",
+            )
     return t
 
 

@@ -185,7 +185,7 @@ async def asset(name: str) -> Response:
 
 def _worker_rows(stats: dict[str, Any], now_ms: int) -> None:
     """Mark each worker's state: ``dead`` (its heartbeat hash expired), ``silent`` (older
-    than ``SILENT_MS``) or ``live``; and its tokens/s."""
+    than ``SILENT_MS``) or ``live``; and its generated tokens/s and embedded inputs/s."""
     for w in stats["workers"]:
         seen = int(w.get("last_seen_unix_ms") or 0)
         w["seen_ago_ms"] = max(0, now_ms - seen) if seen else None
@@ -195,7 +195,8 @@ def _worker_rows(stats: dict[str, Any], now_ms: int) -> None:
             w["state"] = "silent"
         else:
             w["state"] = "live"
-        w["tokens_per_s"] = snapshot.derived(w)["tokens_per_s"]
+        rates = snapshot.derived(w)
+        w["tokens_per_s"], w["inputs_per_s"] = rates["tokens_per_s"], rates["inputs_per_s"]
 
 
 @api.get("/snapshot")

@@ -214,6 +214,10 @@ class BatchReport:
     """Rows that failed, by index, with the reason; their outputs entry is a placeholder."""
     adapter_loads: int = 0
     """LoRA adapters loaded for this batch (``--max-loras``: swaps)."""
+    inputs: int = 0
+    """Embedding inputs answered (each repeat counted)."""
+    saved_inputs: int = 0
+    """Of those, inputs not computed: an identical one in the batch was."""
 
     @property
     def completion_tokens(self) -> int:

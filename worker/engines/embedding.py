@@ -164,7 +164,8 @@ class EmbeddingEngine:
                 ids_of.append(unique.setdefault(tuple(ids), len(unique)))
             rows.append(ids_of)
         inputs = list(unique)
-        self.saved_inputs += sum(len(r) for r in rows) - len(inputs)
+        answered = sum(len(r) for r in rows)
+        self.saved_inputs += answered - len(inputs)
         vectors, padded = self._embed(inputs)
         outputs = []
         for row, ids_of in zip(batch, rows, strict=True):
@@ -180,8 +181,13 @@ class EmbeddingEngine:
                     vectors=[v.numpy().astype("<f4").tobytes() for v in out],
                 )
             )
-        real = sum(len(inputs[i]) for r in rows for i in r)
-        return BatchReport(outputs=outputs, prompt_tokens=real, padded_prompt_tokens=padded)
+        return BatchReport(
+            outputs=outputs,
+            prompt_tokens=sum(len(ids) for ids in inputs),  # computed: a repeat once
+            padded_prompt_tokens=padded,
+            inputs=answered,
+            saved_inputs=answered - len(inputs),
+        )
 
     def _embed(self, inputs: list[tuple[int, ...]]) -> tuple[list[Any], int]:
         """The pooled (not normalized) vector of each input, and the padded tokens computed."""

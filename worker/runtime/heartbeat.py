@@ -85,6 +85,12 @@ class Counters:
     completion_tokens: int = 0
     decode_slots: int = 0
     generation_ms: int = 0
+    embedded_inputs: int = 0
+    """Embedding inputs answered (an embedding engine's; each repeat counted)."""
+    embedded_tokens: int = 0
+    """Input tokens computed for them (a repeat once; in ``prompt_tokens`` too)."""
+    saved_inputs: int = 0
+    """Embedding inputs not computed: an identical one in the same batch was."""
     batch_sizes: list[int] = field(default_factory=list)
     """Sizes of the last ``RECENT`` batches (static) or starts (continuous)."""
     recent_waits_ms: list[int] = field(default_factory=list)
@@ -143,6 +149,10 @@ class Counters:
         self.decode_slots += report.decode_slots
         self.adapter_loads += report.adapter_loads
         self.generation_ms += generation_ms
+        if report.inputs:
+            self.embedded_inputs += report.inputs
+            self.embedded_tokens += report.prompt_tokens
+            self.saved_inputs += report.saved_inputs
 
     def generated_one(
         self, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0

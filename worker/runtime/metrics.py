@@ -22,6 +22,10 @@ metric                                 type       what
 ``genq_padding_ratio``                 gauge      padded prompt positions / all, since start
 ``genq_prefix_cache_hit_ratio``        gauge      prompt tokens taken from the engine's prefix
                                                   cache / all prompt tokens, since start
+``genq_embedded_inputs_total``         counter    embedding inputs answered (repeats counted)
+``genq_embedded_tokens_total``         counter    input tokens computed for them (a repeat once)
+``genq_embedding_saved_inputs_total``  counter    inputs not computed: an identical one in the
+                                                  same batch was
 ``genq_model_loads_total``             counter    a pool's loads, by model (the ``model`` label
                                                   is the model loaded)
 ``genq_model_evictions_total``         counter    a pool's evictions, by model
@@ -131,6 +135,7 @@ class Metrics:
             registry=self.registry,
         )
         self._pool_metrics(pc, q)
+        self._embedding_metrics(pc, q)
         self.server: Any
         self.server, _ = pc.start_http_server(port, addr=host, registry=self.registry)
 
@@ -152,6 +157,29 @@ class Metrics:
         self.pool_loading = pc.Gauge(
             "genq_model_loading", "1 while a pool's model loads", q, registry=self.registry
         )
+
+    def _embedding_metrics(self, pc: Any, q: list[str]) -> None:
+        """An embedding engine's: inputs, their tokens, and repeats not computed (inputs/s is
+        ``rate(genq_embedded_inputs_total[1m])``)."""
+        self.embedded_inputs = pc.Counter(
+            "genq_embedded_inputs", "Embedding inputs answered", q, registry=self.registry
+        )
+        self.embedded_tokens = pc.Counter(
+            "genq_embedded_tokens", "Input tokens computed for embedding inputs", q, registry=self.registry
+        )
+        self.saved_inputs = pc.Counter(
+            "genq_embedding_saved_inputs",
+            "Embedding inputs not computed: an identical one in the same batch was",
+            q,
+            registry=self.registry,
+        )
+
+    def embedded(self, inputs: int, tokens: int, saved: int) -> None:
+        """A batch of an embedding engine answered ``inputs`` (``saved`` of them repeats)."""
+        if self.enabled:
+            self.embedded_inputs.labels(self.queue, self.model).inc(inputs)
+            self.embedded_tokens.labels(self.queue, self.model).inc(tokens)
+            self.saved_inputs.labels(self.queue, self.model).inc(saved)
 
     def ended(self, outcomes: Sequence[Ended]) -> None:
         """Count requests that reached a final state (and their waits and tokens)."""

@@ -196,6 +196,8 @@ class StaticRunner(Runner):
         tokens = report.prompt_tokens + report.completion_tokens
         if self.metrics.enabled:
             self.metrics.batch(len(batch), tokens, generation_ms / 1000)
+            if report.inputs:
+                self.metrics.embedded(report.inputs, report.prompt_tokens, report.saved_inputs)
         finished_ms = now_ms()
         return [
             self.outcomes.succeeded(

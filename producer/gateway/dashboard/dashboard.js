@@ -234,6 +234,7 @@ function renderWorkers(snap) {
     h("td", {}, fmt(w.held)),
     h("td", { class: "text" }, (w.recent_batch_sizes || []).slice(-8).join(" ") || "-"),
     h("td", {}, fmt(Math.round(w.tokens_per_s || 0))),
+    h("td", { "data-test": "inputs_per_s" }, fmt(Math.round(w.inputs_per_s || 0))),
     h("td", { "data-test": "cache_hit_rate" },
       w.cache_hit_rate === undefined ? "-" : `${(100 * w.cache_hit_rate).toFixed(1)}%`),
     h("td", {}, fmt(w.succeeded)),
@@ -245,7 +246,7 @@ function renderWorkers(snap) {
       card("Redis full", mem.full ? "yes: writes refused" : "no", "redis-full")),
     h("h2", {}, "Workers"),
     table(["worker", "state", "<engine", "<model", "<holding (last swap)", "<device", "<host", "in flight", "held",
-      "<recent batch sizes", "tokens/s", "cache hits", "succeeded", "failed", "last seen"], rows,
+      "<recent batch sizes", "tokens/s", "inputs/s", "cache hits", "succeeded", "failed", "last seen"], rows,
     { "data-test": "workers" }),
     h("p", { class: "muted" }, "silent: no heartbeat for 5 s; dead: its heartbeat expired, " +
       "its pending requests go to other workers."),
