@@ -163,14 +163,23 @@ def models_table(models: list[dict[str, Any]]) -> Table:
     return t
 
 
+def model_columns(title: str, numbers: tuple[str, ...]) -> Table:
+    """A table of one row a model: its name, then ``numbers``' columns (right-aligned)."""
+    t = Table(title=title)
+    t.add_column("model", justify="left")
+    for col in numbers:
+        t.add_column(col, justify="right")
+    return t
+
+
 def embeddings_table(models: list[dict[str, Any]]) -> Table | None:
     """The embedding work of each model (None when no live worker embedded anything)."""
     if not any(m.get("embedded_inputs") for m in models):
         return None
-    t = Table(title="embeddings (by the live workers, since they started; rates per engine second)")
-    cols = ("model", "inputs", "input tokens", "saved (repeats)", "inputs/s", "tokens/s")
-    for col in (*cols, "padding"):
-        t.add_column(col, justify="left" if col == "model" else "right")
+    t = model_columns(
+        "embeddings (by the live workers, since they started; rates per engine second)",
+        ("inputs", "input tokens", "saved (repeats)", "inputs/s", "tokens/s", "padding"),
+    )
     for m in models:
         if m.get("embedded_inputs"):
             t.add_row(
@@ -190,10 +199,10 @@ def pool_table(models: list[dict[str, Any]]) -> Table | None:
     wait, the workers holding and loading each model, its loads, evictions and load time."""
     if not any(m.get("loads") or m.get("loading") for m in models):
         return None
-    t = Table(title="model pool (loads and evictions by the live workers)")
-    cols = ("model", "oldest waiting ms", "holding it", "loading it", "loads", "evictions")
-    for col in (*cols, "load p50 ms"):
-        t.add_column(col, justify="left" if col == "model" else "right")
+    t = model_columns(
+        "model pool (loads and evictions by the live workers)",
+        ("oldest waiting ms", "holding it", "loading it", "loads", "evictions", "load p50 ms"),
+    )
     for m in models:
         t.add_row(
             _lane_name(m),
