@@ -113,8 +113,8 @@ EMBEDDING_COUNTERS = ("embedded_inputs", "embedded_tokens", "saved_inputs")
 
 def embedding_work(workers: list[dict[str, Any]]) -> dict[str, Any]:
     """The embedding work of ``workers`` (a model's): inputs answered, the input tokens
-    computed, inputs saved (a repeat computed once), inputs/s and input tokens/s (summed: workers run side
-    by side), and the padding of their passes."""
+    computed, inputs saved (a repeat computed once), inputs/s and input tokens/s (summed:
+    workers run side by side), and the padding of their passes."""
     out: dict[str, Any] = {k: sum(int(w.get(k, 0)) for w in workers) for k in EMBEDDING_COUNTERS}
     embedding = [w for w in workers if int(w.get("embedded_inputs", 0))]
     rates = [derived(w) for w in embedding]

@@ -5,6 +5,7 @@ with a clear error while the rest succeed."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -117,7 +118,7 @@ def test_stats_and_prometheus_count_each_models_inputs_and_the_repeats_it_saved(
     from genq.worker.devtools.redis_server import free_port
 
     port = free_port()
-    texts = ["one text", "another text", "one text", "a third", "another text", "last"]
+    texts = ["stats one", "stats another", "stats one", "stats third", "stats another", "last"]
     settings = {"served_model_name": MODEL, "max_wait_ms": 0, "metrics_port": port}
     with worker_thread(redis_url, queue, engine, **settings, metrics_host="127.0.0.1"):
         got = client.embed(texts, model=MODEL, timeout=60)
@@ -143,6 +144,39 @@ def test_stats_and_prometheus_count_each_models_inputs_and_the_repeats_it_saved(
     assert counted["genq_embedding_saved_inputs_total"] == 2
     assert counted["genq_embedded_tokens_total"] == computed
     assert "embeddings (by the live workers" in table and "saved (repeats)" in table
+
+
+def test_a_repeat_is_computed_once_for_one_tenant_and_never_across_tenants_that_do_not_share(
+    redis_url: str, queue: str, engine: EmbeddingEngine, client: Client
+) -> None:
+    text = "a sentence only this test sends"
+    tokens = len(engine.tokenize([text])[0])
+    where = ("--redis-url", redis_url, "--queue", queue)
+
+    def cached(tenant: str, sent: str = text) -> int:
+        got = client.embed([sent], model=MODEL, tenant=tenant, timeout=60)
+        return got.result.usage.cached_tokens
+
+    fresh = itertools.count()
+
+    def met(first: str, then: str) -> bool:  # a new text each time: only a shared scope meets
+        sent = f"{text} {next(fresh)}"
+        return cached(first, sent) == 0 and cached(then, sent) > 0
+
+    with worker_thread(redis_url, queue, engine, served_model_name=MODEL, max_wait_ms=0):
+        assert cached("acme") == 0  # computed
+        assert cached("acme") == tokens  # the same tenant's repeat: from the recent vectors
+        assert cached("globex") == 0  # another tenant: computed again, nothing shared
+        for tenant in ("acme", "initech"):
+            done = genq("tenants", "set", tenant, "--share-prefixes", *where)
+            assert done.returncode == 0, done.stderr
+        wait_until(lambda: met("acme", "initech"), timeout_s=15)  # once the worker reads it
+        assert not met("acme", "globex") and not met("globex", "initech")
+    mine = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=[[5, 6, 7]], scope="x")
+    theirs = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=[[5, 6, 7]], scope="y")
+    report = engine.generate([mine, theirs, mine])
+    assert report.saved_inputs == 1 and [o.cached_tokens for o in report.outputs] == [0, 0, 3]
+    assert report.padded_prompt_tokens == 3 + 3 + 3 and report.prompt_tokens == 9
 
 
 def test_each_inputs_rules_and_the_wrong_kind_of_request_fail_alone(

@@ -81,9 +81,14 @@ def response_body(res: Result, encoding: str, model: str | None = None) -> dict[
         for i, v in enumerate(res.embeddings or ())
     ]
     tokens = res.usage.prompt_tokens
+    usage = {
+        "prompt_tokens": tokens,
+        "total_tokens": tokens,
+        "prompt_tokens_details": {"cached_tokens": res.usage.cached_tokens},
+    }
     return {
         "object": "list",
         "data": data,
         "model": res.model or model or "unknown",
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "usage": usage,
     }

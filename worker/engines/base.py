@@ -61,6 +61,13 @@ class GenerationInput:
     them end to end, their cost): an embedding engine makes one vector of each."""
     normalize: bool | None = None
     """Embeddings: scale each vector to length 1 (None: as the model does)."""
+    scope: str = ""
+    """Embeddings: the rows whose identical inputs may be computed once: those of one tenant
+    (its name), or of all the tenants that share (``share_prefixes``: ``SHARED_SCOPE``)."""
+
+
+SHARED_SCOPE = " shared"
+"""The scope of the tenants that share (no tenant's name has a space)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

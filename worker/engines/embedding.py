@@ -2,7 +2,8 @@
 Transformer, a Pooling, maybe a Normalize) run as the worker's engine.
 
 A batch's rows are requests of one or many inputs. Their inputs are run together: identical
-ones once, the rest sorted by length and cut into passes whose padded tokens stay within
+ones of one scope (a tenant, or the tenants that share) once, and none that the engine's
+recent vectors hold, the rest sorted by length and cut into passes whose padded tokens stay within
 ``pass_tokens`` (an input longer than that runs alone: never a bigger pass), each pooled
 (mean, CLS or last token, as the folder says) and normalized where the row asks or the model
 does. The vectors go back as float32 bytes (``GenerationOutput.vectors``).
@@ -11,6 +12,7 @@ does. The vectors go back as float32 bytes (``GenerationOutput.vectors``).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,9 @@ BATCH_TOKENS = 4_096
 auto: ~0.35 s of all-MiniLM-L6-v2 on 2 CPU cores, the longest a high-priority request waits
 for the batch in flight."""
 BATCH_SIZE = 256
+RECENT_VECTORS = 4_096
+"""Vectors an embedding engine keeps after it computed them, so that a repeat in a later batch
+(another request in flight, or just done) is not computed again: 6 MB at 384 dimensions."""
 """An embedding worker's most requests a batch where ``--max-batch-size`` is auto."""
 POOLINGS = {
     "pooling_mode_mean_tokens": "mean",
@@ -102,6 +107,7 @@ class EmbeddingEngine:
         *,
         device: str = "cpu",
         pass_tokens: int = PASS_TOKENS,
+        recent_vectors: int = RECENT_VECTORS,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -111,7 +117,10 @@ class EmbeddingEngine:
         self.max_context_tokens: int | None = layout.max_tokens
         self.dimension = layout.dimension
         self.saved_inputs = 0
-        """Inputs not computed because an identical one in the same batch was (a counter)."""
+        """Inputs not computed because an identical one was (a counter)."""
+        self.recent_vectors = recent_vectors
+        self._recent: OrderedDict[tuple[str, tuple[int, ...]], Any] = OrderedDict()
+        """The last ``recent_vectors`` computed, by scope and input (pooled, not normalized)."""
         probe = tokenizer("a")["input_ids"]
         bare = tokenizer("a", add_special_tokens=False)["input_ids"]
         at = next(i for i in range(len(probe)) if probe[i : i + len(bare)] == bare)
@@ -155,22 +164,32 @@ class EmbeddingEngine:
         raise InvalidRequest("an embedding model generates no text to constrain")
 
     def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
-        """Every row's vectors (``GenerationOutput.vectors``), in input order."""
-        unique: dict[tuple[int, ...], int] = {}
-        rows: list[list[int]] = []
-        for row in batch:
-            ids_of = []
-            for ids in row.inputs or ():
-                ids_of.append(unique.setdefault(tuple(ids), len(unique)))
-            rows.append(ids_of)
-        inputs = list(unique)
-        answered = sum(len(r) for r in rows)
-        self.saved_inputs += answered - len(inputs)
-        vectors, padded = self._embed(inputs)
+        """Every row's vectors (``GenerationOutput.vectors``), in input order. An input of the
+        same scope (``GenerationInput.scope``: a tenant, or the tenants that share) as one
+        earlier in the batch, or among the ``recent_vectors`` last computed, is not computed
+        again: its tokens are the row's ``cached_tokens``."""
+        keys = [[(row.scope, tuple(ids)) for ids in row.inputs or ()] for row in batch]
+        fresh = list(dict.fromkeys(k for row in keys for k in row if k not in self._recent))
+        vectors, padded = self._embed([ids for _, ids in fresh])
+        found = {k: self._recent[k] for row in keys for k in row if k in self._recent}
+        for k in found:
+            self._recent.move_to_end(k)
+        for k, v in zip(fresh, vectors, strict=True):
+            self._recent[k] = found[k] = v
+        while len(self._recent) > self.recent_vectors:
+            self._recent.popitem(last=False)
+        computed: set[tuple[str, tuple[int, ...]]] = set()
+        to_compute = set(fresh)
         outputs = []
-        for row, ids_of in zip(batch, rows, strict=True):
+        for row, row_keys in zip(batch, keys, strict=True):
+            cached = 0
+            for k in row_keys:
+                if k in to_compute and k not in computed:
+                    computed.add(k)
+                else:
+                    cached += len(k[1])
             normalize = self.layout.normalizes if row.normalize is None else row.normalize
-            out = [vectors[i] for i in ids_of]
+            out = [found[k] for k in row_keys]
             if normalize:
                 out = [v / max(float(v.norm()), 1e-12) for v in out]
             outputs.append(
@@ -178,15 +197,19 @@ class EmbeddingEngine:
                     text="",
                     completion_tokens=0,
                     finish_reason="stop",
+                    cached_tokens=cached,
                     vectors=[v.numpy().astype("<f4").tobytes() for v in out],
                 )
             )
+        answered = sum(len(row) for row in keys)
+        self.saved_inputs += answered - len(fresh)
+        reused = sum(o.cached_tokens for o in outputs)
         return BatchReport(
             outputs=outputs,
-            prompt_tokens=sum(len(ids) for ids in inputs),  # computed: a repeat once
-            padded_prompt_tokens=padded,
+            prompt_tokens=sum(len(k[1]) for row in keys for k in row),
+            padded_prompt_tokens=padded + reused,  # a reused input: its positions, no padding
             inputs=answered,
-            saved_inputs=answered - len(inputs),
+            saved_inputs=answered - len(fresh),
         )
 
     def _embed(self, inputs: list[tuple[int, ...]]) -> tuple[list[Any], int]:

@@ -84,7 +84,11 @@ def build_worker(
     one_step = not is_cluster(r)  # a step's pieces at once (in one slot only, on a Cluster)
     text = TextSender(lambda: r.pipeline(transaction=one_step), keys, settings.result_ttl_s)
     context = RunnerContext(
-        outcomes=outcomes, counters=counters, metrics=metrics, send_delta=text.add
+        outcomes=outcomes,
+        counters=counters,
+        metrics=metrics,
+        send_delta=text.add,
+        sharing=lambda: tenants.weights.sharing,
     )
     runner = make_runner(context, engine, budget, settings)
     stats = _heartbeat(settings, engine, queue, counters, lambda: _holdings(lookahead, runner))

@@ -90,7 +90,8 @@ class Counters:
     embedded_tokens: int = 0
     """Input tokens computed for them (a repeat once; in ``prompt_tokens`` too)."""
     saved_inputs: int = 0
-    """Embedding inputs not computed: an identical one in the same batch was."""
+    """Embedding inputs not computed: an identical one of their scope was (in the batch, or
+    among the engine's recent vectors)."""
     batch_sizes: list[int] = field(default_factory=list)
     """Sizes of the last ``RECENT`` batches (static) or starts (continuous)."""
     recent_waits_ms: list[int] = field(default_factory=list)
@@ -151,7 +152,7 @@ class Counters:
         self.generation_ms += generation_ms
         if report.inputs:
             self.embedded_inputs += report.inputs
-            self.embedded_tokens += report.prompt_tokens
+            self.embedded_tokens += report.prompt_tokens - report.cached_tokens
             self.saved_inputs += report.saved_inputs
 
     def generated_one(

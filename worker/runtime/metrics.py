@@ -24,8 +24,8 @@ metric                                 type       what
                                                   cache / all prompt tokens, since start
 ``genq_embedded_inputs_total``         counter    embedding inputs answered (repeats counted)
 ``genq_embedded_tokens_total``         counter    input tokens computed for them (a repeat once)
-``genq_embedding_saved_inputs_total``  counter    inputs not computed: an identical one in the
-                                                  same batch was
+``genq_embedding_saved_inputs_total``  counter    inputs not computed: an identical one of
+                                                  their tenant (or sharing tenants) was
 ``genq_model_loads_total``             counter    a pool's loads, by model (the ``model`` label
                                                   is the model loaded)
 ``genq_model_evictions_total``         counter    a pool's evictions, by model
@@ -165,11 +165,14 @@ class Metrics:
             "genq_embedded_inputs", "Embedding inputs answered", q, registry=self.registry
         )
         self.embedded_tokens = pc.Counter(
-            "genq_embedded_tokens", "Input tokens computed for embedding inputs", q, registry=self.registry
+            "genq_embedded_tokens",
+            "Input tokens computed for embedding inputs",
+            q,
+            registry=self.registry,
         )
         self.saved_inputs = pc.Counter(
             "genq_embedding_saved_inputs",
-            "Embedding inputs not computed: an identical one in the same batch was",
+            "Embedding inputs not computed: an identical one of their scope was",
             q,
             registry=self.registry,
         )

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from genq.worker.engines.base import (
+    SHARED_SCOPE,
     GenerationInput,
     logit_adjust,
 )
@@ -55,6 +56,8 @@ class RunnerContext:
     metrics: Metrics
     send_delta: Callable[[str, str], None]
     """``send_delta(request id, text)``: a piece of a streaming request's text."""
+    sharing: Callable[[], Container[str]] = frozenset
+    """The tenants that share (``share_prefixes``): their embeddings' repeats meet."""
 
 
 class Runner:
@@ -87,6 +90,7 @@ class Runner:
         self.counters = context.counters
         self.metrics = context.metrics
         self.send_delta = context.send_delta
+        self.sharing = context.sharing
         self.running: dict[str, Held] = {}
         """Started and not yet finished, by held key."""
         self._last_cancel_check_s = 0.0
@@ -231,7 +235,12 @@ class Runner:
             on_text=on_text,
             inputs=held.inputs,
             normalize=r.normalize,
+            scope="" if held.inputs is None else self._scope(r.tenant),
         )
+
+    def _scope(self, tenant: str) -> str:
+        """The scope in which an embedding's repeats meet (``GenerationInput.scope``)."""
+        return SHARED_SCOPE if tenant in self.sharing() else tenant
 
 
 def towards(last: float | None, sample: float, weight: float) -> float:

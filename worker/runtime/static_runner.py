@@ -197,7 +197,8 @@ class StaticRunner(Runner):
         if self.metrics.enabled:
             self.metrics.batch(len(batch), tokens, generation_ms / 1000)
             if report.inputs:
-                self.metrics.embedded(report.inputs, report.prompt_tokens, report.saved_inputs)
+                computed = report.prompt_tokens - report.cached_tokens
+                self.metrics.embedded(report.inputs, computed, report.saved_inputs)
         finished_ms = now_ms()
         return [
             self.outcomes.succeeded(
