@@ -364,6 +364,27 @@ def test_the_openai_sdk_embeds_through_the_gateway_in_float_and_base64(
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
 
 
+def test_langchains_openai_embeddings_work_unmodified(
+    sdk_serving: Callable[[str], Any], engine: EmbeddingEngine
+) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    client = sdk_serving(MODEL)
+    # check_embedding_ctx_length=False: LangChain would otherwise count tokens with OpenAI's
+    # tiktoken (and fetch its tables); a server of another model tokenizes for itself.
+    lc = OpenAIEmbeddings(
+        model=MODEL,
+        base_url=str(client.base_url),
+        api_key=client.api_key,
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    texts = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+    a, b, c = lc.embed_documents(texts)
+    assert [round(cosine(a, b), 4), round(cosine(a, c), 4)] == [0.6660, 0.1046]
+    assert cosine(lc.embed_query(texts[0]), a) > 1 - 1e-6
+
+
 def test_the_openai_package_for_node_embeds_unmodified(
     sdk_serving: Callable[[str], Any], openai_client: Any
 ) -> None:
