@@ -505,7 +505,7 @@ def test_script_turns_compares_a_revisions_scripts_with_the_checkouts() -> None:
     assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in by_script.values())
 
 
-def test_embed_scenario_gives_sentence_transformers_vectors_every_rate_and_the_repeats_saved() -> None:
+def test_embed_scenario_gives_encodes_vectors_every_rate_and_the_repeats_saved() -> None:
     res = bench_json("--scenario", "embed", "--quick", timeout_s=300)
     assert res["inputs"] == 1_000
     assert set(res["sides"]) == {"sentence-transformers", "genq", "genq, 40% repeats"}
@@ -514,3 +514,10 @@ def test_embed_scenario_gives_sentence_transformers_vectors_every_rate_and_the_r
     assert res["genq_over_alone"] > 0.3  # (a ratio, measured in BENCHMARKS.md; not timed here)
     sides = res["sides"]  # every repeat computed once, and nothing else saved
     assert (sides["genq"]["saved_inputs"], sides["genq, 40% repeats"]["saved_inputs"]) == (0, 400)
+
+
+def test_embed_priority_scenario_measures_queries_beside_a_job_and_the_jobs_speed() -> None:
+    res = bench_json("--scenario", "embed-priority", "--quick", timeout_s=300)
+    assert res["inputs"] == 1_000 and res["queries"]["idle"]["queries"] == 40
+    assert res["queries"]["beside the job"]["queries"] > 0
+    assert res["p50_over_idle"] > 0 and res["job_beside_over_alone"] > 0

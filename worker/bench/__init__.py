@@ -36,6 +36,8 @@ module              what it measures
 ``tenant_weights``  weights 3:1 over the fleet; 1, 1, 2, 4, 8 with a worker killed
 ``structured``      a JSON schema against free text, per engine; compile costs
 ``embed``           embeddings through the queue against sentence-transformers' ``encode``
+``embed_priority``  single high queries beside a low indexing job: latency and the job's speed
+``embed_peer``      genq serve against another embedding server (Infinity), the openai SDK
 ``webhooks``        webhook delivery latency and deliveries per second
 ``dashboard``       a dashboard refresh's cost in Redis, and its render time, on a busy queue
 ``prefix``          placement by prefix on and off: echo workers with simulated prefix caches
@@ -43,3 +45,26 @@ module              what it measures
                     ``genq serve`` (``--scenario prefix-vllm``)
 ==================  =========================================================================
 """
+
+SCENARIO_HELP = (
+    "priority: preemption and time slices on and off (cases: high behind "
+    "running low work, a low backlog's speed, short requests beside long ones; --engine vllm "
+    "adds the vLLM engine); aging: waits per priority under a low-priority backlog; fleet: "
+    "simulated GPU workers (echo, mixed speeds) under bursts and Poisson arrivals, against "
+    "the ideal; "
+    "gateway: genq serve's added latency and requests/s against the Python client; tenants: "
+    "a flood beside a trickle, service gaps, weights and a quota, fair against first-come; "
+    "structured: tokens/s with a JSON schema against free, per engine, and compile costs; "
+    "webhooks: delivery latency after a final state, and deliveries/s of one gateway; "
+    "dashboard: a refresh's cost in Redis and the overview's render time, on a busy queue; "
+    "prefix: echo workers with simulated prefix caches, placement by prefix on and off; "
+    "prefix-vllm: the same on vLLM (smollm2-135m), with chats through genq serve; "
+    "flood: one tenant's thousands of waiting chats beside another's; attacks: one tenant's "
+    "attacks on a gateway's defaults beside another's chats; models: two models on one queue "
+    "and one gateway, mixed requests, a worker killed: no wrong-model answers; adapters: "
+    "LoRA adapters mixed in batches against the base model (--engine vllm: on vLLM); embed: "
+    "embeddings through the queue against sentence-transformers in-process, and with 40% "
+    "repeats; embed-priority: single high queries beside a low indexing job; embed-peer: "
+    "genq serve against another embedding server (--peer-url), the openai SDK on both"
+)
+"""``genq bench --scenario``'s help: what each scenario measures (the modules above)."""

@@ -12,6 +12,7 @@ from typing import Any
 import click
 from genq.common.settings import EngineName, WorkerSettings
 from genq.producer.commands.options import AUTO_OR_COUNT
+from genq.worker.bench import SCENARIO_HELP
 from genq.worker.bench.modes import IN_PROCESS_MODES
 from genq.worker.devtools.redis_server import on_redis
 from rich.console import Console
@@ -20,7 +21,13 @@ from rich.table import Table
 QUEUE_ENGINES = [e for e in typing.get_args(EngineName) if e not in ("echo", "auto")]
 """The engines measured through the queue (echo has no model to measure)."""
 # scenario -> module of genq.worker.bench
-MODULES = {"prefix-vllm": "prefix_engine", "priority": "preemption", "model-pool": "model_pool"}
+MODULES = {
+    "prefix-vllm": "prefix_engine",
+    "priority": "preemption",
+    "model-pool": "model_pool",
+    "embed-priority": "embed_priority",
+    "embed-peer": "embed_peer",
+}
 SELF_RUN = (
     "priority",
     "structured",
@@ -36,6 +43,8 @@ SELF_RUN = (
     "batch",
     "model-pool",
     "embed",
+    "embed-priority",
+    "embed-peer",
 )  # run_and_print
 SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
 
@@ -87,22 +96,7 @@ SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
     type=click.Choice(SCENARIOS),
     default="modes",
     show_default=True,
-    help="priority: preemption and time slices on and off (cases: high behind "
-    "running low work, a low backlog's speed, short requests beside long ones; --engine vllm "
-    "adds the vLLM engine); aging: waits per priority under a low-priority backlog; fleet: "
-    "simulated GPU workers (echo, mixed speeds) under bursts and Poisson arrivals, against "
-    "the ideal; "
-    "gateway: genq serve's added latency and requests/s against the Python client; tenants: "
-    "a flood beside a trickle, service gaps, weights and a quota, fair against first-come; "
-    "structured: tokens/s with a JSON schema against free, per engine, and compile costs; "
-    "webhooks: delivery latency after a final state, and deliveries/s of one gateway; "
-    "dashboard: a refresh's cost in Redis and the overview's render time, on a busy queue; "
-    "prefix: echo workers with simulated prefix caches, placement by prefix on and off; "
-    "prefix-vllm: the same on vLLM (smollm2-135m), with chats through genq serve; "
-    "flood: one tenant's thousands of waiting chats beside another's; attacks: one tenant's "
-    "attacks on a gateway's defaults beside another's chats; models: two models on one queue "
-    "and one gateway, mixed requests, a worker killed: no wrong-model answers; adapters: "
-    "LoRA adapters mixed in batches against the base model (--engine vllm: on vLLM)",
+    help=SCENARIO_HELP,
 )
 @click.option("--quick", is_flag=True, help="fleet: one small burst only (a smoke test)")
 @click.option(
@@ -115,6 +109,12 @@ SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
     "--queue-engine (a transformers engine) through the queue",
 )
 @click.option("--vllm-args", default=None, help="--engine vllm: JSON EngineArgs for every vLLM")
+@click.option(
+    "--peer-url",
+    default=None,
+    help="embed-peer: the OpenAI base URL of the embedding server to measure against "
+    "(an Infinity server: http://127.0.0.1:7997)",
+)
 def bench(
     model: str,
     device: str,
@@ -135,6 +135,7 @@ def bench(
     bench_engine: str,
     vllm_args: str | None,
     modes: str,
+    peer_url: str | None,
 ) -> None:
     """Serve one seeded workload several ways and compare tokens/s, padding and waits."""
     from genq.worker.policy.sizing import batch_limits
