@@ -19,12 +19,11 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
-from genq.worker.devtools.worker_process import start_worker, wait_until_serving
+from genq.worker.devtools.worker_process import start_worker, stop_worker, wait_until_serving
 
 MODEL = "all-minilm-l6-v2"
 INPUTS = 20_000
@@ -105,12 +104,7 @@ def run_embed(url: str, *, n: int, repeats: int) -> dict[str, Any]:
         seconds, vectors, saved_in = _take_turns(sides, repeats, saved)
     finally:
         client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_worker(proc)
     reference = dict(zip(texts, vectors["sentence-transformers"], strict=True))
     pairs = [
         *zip(vectors["genq"], vectors["sentence-transformers"], strict=True),

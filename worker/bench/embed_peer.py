@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ from typing import Any
 
 from genq.common.errors import ConfigError
 from genq.worker.bench.embed import INPUTS, MODEL, QUICK_INPUTS, workload
-from genq.worker.devtools.worker_process import start_worker, wait_until_serving
+from genq.worker.devtools.worker_process import start_worker, stop_worker, wait_until_serving
 
 PER_REQUEST = 32
 CONCURRENCY = 8
@@ -96,12 +95,7 @@ def run_embed_peer(url: str, *, peer_url: str, n: int, repeats: int) -> dict[str
                 p50s[name].append(_singles(client, model, i))
     finally:
         gateway.stop()
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_worker(proc)
     pairs = zip(vectors["genq"], vectors["peer"], strict=True)
     rows: dict[str, dict[str, Any]] = {
         name: {

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import functools
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from genq.worker.bench.embed import MODEL, workload
-from genq.worker.devtools.worker_process import start_worker, wait_until_serving
+from genq.worker.devtools.worker_process import start_worker, stop_worker, wait_until_serving
 
 INPUTS = 10_000
 QUICK_INPUTS = 1_000
@@ -104,12 +103,7 @@ def run_embed_priority(url: str, *, n: int, repeats: int) -> dict[str, Any]:
                 busy += waits
     finally:
         client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_worker(proc)
     return _summary(n, repeats, idle, busy, alone, beside)
 
 

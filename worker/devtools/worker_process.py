@@ -50,3 +50,14 @@ def wait_until_serving(
         if time.monotonic() > deadline:
             raise RuntimeError(f"the worker did not start within {timeout_s} s")
         time.sleep(0.05)
+
+
+def stop_worker(proc: subprocess.Popen[Any], timeout_s: float = 60) -> None:
+    """Stop a worker started by ``start_worker``: SIGTERM (it finishes what it holds), then
+    SIGKILL if it has not exited within ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
