@@ -116,7 +116,8 @@ class WorkerSettings(ModelSettings):
         description="on the continuous and vLLM engines, a waiting request of a higher "
         "priority takes the place of the lowest-priority running one, which is paused and run "
         "again (greedy or seeded: the same text) once there is room; on the static engine a "
-        "lower batch stops between two decode steps for it and runs again after it "
+        "lower batch stops between two decode steps (an embedding batch: two passes) for it "
+        "and runs again after it "
         "(--no-preempt: what runs is never interrupted)",
         json_schema_extra={"flag_pair": True},
     )

@@ -308,3 +308,17 @@ def test_the_affinity_rule_with_nothing_to_group_decides_as_the_order_it_wraps(
         shortcut = full.decide(pool, now, policy, weights)
         by_rule = next_batch(pool, now, policy, full.preference(pool, weights))
         assert shortcut == inner.decide(pool, now, policy, weights) == by_rule
+
+
+def test_an_embedding_anchored_batch_takes_no_lower_priority_and_a_generation_still_does() -> None:
+    query = make_request(prompt_tokens=12, max_new_tokens=0, priority="high", enqueued_ms=5)
+    bulk = [make_request(prompt_tokens=300, max_new_tokens=0, priority="low") for _ in range(4)]
+    same = make_request(prompt_tokens=9, max_new_tokens=0, priority="high", enqueued_ms=6)
+    d = next_batch([*bulk, query, same], now_ms=10, policy=make_policy())
+    assert d.batch == [query, same]  # the low indexing job's inputs wait for the next batch
+    d = next_batch(bulk, now_ms=10, policy=make_policy())
+    assert d.batch == bulk  # with nothing above them, they fill the batch
+    chat = make_request(prompt_tokens=12, max_new_tokens=8, priority="high", enqueued_ms=5)
+    low = [make_request(prompt_tokens=30, max_new_tokens=8, priority="low") for _ in range(3)]
+    d = next_batch([*low, chat], now_ms=10, policy=make_policy())
+    assert d.batch[0] == chat and len(d.batch) == 4  # decode steps shared: the lows ride along

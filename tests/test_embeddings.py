@@ -179,6 +179,38 @@ def test_a_repeat_is_computed_once_for_one_tenant_and_never_across_tenants_that_
     assert report.padded_prompt_tokens == 3 + 3 + 3 and report.prompt_tokens == 9
 
 
+def test_a_batch_stopped_between_passes_keeps_what_they_made_for_its_rerun(
+    engine: EmbeddingEngine,
+) -> None:
+    import threading
+
+    from genq.worker.engines.base import StoppedEarly
+
+    texts = [f"stop test {i} " + "word " * (i % 50) for i in range(120)]  # several passes
+    rows = [
+        GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=engine.tokenize([t]), scope="s")
+        for t in texts
+    ]
+
+    class AfterOnePass(threading.Event):  # set once the first pass has been looked at
+        looks = 0
+
+        def is_set(self) -> bool:
+            self.looks += 1
+            return self.looks > 1
+
+    with pytest.raises(StoppedEarly):
+        engine.generate(rows, stop=AfterOnePass())
+    assert 0 < len(engine._made) < len(texts)  # the first pass's vectors wait
+    report = engine.generate(rows, stop=threading.Event())
+    assert not engine._made and report.saved_inputs == 0  # made before, not repeats: computed
+    assert all(o.cached_tokens == 0 for o in report.outputs)
+    for text, out in zip(texts, report.outputs, strict=True):
+        alone = GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=engine.tokenize([text]))
+        vector = unpack(pack(engine.generate([alone]).outputs[0].vectors[0]))
+        assert cosine(unpack(pack(out.vectors[0])), vector) > 1 - 1e-5
+
+
 def test_each_inputs_rules_and_the_wrong_kind_of_request_fail_alone(
     redis_url: str, queue: str, engine: EmbeddingEngine, client: Client
 ) -> None:

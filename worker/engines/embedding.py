@@ -12,6 +12,7 @@ does. The vectors go back as float32 bytes (``GenerationOutput.vectors``).
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,12 @@ from typing import Any
 
 from genq.common.errors import ConfigError, InvalidRequest
 from genq.common.formats import ResponseFormat
-from genq.worker.engines.base import BatchReport, GenerationInput, GenerationOutput
+from genq.worker.engines.base import (
+    BatchReport,
+    GenerationInput,
+    GenerationOutput,
+    StoppedEarly,
+)
 from genq.worker.policy.sizing import BatchLimits
 
 PASS_TOKENS = 2_048
@@ -95,7 +101,9 @@ class EmbeddingEngine:
 
     name = "static"
     embeds = True
-    stoppable = False
+    stoppable = True
+    """A batch stops between two passes for a higher-priority request (``StoppableEngine``);
+    the vectors its passes made wait for its rerun, which computes only the rest."""
     prefix_room = 0
     limits: BatchLimits | None = None
 
@@ -121,6 +129,8 @@ class EmbeddingEngine:
         self.recent_vectors = recent_vectors
         self._recent: OrderedDict[tuple[str, tuple[int, ...]], Any] = OrderedDict()
         """The last ``recent_vectors`` computed, by scope and input (pooled, not normalized)."""
+        self._made: dict[tuple[str, tuple[int, ...]], Any] = {}
+        """What the passes of a batch that stopped made, for its rerun (counted computed)."""
         probe = tokenizer("a")["input_ids"]
         bare = tokenizer("a", add_special_tokens=False)["input_ids"]
         at = next(i for i in range(len(probe)) if probe[i : i + len(bare)] == bare)
@@ -163,19 +173,25 @@ class EmbeddingEngine:
     def constrain(self, fmt: ResponseFormat) -> Any:
         raise InvalidRequest("an embedding model generates no text to constrain")
 
-    def generate(self, batch: Sequence[GenerationInput]) -> BatchReport:
+    def generate(
+        self, batch: Sequence[GenerationInput], *, stop: threading.Event | None = None
+    ) -> BatchReport:
         """Every row's vectors (``GenerationOutput.vectors``), in input order. An input of the
         same scope (``GenerationInput.scope``: a tenant, or the tenants that share) as one
         earlier in the batch, or among the ``recent_vectors`` last computed, is not computed
-        again: its tokens are the row's ``cached_tokens``."""
+        again: its tokens are the row's ``cached_tokens``. Once ``stop`` is set, StoppedEarly
+        after the pass under way; the vectors made so far are kept for the batch's rerun."""
         keys = [[(row.scope, tuple(ids)) for ids in row.inputs or ()] for row in batch]
         fresh = list(dict.fromkeys(k for row in keys for k in row if k not in self._recent))
-        vectors, padded = self._embed([ids for _, ids in fresh])
+        made = {k: self._made.pop(k) for k in fresh if k in self._made}
+        vectors, padded = self._embed([k for k in fresh if k not in made], stop)
+        vectors.update(made)
+        padded += sum(len(k[1]) for k in made)
         found = {k: self._recent[k] for row in keys for k in row if k in self._recent}
         for k in found:
             self._recent.move_to_end(k)
-        for k, v in zip(fresh, vectors, strict=True):
-            self._recent[k] = found[k] = v
+        for k in fresh:
+            self._recent[k] = found[k] = vectors[k]
         while len(self._recent) > self.recent_vectors:
             self._recent.popitem(last=False)
         computed: set[tuple[str, tuple[int, ...]]] = set()
@@ -212,32 +228,41 @@ class EmbeddingEngine:
             saved_inputs=answered - len(fresh),
         )
 
-    def _embed(self, inputs: list[tuple[int, ...]]) -> tuple[list[Any], int]:
-        """The pooled (not normalized) vector of each input, and the padded tokens computed."""
+    def _embed(
+        self, inputs: list[tuple[str, tuple[int, ...]]], stop: threading.Event | None = None
+    ) -> tuple[dict[tuple[str, tuple[int, ...]], Any], int]:
+        """The pooled (not normalized) vector of each input (a scope and its ids), and the
+        padded tokens computed; StoppedEarly between two passes once ``stop`` is set, what the
+        passes made kept in ``_made``."""
         import torch
 
-        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
-        vectors: list[Any] = [None] * len(inputs)
+        order = sorted(inputs, key=lambda k: -len(k[1]))
+        vectors: dict[tuple[str, tuple[int, ...]], Any] = {}
         padded = 0
         start = 0
         while start < len(order):
-            longest = len(inputs[order[start]])
+            if stop is not None and stop.is_set():
+                if len(self._made) + len(vectors) > self.recent_vectors:
+                    self._made.clear()  # (kept for one batch's rerun, not forever)
+                self._made.update(vectors)
+                raise StoppedEarly
+            longest = len(order[start][1])
             count = max(1, self.pass_tokens // max(longest, 1))
             chunk = order[start : start + count]
             start += len(chunk)
             padded += longest * len(chunk)
             ids = torch.zeros((len(chunk), longest), dtype=torch.long)
             mask = torch.zeros((len(chunk), longest), dtype=torch.long)
-            for row, i in enumerate(chunk):
-                ids[row, : len(inputs[i])] = torch.tensor(inputs[i])
-                mask[row, : len(inputs[i])] = 1
+            for row, (_, one) in enumerate(chunk):
+                ids[row, : len(one)] = torch.tensor(one)
+                mask[row, : len(one)] = 1
             with torch.inference_mode():
                 hidden = self.model(
                     input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
                 ).last_hidden_state
             pooled = self._pool(hidden.float(), mask.to(self.device))
-            for row, i in enumerate(chunk):
-                vectors[i] = pooled[row].cpu()
+            for row, key in enumerate(chunk):
+                vectors[key] = pooled[row].cpu()
         return vectors, padded
 
     def _pool(self, hidden: Any, mask: Any) -> Any:

@@ -18,7 +18,10 @@ The rule, in order:
    difference|``) first, because padding and wasted decode steps grow with those differences;
    a preference may arrange them again (the fair one: tenant by tenant).
    A request joins only if the batch stays within ``max_batch_size`` requests and
-   ``max_batch_tokens`` (each request costs prompt tokens + max_new_tokens).
+   ``max_batch_tokens`` (each request costs prompt tokens + max_new_tokens). An embedding
+   (``max_new_tokens`` 0) shares no decode steps with its batch-mates, each one costs its own
+   compute: so a batch anchored by an embedding takes none of a lower effective rank (a high
+   query never waits for a low indexing job's inputs computed beside it).
 3. **Whether to wait.** If the batch could still take more and its anchor has waited less than
    ``max_wait_ms``, the decision is to wait (at most the rest of that time) for more to arrive.
 """
@@ -169,6 +172,9 @@ def next_batch(
             c.key,
         ),
     )
+    if new == 0:  # an embedding: no lower rank rides with it (the module's rule 2)
+        top = ranks[anchor.key]
+        others = [c for c in others if ranks[c.key] <= top]
     if prefer is not None:
         others = prefer.arrange(anchor, others, ranks, policy.max_batch_size)
     batch = [anchor]

@@ -95,7 +95,7 @@ class StaticRunner(Runner):
             self._batches.append((rank, list(batch)))
         self._started_ms = started_ms
         per_step = self._ms_per_step  # (``expected_ms``, inlined: on every batch's path)
-        steps = max((h.request.max_new_tokens for h in batch), default=0)
+        steps = max((h.request.max_new_tokens for h in batch), default=1) or 1  # embeds: 1
         self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
         if self.stops and rank < ranks["high"] and self.holds_loop_ms >= STOP_WORTH_MS:
             self.stoppable = True  # (one shorter ends before a stop would help)
@@ -106,7 +106,7 @@ class StaticRunner(Runner):
         per_step = self._ms_per_step
         if per_step is None:
             return None
-        return per_step * max((h.request.max_new_tokens for h in batch), default=0)
+        return per_step * (max((h.request.max_new_tokens for h in batch), default=1) or 1)
 
     def active(self) -> list[Held]:
         """Nothing between turns: a batch runs within its turn (one that stopped waits apart)."""
