@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 from genq.common import script_calls
@@ -69,6 +70,22 @@ def test_a_pool_worker_swaps_to_what_waits_and_each_answer_is_its_models(
     resident = stats[b"resident"].decode()
     assert [m for m in ("alpha", "beta", "gamma") if rows[m]["holding"]] == [resident], rows
     client.close()
+
+
+def test_the_gateway_lists_every_model_of_an_idle_pool_and_serves_one_not_loaded(
+    queue: str, openai_client: Any, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """An idle pool worker has read none of its lanes: it joins each as a consumer at start,
+    so ``genq serve`` knows the models it serves (once, each by its own name, not the pool's
+    joined names) and a chat for one not resident waits for its load instead of a 503."""
+    start_worker(queue, *POOL, "--resident-models", "1", "--echo-load-ms", "100")
+    wait_until(lambda: len(openai_client.models.list().data) == 3, timeout_s=60)
+    assert sorted(m.id for m in openai_client.models.list()) == ["alpha", "beta", "gamma"]
+    for model in ("gamma", "beta"):
+        chat = openai_client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert chat.model == model and chat.choices[0].message.content
 
 
 def test_pool_workers_that_start_at_once_start_on_different_models(

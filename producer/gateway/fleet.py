@@ -64,7 +64,8 @@ class Fleet:
         models: dict[str, int] = {}
         for model, started, adapters, kind in await pipe.execute() if names else []:
             if model is not None:  # the hash expired: that worker is gone
-                for name in [as_text(model), *as_text(adapters or b"").split()]:
+                # (a pool's worker: its models, space-separated; then its adapters)
+                for name in [*as_text(model).split(), *as_text(adapters or b"").split()]:
                     models[name] = models.get(name, 0) + 1
                     self._created.setdefault(name, int(as_text(started or b"0")) // 1000)
                     self._kinds[name] = as_text(kind or b"generation")

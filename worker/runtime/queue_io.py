@@ -66,7 +66,7 @@ class QueueIO:
         publish the queue's limits that producers enforce, and load genq's Redis Functions.
         The group starts at the beginning, so requests sent before any worker ran are
         served."""
-        join_lanes(self.redis, self.keys, self.settings.heartbeat_ttl_s)
+        join_lanes(self.redis, self.keys, self.settings.heartbeat_ttl_s, self.consumer)
         self.redis.hset(self.keys.config, MAX_QUEUE_DEPTH_FIELD, str(self.settings.max_queue_depth))
         # For clients in other languages (FCALL genq_submit, genq_cancel): a worker's start
         # keeps the library current after an upgrade, or a Redis that lost it.
@@ -192,9 +192,17 @@ def raw_read_reply(response: Any, **options: Any) -> Any:
     return list(response.items()) if isinstance(response, dict) else response
 
 
-def join_lanes(r: Any, keys: Keys, doorbell_ttl_s: int) -> None:
+PAST_EVERY_ID = "18446744073709551615-18446744073709551614"
+"""A stream id past every entry's (the very last id there can be is read as "none": it would
+create no consumer)."""
+
+
+def join_lanes(r: Any, keys: Keys, doorbell_ttl_s: int, consumer: str | None = None) -> None:
     """Create the consumer group on every stream of the worker's lanes and their doorbells
-    (and the streams) if missing; name its lanes in the queue's registry (``Keys.models``)."""
+    (and the streams) if missing; name its lanes in the queue's registry (``Keys.models``);
+    with ``consumer``, make it a consumer of each work stream at once, so that the fleet
+    (``/v1/models``, ``genq stats``) sees what the worker serves before its first read (a
+    pool's worker reads a lane only once it holds the model)."""
     for stream in [*keys.streams(), *keys.doorbells]:
         try:
             r.xgroup_create(stream, GROUP, id="0", mkstream=True)
@@ -202,6 +210,9 @@ def join_lanes(r: Any, keys: Keys, doorbell_ttl_s: int) -> None:
             if "BUSYGROUP" not in str(err):
                 raise
     pipe = r.pipeline(transaction=False)
+    if consumer is not None:  # (a read of its own entries past the last possible id: none,
+        # none redelivered, and only the XREADGROUP the worker's ACL user has anyway)
+        pipe.xreadgroup(GROUP, consumer, {stream: PAST_EVERY_ID for stream in keys.streams()})
     expire_doorbells(pipe, keys, doorbell_ttl_s)
     named = [m for m in (k.model for k in keys.lanes()) if m is not None]
     if named:
