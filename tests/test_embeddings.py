@@ -24,7 +24,6 @@ from tests.conftest import (
     WorkerProcess,
     genq,
     genq_stats,
-    refused_at_start,
     varied_prompts,
     wait_until,
     worker_thread,
@@ -343,13 +342,6 @@ def test_any_redis_client_can_ask_for_embeddings_and_read_them(
     a, b = (struct.unpack("<384f", base64.b64decode(e)) for e in result["embeddings"])
     assert round(cosine(list(a), list(b)), 4) == 0.6660
     assert result["usage"]["prompt_tokens"] > 0 and result["text"] == ""
-
-
-def test_an_embedding_model_on_vllm_is_refused_at_start_with_one_line(
-    redis_url: str, queue: str
-) -> None:
-    args = ("--queue", queue, "--model", MODEL, "--engine", "vllm")
-    refused_at_start(redis_url, {args: "is an embedding model"})
 
 
 def test_the_openai_sdk_embeds_through_the_gateway_in_float_and_base64(

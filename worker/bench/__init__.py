@@ -38,6 +38,7 @@ module              what it measures
 ``embed``           embeddings through the queue against sentence-transformers' ``encode``
 ``embed_priority``  single high queries beside a low indexing job: latency and the job's speed
 ``embed_peer``      genq serve against another embedding server (Infinity), the openai SDK
+``embed_vllm``      vLLM's pooling runner through the queue against vLLM alone
 ``webhooks``        webhook delivery latency and deliveries per second
 ``dashboard``       a dashboard refresh's cost in Redis, and its render time, on a busy queue
 ``prefix``          placement by prefix on and off: echo workers with simulated prefix caches
@@ -65,6 +66,7 @@ SCENARIO_HELP = (
     "LoRA adapters mixed in batches against the base model (--engine vllm: on vLLM); embed: "
     "embeddings through the queue against sentence-transformers in-process, and with 40% "
     "repeats; embed-priority: single high queries beside a low indexing job; embed-peer: "
-    "genq serve against another embedding server (--peer-url), the openai SDK on both"
+    "genq serve against another embedding server (--peer-url), the openai SDK on both; "
+    "embed-vllm: vLLM's pooling runner through the queue against vLLM alone"
 )
 """``genq bench --scenario``'s help: what each scenario measures (the modules above)."""

@@ -115,11 +115,11 @@ def run_embed_peer(url: str, *, peer_url: str, n: int, repeats: int) -> dict[str
         "sides": rows,
         "inputs_per_s_over_peer": rows["genq"]["inputs_per_s"] / rows["peer"]["inputs_per_s"],
         "p50_over_peer": rows["genq"]["p50_ms"] / rows["peer"]["p50_ms"],
-        "lowest_cosine": min(_cosine(a, b) for a, b in pairs),
+        "lowest_cosine": min(cosine(a, b) for a, b in pairs),
     }
 
 
-def _cosine(a: list[float], b: list[float]) -> float:
+def cosine(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 

@@ -114,11 +114,14 @@ def in_process_child(spec: dict[str, Any]) -> None:
 
 
 class InProcess:
-    """``in_process_child`` in a fresh Python process, asked for one run at a time."""
+    """``in_process_child`` (or the child of ``module``: a module run as ``__main__`` that reads
+    ``spec`` and answers each ``run`` line) in a fresh Python process, one run at a time."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(
+        self, spec: dict[str, Any], module: str = "genq.worker.bench.vllm_compare"
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "genq.worker.bench.vllm_compare"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -27,6 +27,7 @@ MODULES = {
     "model-pool": "model_pool",
     "embed-priority": "embed_priority",
     "embed-peer": "embed_peer",
+    "embed-vllm": "embed_vllm",
 }
 SELF_RUN = (
     "priority",
@@ -45,6 +46,7 @@ SELF_RUN = (
     "embed",
     "embed-priority",
     "embed-peer",
+    "embed-vllm",
 )  # run_and_print
 SCENARIOS = ("modes", "aging", "fleet", "tenants", *SELF_RUN)
 

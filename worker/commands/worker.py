@@ -33,7 +33,8 @@ def worker(**flags: Any) -> None:
     except ConfigError as err:  # a model, package or engine setting that cannot work
         raise click.ClickException(str(err)) from None
     if getattr(engine, "embeds", False):
-        why = "an embedding model (a sentence-transformers folder): transformers, pooled"
+        on = "vLLM's pooling runner" if engine.name == "vllm" else "transformers, pooled"
+        why = f"an embedding model (a sentence-transformers folder): {on}"
         logging.getLogger("genq.worker").info("engine embedding: %s", why)
     else:
         log = logging.getLogger("genq.worker")

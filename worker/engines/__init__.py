@@ -3,7 +3,8 @@ embedding model, a batch of inputs into vectors).
 
 ``static`` (transformers ``generate`` per batch), ``continuous`` (transformers' continuous
 batching), ``vllm_engine`` (vLLM's engine, started with ``vllm_args``: its
-environment and ``EngineArgs``) and ``echo`` (no model, for load tests) share the
+environment and ``EngineArgs``), ``vllm_embedding`` (vLLM's pooling runner behind the embedding
+engine) and ``echo`` (no model, for load tests) share the
 small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-250m and
 random-1b models, built offline), ``packaged_models`` (smollm2-135m and all-minilm-l6-v2
 from their PyPI packages), ``embedding`` (sentence-transformers embedding models: pooled
@@ -38,10 +39,7 @@ def make_engine(settings: WorkerSettings) -> Engine:
     if settings.pool_models and settings.engine != "echo":
         return _pool(settings, batch_limits(tokens=tokens, size=size, device=None))
     if settings.engine == "vllm" and _embeds(settings.model):
-        raise ConfigError(
-            f"{settings.model} is an embedding model: genq runs embeddings on transformers "
-            "(--engine auto); vLLM's pooling runner is not behind --engine vllm yet"
-        )
+        return _vllm_embedding(settings)
     if settings.engine in ("echo", "vllm"):
         # Neither loads a model genq can measure: auto is the fixed numbers on every device.
         limits = batch_limits(tokens=tokens, size=size, device=None)
@@ -107,6 +105,30 @@ def _other_engine(settings: WorkerSettings, limits: BatchLimits) -> Engine:
             vllm_args={**_vllm_lora(settings), **settings.vllm_engine_args},
             adapters=settings.adapters,
         )
+    engine.limits = limits
+    return engine
+
+
+def _vllm_embedding(settings: WorkerSettings) -> Engine:
+    """An embedding model on vLLM's pooling runner (``vllm_embedding``), in the budget the
+    transformers embedding engine has where the limits are auto."""
+    from genq.worker.engines.embedding import BATCH_SIZE, BATCH_TOKENS
+    from genq.worker.engines.static import resolve_model
+    from genq.worker.engines.vllm_embedding import VllmEmbeddingEngine
+
+    limits = batch_limits(
+        tokens=settings.max_batch_tokens or BATCH_TOKENS,
+        size=settings.max_batch_size or BATCH_SIZE,
+        device=None,
+    )
+    engine = VllmEmbeddingEngine.start(
+        resolve_model(settings.model),
+        settings.device,
+        settings.dtype,
+        max_batch_tokens=limits.tokens,
+        max_batch_size=limits.size,
+        vllm_args=settings.vllm_engine_args,
+    )
     engine.limits = limits
     return engine
 

@@ -102,8 +102,9 @@ class EnginePool:
 
     def evict(self, model: str) -> None:
         engine = self.engines.pop(model, None)
-        if isinstance(engine, IterationEngine):
-            engine.close()  # (a continuous engine's manager starts again at its next request)
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()  # (a continuous engine's manager starts again at its next request; vLLM ends)
         if engine is not None and self.warm_slots:
             _move(engine, "cpu")
             self.warm[model] = engine

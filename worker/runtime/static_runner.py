@@ -168,6 +168,12 @@ class StaticRunner(Runner):
         self._batches = [(r, b) for r, b in self._batches if b]
         self._held_changed()
 
+    def close(self) -> None:
+        """End the engine's processes where it has any (vLLM's pooling runner)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
     def _generate(self, batch: list[Held]) -> list[Outcome]:
         if not batch:
             return []
