@@ -110,6 +110,7 @@ class DoorbellListener:
         self._rung = threading.Event()
         self._on_ring: Callable[[], None] | None = None
         self._on_priority: Callable[[str], None] | None = None
+        self._since = "$"  # where a new listening starts (``arm``'s ``since_ms``)
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -124,12 +125,17 @@ class DoorbellListener:
         listening: bool,
         on_ring: Callable[[], None] | None = None,
         on_priority: Callable[[str], None] | None = None,
+        since_ms: int | None = None,
     ) -> None:
         """Listen (the loop is busy and has room for more) or not (it is idle, or full).
         ``on_ring``: also call it, in this thread, at each ring heard while armed (a static
         batch runs: ``batch_reads.py`` reads in the loop's place). ``on_priority``: call it
         with the highest priority a submission's rings say they bring (their ``p``: a static
-        batch below it stops, ``StaticRunner.outranked``)."""
+        batch below it stops, ``StaticRunner.outranked``). ``since_ms``: a listening that
+        starts now hears the rings since then too (Redis' clock: the running batch's start, so
+        that a ring between its start and this arming is not lost); else only later ones."""
+        if not self.armed:
+            self._since = "$" if since_ms is None else f"{max(0, since_ms)}-0"
         self._on_ring = on_ring if listening else None
         self._on_priority = on_priority if listening else None
         self.armed = listening
@@ -163,7 +169,7 @@ class DoorbellListener:
         while not self._stopping:
             if not self._armed.is_set():
                 self._armed.wait()
-                last_id = dict.fromkeys(self._doorbells, "$")  # rings meanwhile: others'
+                last_id = dict.fromkeys(self._doorbells, self._since)  # (earlier: others')
                 continue
             try:
                 reply: Any = self._redis.xread(last_id, block=LISTEN_BLOCK_MS)  # type: ignore[arg-type]

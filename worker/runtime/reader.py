@@ -183,6 +183,7 @@ class Reader:
                 listening or beside or stoppable,
                 self.batch_reads.ring if beside else None,
                 self.runner.outranked if stoppable else None,
+                self.runner.batch_started_ms if stoppable else None,
             )
         until = self.doorbell.rung if listening else None
         window = self.batch_reads.window(busy_ms) if beside and busy_ms else None

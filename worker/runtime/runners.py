@@ -80,6 +80,9 @@ class Runner:
     """The highest priority rank of the batches that stopped for a higher one and wait to run
     again (a static runner): the planner starts only what outranks them until they have run;
     0: none."""
+    batch_started_ms: int | None = None
+    """When the batch that ``stoppable`` says may stop started (Redis' clock): rings since then
+    are heard (``DoorbellListener.arm``)."""
     holds_loop_ms: float | None = None
     """How long the batch just started should keep the loop busy, expected (a runner whose loop
     is busy while a batch runs: ``hands_back``; set by ``start``); None: nothing running, not

@@ -44,6 +44,16 @@ def _takes_stop(engine: Engine) -> bool:
     return "stop" in inspect.signature(engine.generate).parameters
 
 
+INPUT_STEP_TOKENS = 1_000
+"""An embedding batch's "step" (it decodes none): this many input tokens, so that its expected
+time grows with what its passes compute, as a generating batch's grows with its steps."""
+
+
+def _input_steps(batch: Sequence[Held]) -> float:
+    """An embedding batch's length in steps: its input tokens in ``INPUT_STEP_TOKENS``."""
+    return max(1, sum(len(h.prompt_ids) for h in batch)) / INPUT_STEP_TOKENS
+
+
 class StaticRunner(Runner):
     """One ``generate`` call per batch. If the engine raises, the batch is split in halves and
     each run again, down to single requests, so that the culprit fails with the error and its
@@ -93,9 +103,9 @@ class StaticRunner(Runner):
             rank = max(rank, ranks[h.request.priority])
         if batch:
             self._batches.append((rank, list(batch)))
-        self._started_ms = started_ms
+        self._started_ms = self.batch_started_ms = started_ms
         per_step = self._ms_per_step  # (``expected_ms``, inlined: on every batch's path)
-        steps = max((h.request.max_new_tokens for h in batch), default=1) or 1  # embeds: 1
+        steps = max((h.request.max_new_tokens for h in batch), default=1) or _input_steps(batch)
         self.holds_loop_ms = FIRST_BATCH_GUESS_MS if per_step is None else per_step * steps
         if self.stops and rank < ranks["high"] and self.holds_loop_ms >= STOP_WORTH_MS:
             self.stoppable = True  # (one shorter ends before a stop would help)
@@ -106,7 +116,9 @@ class StaticRunner(Runner):
         per_step = self._ms_per_step
         if per_step is None:
             return None
-        return per_step * (max((h.request.max_new_tokens for h in batch), default=1) or 1)
+        return per_step * (
+            max((h.request.max_new_tokens for h in batch), default=1) or _input_steps(batch)
+        )
 
     def active(self) -> list[Held]:
         """Nothing between turns: a batch runs within its turn (one that stopped waits apart)."""
@@ -196,7 +208,8 @@ class StaticRunner(Runner):
             return self._isolate(batch, err)
         elapsed_ms = (time.perf_counter() - t0) * 1000
         generation_ms = int(elapsed_ms)
-        step_ms = elapsed_ms / max(1, *(h.request.max_new_tokens for h in batch))  # embeds: 0
+        steps = max((h.request.max_new_tokens for h in batch), default=0) or _input_steps(batch)
+        step_ms = elapsed_ms / steps
         self._ms_per_step = towards(self._ms_per_step, step_ms, 0.3)
         self.counters.generated(report, generation_ms)
         tokens = report.prompt_tokens + report.completion_tokens
