@@ -17,6 +17,7 @@ from genq.common.embeddings import (
     MAX_EMBED_CHARS,
     MAX_EMBED_INPUTS,
     EmbedInput,
+    TextInput,
     Truncate,
     input_chars,
     unpack,
@@ -202,6 +203,10 @@ class RequestBody(_Strict):
     """An embedding request's inputs (texts or token ids, ``common/embeddings.py``): the result
     holds one vector per input, in order (``Result.embeddings``). Only an embedding model's
     workers serve it; none of the generation fields apply (``max_new_tokens`` is 0)."""
+    query: TextInput | None = None
+    """Scores: each input is read together with this text by a cross-encoder (a
+    ``*ForSequenceClassification`` model), and its "vector" is its score (one value a label).
+    Only a cross-encoder's workers serve it; every input is then a text."""
     truncate: Truncate = DEFAULT_TRUNCATE
     """Embeddings: an input over the model's tokens loses them from the ``end`` or ``start``,
     or (``none``) the request fails naming it."""
@@ -306,6 +311,8 @@ class RequestBody(_Strict):
             raise ValueError("give exactly one of 'prompt', 'messages' and 'input'")
         if self.input is not None:
             raise ValueError("give exactly one of 'prompt', 'messages' and 'input'")
+        if self.query is not None:
+            raise ValueError("query goes with input (texts to score), not a prompt or messages")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
         if (
@@ -344,6 +351,10 @@ class RequestBody(_Strict):
             raise ValueError("an embedding request takes no stream, tools or response_format")
         if self.n != 1 or self.logprobs:
             raise ValueError("an embedding request takes no n or logprobs")
+        if self.query is not None and not all(isinstance(i, str) for i in self.input or ()):
+            raise ValueError("a request with a query scores texts: every input a text")
+        if self.query is not None and self.normalize is not None:
+            raise ValueError("normalize is for vectors, not a query's scores")
         return self
 
 

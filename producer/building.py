@@ -123,6 +123,7 @@ def build_embedding(
     truncate: str = DEFAULT_TRUNCATE,
     dimensions: int | None = None,
     normalize: bool | None = None,
+    query: str | None = None,
     priority: str = DEFAULT_PRIORITY,
     tenant: str = DEFAULT_TENANT,
     deadline_in_s: float | None = None,
@@ -131,7 +132,8 @@ def build_embedding(
 ) -> Request:
     """Validate an embedding request (``genq.common.embeddings``): ``inputs`` a text, texts or
     token id lists (at most 2,048); ``truncate`` ``end``, ``start`` or ``none``; the vectors
-    come back one per input, in order. Raise InvalidRequest saying what is wrong."""
+    come back one per input, in order. With ``query``, for a cross-encoder: each text's score
+    against it (a vector of one value a label). Raise InvalidRequest saying what is wrong."""
     problem = tenant_problem(tenant) or (None if model is None else model_problem(model))
     if problem is not None:
         raise InvalidRequest(problem)
@@ -142,6 +144,7 @@ def build_embedding(
         "truncate": truncate,
         "dimensions": dimensions,
         "normalize": normalize,
+        "query": query,
         "priority": priority,
         "tenant": tenant,
         "deadline_in_ms": _deadline_ms(deadline_in_s),

@@ -214,12 +214,27 @@ class Client:
     ) -> Embeddings:
         """Embed ``inputs`` (a text, texts or token id lists, at most 2,048) as one request and
         wait: one vector per input, in order (``Embeddings``). ``options`` are
-        ``build_embedding``'s (truncate, dimensions, normalize, priority, tenant,
+        ``build_embedding``'s (truncate, dimensions, normalize, query, priority, tenant,
         deadline_in_s, metadata, request_id). Raises InvalidRequest before touching Redis,
         RequestFailed if it ends without vectors, ResultTimeout."""
         request = build_embedding(inputs, model=model, **options)
         ids = self.submit_requests([request])
         return embeddings_of(self.results(ids, timeout=timeout)[0])
+
+    def score(
+        self,
+        query: str,
+        texts: str | Sequence[str],
+        *,
+        model: str | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> list[float]:
+        """Score each of ``texts`` (at most 2,048) against ``query`` with a cross-encoder, as
+        one request, and wait: one score a text, in order (a model of several labels: the
+        first; ``embed(texts, query=query)`` gives them all). ``options`` as ``embed``'s."""
+        got = self.embed(texts, model=model, timeout=timeout, query=query, **options)
+        return [v[0] for v in got.vectors]
 
     def embed_many(
         self,

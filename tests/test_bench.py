@@ -521,3 +521,12 @@ def test_embed_priority_scenario_measures_queries_beside_a_job_and_the_jobs_spee
     assert res["inputs"] == 1_000 and res["queries"]["idle"]["queries"] == 40
     assert res["queries"]["beside the job"]["queries"] > 0
     assert res["p50_over_idle"] > 0 and res["job_beside_over_alone"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_embed_vllm_scenario_gives_vllms_own_vectors_through_the_queue() -> None:
+    res = bench_json("--scenario", "embed-vllm", "--quick", timeout_s=600)
+    assert res["inputs"] == 1_000 and set(res["inputs_per_s"]) == {"vllm", "genq"}
+    assert res["lowest_cosine"] >= 0.9999  # the same vectors as vLLM alone
+    assert all(rate > 0 for rate in res["inputs_per_s"].values())
+    assert res["genq_over_alone"] > 0.3  # (a ratio, measured in BENCHMARKS.md; not timed here)

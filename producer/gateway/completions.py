@@ -80,11 +80,11 @@ async def _answer(request: Request, gw: Gateway, who: Caller, url: str) -> Respo
         raise invalid("'stream_options' must be an object", param="stream_options")
     metadata = body.pop("metadata", None)
     model = await served_model(gw, body.get("model"))
-    if gw.fleet.kind(model) == "embedding":
-        raise invalid(
-            f"model {model!r} makes embeddings and generates no text: POST /v1/embeddings",
-            param="model",
-        )
+    if gw.fleet.kind(model) in ("embedding", "score"):
+        kind = gw.fleet.kind(model)
+        does = "makes embeddings" if kind == "embedding" else "scores texts (a cross-encoder)"
+        to = "/v1/embeddings" if kind == "embedding" else "/v1/rerank or /v1/score"
+        raise invalid(f"model {model!r} {does} and generates no text: POST {to}", param="model")
     args = {**request_args(url, body), "model": model}
     if stream and args.get("logprobs"):
         raise InvalidRequest("logprobs are returned with the whole answer: ask without stream")

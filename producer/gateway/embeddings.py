@@ -42,21 +42,22 @@ async def embedded(
     options: Mapping[str, Any],
     *,
     metadata: Any = None,
+    query: str | None = None,
 ) -> tuple[Result, str]:
     """The succeeded result of one embedding request of ``inputs`` for the caller's tenant to
     ``model`` (or the default one: it must embed, else 400), and the model's name; an error
-    response for any other end."""
+    response for any other end. With ``query``, a score request: the model must be a
+    cross-encoder (kind ``score``)."""
     gw, who = gateway(request), caller(request)
     gw.enter(who)
     try:
         name = await served_model(gw, model)
-        if gw.fleet.kind(name) != "embedding":
-            raise invalid(
-                f"model {name!r} generates text and makes no embeddings: name an embedding "
-                "model (GET /v1/models: kind embedding)",
-                param="model",
-            )
-        req = build_embedding(inputs, model=name, tenant=who.tenant, metadata=metadata, **options)
+        kind, wanted = gw.fleet.kind(name), "embedding" if query is None else "score"
+        if kind != wanted:
+            raise invalid(wrong_kind(name, kind, wanted), param="model")
+        req = build_embedding(
+            inputs, model=name, tenant=who.tenant, metadata=metadata, query=query, **options
+        )
         request_id = await gw.submitter.submit(req)
         result = await wait_or_cancel(gw, request, request_id)
     finally:
@@ -64,3 +65,18 @@ async def embedded(
     if result.status != "succeeded" or result.embeddings is None:
         raise result_error(result)
     return result, name
+
+
+def wrong_kind(model: str, kind: str, wanted: str) -> str:
+    """Why ``model`` (of ``kind``) cannot answer a request for a ``wanted`` model."""
+    if kind == "generation":
+        return (
+            f"model {model!r} generates text and makes no embeddings: name an embedding model "
+            "(GET /v1/models: kind embedding)"
+        )
+    if kind == "score":
+        return (
+            f"model {model!r} is a cross-encoder: it scores texts against a query "
+            "(POST /v1/rerank or /v1/score) and makes no embeddings"
+        )
+    return f"model {model!r} makes embeddings and scores no query (wanted: kind {wanted})"

@@ -73,7 +73,8 @@ class Fleet:
         return models
 
     def kind(self, model: str) -> str:
-        """``generation`` or ``embedding``: what the workers seen serving ``model`` do."""
+        """``generation``, ``embedding`` or ``score`` (a cross-encoder): what the workers seen
+        serving ``model`` do."""
         return self._kinds.get(model, "generation")
 
     def created(self, model: str) -> int:

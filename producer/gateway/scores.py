@@ -9,12 +9,15 @@ Rerank (the Jina / Cohere shape): ``query``, ``documents`` (strings, or objects 
 ``text_2``, each a string or strings: one to one, one to many (``text_1`` one string) or pairwise
 (two lists of one length); ``data`` in the pairs' order.
 
-A cross-encoder (a model that reads the two texts together) is not served: a worker runs
-embedding models only.
+On a cross-encoder (a ``*ForSequenceClassification`` model, ``kind: score``: it reads the two
+texts together) a pair's score is the model's: the pairs go to the queue as one score request
+per distinct first text (``query``: the rerank's query, one request), each of its second texts
+once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
@@ -26,7 +29,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from genq.common.embeddings import MAX_EMBED_INPUTS, unpack
 from genq.common.errors import InvalidRequest
-from genq.producer.gateway.completions import json_object
+from genq.producer.gateway.completions import json_object, served_model
+from genq.producer.gateway.context import gateway
 from genq.producer.gateway.embeddings import embedded
 
 router = APIRouter()
@@ -119,12 +123,40 @@ def top_n(body: Mapping[str, Any], count: int) -> int:
 
 
 async def _scored(request: Request, body: Mapping[str, Any], pairs: Pairs) -> tuple[Any, ...]:
+    """Each pair's score, the model's name and the input tokens it took."""
     if len(pairs.texts) > MAX_EMBED_INPUTS:
         raise InvalidRequest(f"at most {MAX_EMBED_INPUTS} distinct texts in one request")
     options = {k: body[k] for k in OPTIONS if body.get(k) is not None}
-    result, model = await embedded(request, body.get("model"), pairs.texts, options)
+    gw = gateway(request)
+    model = await served_model(gw, body.get("model"))
+    if gw.fleet.kind(model) == "score":
+        return await _cross_encoded(request, model, pairs, options)
+    result, model = await embedded(request, model, pairs.texts, options)
     vectors = [unpack(v) for v in result.embeddings or ()]
     return cosines(vectors, pairs.pairs), model, result.usage.prompt_tokens
+
+
+async def _cross_encoded(
+    request: Request, model: str, pairs: Pairs, options: Mapping[str, Any]
+) -> tuple[Any, ...]:
+    """The pairs scored by a cross-encoder: a score request per distinct first text (its
+    second texts once each), sent together."""
+    seconds: dict[int, list[int]] = {}
+    for a, b in pairs.pairs:
+        if b not in seconds.setdefault(a, []):
+            seconds[a].append(b)
+    answers = await asyncio.gather(
+        *(
+            embedded(request, model, [pairs.texts[b] for b in bs], options, query=pairs.texts[a])
+            for a, bs in seconds.items()
+        )
+    )
+    score: dict[tuple[int, int], float] = {}
+    for (a, bs), (result, _) in zip(seconds.items(), answers, strict=True):
+        for b, packed in zip(bs, result.embeddings or (), strict=True):
+            score[(a, b)] = unpack(packed)[0]
+    tokens = sum(result.usage.prompt_tokens for result, _ in answers)
+    return [score[p] for p in pairs.pairs], model, tokens
 
 
 @router.post("/v1/rerank")

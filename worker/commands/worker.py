@@ -35,6 +35,8 @@ def worker(**flags: Any) -> None:
     if getattr(engine, "embeds", False):
         on = "vLLM's pooling runner" if engine.name == "vllm" else "transformers, pooled"
         why = f"an embedding model (a sentence-transformers folder): {on}"
+        if getattr(engine, "scores", False):
+            why = "a cross-encoder (a *ForSequenceClassification folder): transformers"
         logging.getLogger("genq.worker").info("engine embedding: %s", why)
     else:
         log = logging.getLogger("genq.worker")

@@ -8,8 +8,9 @@ engine) and ``echo`` (no model, for load tests) share the
 small interface in ``base``. Beside them: ``builtin_models`` (the tiny, random-250m and
 random-1b models, built offline), ``packaged_models`` (smollm2-135m and all-minilm-l6-v2
 from their PyPI packages), ``embedding`` (sentence-transformers embedding models: pooled
-vectors, no text), ``chat`` (chat templates), ``grammar`` (response formats compiled by
-xgrammar, and the logits processor that holds rows to them), ``adapters`` (LoRA adapters on
+vectors, no text), ``scoring`` (cross-encoders: a query's score against each text),
+``chat`` (chat templates), ``grammar`` (response formats compiled by xgrammar, and the
+logits processor that holds rows to them), ``adapters`` (LoRA adapters on
 a transformers model: mixed-adapter batches, loaded on demand; ``lora_layers`` runs them per
 row; ``lora_builder`` builds test ones)
 ``static_group`` (the continuous engine's sampled rows, a static batch in a thread of its own,
@@ -40,6 +41,11 @@ def make_engine(settings: WorkerSettings) -> Engine:
         return _pool(settings, batch_limits(tokens=tokens, size=size, device=None))
     if settings.engine == "vllm" and _embeds(settings.model):
         return _vllm_embedding(settings)
+    if settings.engine == "vllm" and _scores(settings.model):
+        raise ConfigError(
+            f"{settings.model} is a cross-encoder: genq runs cross-encoders on transformers "
+            "(--engine auto); vLLM's scoring runner is not behind --engine vllm"
+        )
     if settings.engine in ("echo", "vllm"):
         # Neither loads a model genq can measure: auto is the fixed numbers on every device.
         limits = batch_limits(tokens=tokens, size=size, device=None)
@@ -50,11 +56,13 @@ def make_engine(settings: WorkerSettings) -> Engine:
         EmbeddingEngine,
         is_embedding_model,
     )
+    from genq.worker.engines.scoring import ScoringEngine, is_scoring_model
     from genq.worker.engines.static import StaticEngine, device_memory, load_model, resolve_model
 
     path = resolve_model(settings.model)
-    if is_embedding_model(path):
-        embedding = EmbeddingEngine.load(path, settings.device, settings.dtype)
+    if is_embedding_model(path) or is_scoring_model(path):
+        kind = EmbeddingEngine if is_embedding_model(path) else ScoringEngine
+        embedding = kind.load(path, settings.device, settings.dtype)
         embedding.limits = batch_limits(
             tokens=tokens or BATCH_TOKENS, size=size or BATCH_SIZE, device=None
         )
@@ -217,6 +225,13 @@ def _vllm_lora(settings: WorkerSettings) -> dict[str, Any]:
     names = [settings.model, resolve_model(settings.model)]
     cpu = settings.device == "cpu"  # base rows through a zero adapter there (zero_adapter)
     return lora_engine_args(settings.adapters, settings.max_loras, names, base_slot=cpu)
+
+
+def _scores(model: str) -> bool:
+    """Whether ``model`` names a local folder of a cross-encoder."""
+    from genq.worker.engines.scoring import is_scoring_model
+
+    return is_scoring_model(model)
 
 
 def _embeds(model: str) -> bool:

@@ -38,10 +38,10 @@ BATCH_TOKENS = 4_096
 auto: ~0.35 s of all-MiniLM-L6-v2 on 2 CPU cores, the longest a high-priority request waits
 for the batch in flight."""
 BATCH_SIZE = 256
+"""An embedding worker's most requests a batch where ``--max-batch-size`` is auto."""
 RECENT_VECTORS = 4_096
 """Vectors an embedding engine keeps after it computed them, so that a repeat in a later batch
 (another request in flight, or just done) is not computed again: 6 MB at 384 dimensions."""
-"""An embedding worker's most requests a batch where ``--max-batch-size`` is auto."""
 POOLINGS = {
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_cls_token": "cls",
@@ -257,13 +257,15 @@ class EmbeddingEngine:
                 ids[row, : len(one)] = torch.tensor(one)
                 mask[row, : len(one)] = 1
             with torch.inference_mode():
-                hidden = self.model(
-                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
-                ).last_hidden_state
-            pooled = self._pool(hidden.float(), mask.to(self.device))
+                pooled = self._forward(ids.to(self.device), mask.to(self.device))
             for row, key in enumerate(chunk):
                 vectors[key] = pooled[row].cpu()
         return vectors, padded
+
+    def _forward(self, ids: Any, mask: Any) -> Any:
+        """One pass: a vector per row of ``ids`` (padded; ``mask``: its real tokens)."""
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return self._pool(hidden.float(), mask)
 
     def _pool(self, hidden: Any, mask: Any) -> Any:
         """One vector per row of ``hidden`` by the folder's pooling (``mask``: real tokens)."""

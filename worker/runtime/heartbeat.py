@@ -198,7 +198,7 @@ class Identity:
             "pid": os.getpid(),
             "engine": engine,
             "model": model,
-            "kind": kind,  # generation, or embedding: GET /v1/models says which
+            "kind": kind,  # generation, embedding or score: GET /v1/models says which
             "started_unix_ms": now_ms(),
         }
         if adapters:  # the LoRA adapters it serves as models too (--lora), space-separated
