@@ -200,7 +200,11 @@ def test_a_batch_stopped_between_passes_keeps_what_they_made_for_its_rerun(
 
     with pytest.raises(StoppedEarly):
         engine.generate(rows, stop=AfterOnePass())
-    assert 0 < len(engine._made) < len(texts)  # the first pass's vectors wait
+    first = set(engine._made)
+    assert 0 < len(first) < len(texts)  # the first pass's vectors wait
+    with pytest.raises(StoppedEarly):  # stopped again in its rerun: nothing made is lost
+        engine.generate(rows, stop=AfterOnePass())
+    assert first < set(engine._made) and len(engine._made) < len(texts)
     report = engine.generate(rows, stop=threading.Event())
     assert not engine._made and report.saved_inputs == 0  # made before, not repeats: computed
     assert all(o.cached_tokens == 0 for o in report.outputs)

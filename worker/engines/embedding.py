@@ -184,7 +184,11 @@ class EmbeddingEngine:
         keys = [[(row.scope, tuple(ids)) for ids in row.inputs or ()] for row in batch]
         fresh = list(dict.fromkeys(k for row in keys for k in row if k not in self._recent))
         made = {k: self._made.pop(k) for k in fresh if k in self._made}
-        vectors, padded = self._embed([k for k in fresh if k not in made], stop)
+        try:
+            vectors, padded = self._embed([k for k in fresh if k not in made], stop)
+        except StoppedEarly:  # stopped again: what earlier passes made waits on
+            self._made.update(made)
+            raise
         vectors.update(made)
         padded += sum(len(k[1]) for k in made)
         found = {k: self._recent[k] for row in keys for k in row if k in self._recent}
