@@ -9,6 +9,7 @@ import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -222,3 +223,48 @@ def test_a_vllm_pool_swaps_engines_and_leaves_no_engine_process(
         ),
         timeout_s=60,
     )
+
+
+def test_a_pool_holds_a_chat_model_and_an_embedding_model_and_serves_each_through_the_gateway(
+    queue: str, openai_client: Any, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """``--model tiny --model all-minilm-l6-v2``, one resident at a time (auto: the static
+    engine, one model's batch at a time): ``GET /v1/models`` says which embeds before either is
+    loaded, a chat gets tiny's greedy text and an embedding MiniLM's vectors, swapping between
+    them, and each kind's request to the other model is a 400."""
+    import openai
+    from genq.worker.engines.embedding import EmbeddingEngine
+    from genq.worker.engines.static import resolve_model
+
+    start_worker(queue, "--model", "tiny", "--model", "all-minilm-l6-v2", "--resident-models", "1")
+    wait_until(lambda: len(openai_client.models.list().data) == 2, timeout_s=120)
+    kinds = {m["id"]: m["kind"] for m in openai_client.models.list().model_dump()["data"]}
+    assert kinds == {"tiny": "generation", "all-minilm-l6-v2": "embedding"}
+    texts = ["The weather is lovely today.", "It's so sunny outside!"]
+    embedder = EmbeddingEngine.load(resolve_model("all-minilm-l6-v2"))
+    from genq.common.embeddings import pack, unpack
+    from genq.worker.engines.base import GenerationInput
+
+    want_vectors = [
+        unpack(pack(v))
+        for v in embedder.generate(
+            [GenerationInput(prompt_ids=[], max_new_tokens=0, inputs=embedder.tokenize(texts))]
+        )
+        .outputs[0]
+        .vectors
+    ]
+    (want_text,) = alone("tiny", PROMPTS[:1], 8)
+    for _ in range(2):  # a swap each way, twice
+        got = openai_client.completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0
+        )
+        assert got.choices[0].text == want_text
+        vectors = openai_client.embeddings.create(
+            model="all-minilm-l6-v2", input=texts, encoding_format="float"
+        )
+        for d, want in zip(vectors.data, want_vectors, strict=True):
+            assert max(abs(a - b) for a, b in zip(d.embedding, want, strict=True)) < 1e-5
+    with pytest.raises(openai.BadRequestError, match="generates text"):
+        openai_client.embeddings.create(model="tiny", input=texts)
+    with pytest.raises(openai.BadRequestError, match="makes embeddings"):
+        openai_client.completions.create(model="all-minilm-l6-v2", prompt="hi", max_tokens=2)

@@ -60,15 +60,18 @@ class Fleet:
                     names.append(name)
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
-            pipe.hmget(self._keys.worker(name), "model", "started_unix_ms", "adapters", "kind")
+            fields = ("model", "started_unix_ms", "adapters", "kind", "model_kinds")
+            pipe.hmget(self._keys.worker(name), *fields)
         models: dict[str, int] = {}
-        for model, started, adapters, kind in await pipe.execute() if names else []:
+        for model, started, adapters, kind, kinds in await pipe.execute() if names else []:
             if model is not None:  # the hash expired: that worker is gone
-                # (a pool's worker: its models, space-separated; then its adapters)
+                # (a pool's worker: its models, space-separated, of several kinds maybe: each
+                # MODEL:KIND in model_kinds; then its adapters)
+                each = dict(p.rsplit(":", 1) for p in as_text(kinds or b"").split() if ":" in p)
                 for name in [*as_text(model).split(), *as_text(adapters or b"").split()]:
                     models[name] = models.get(name, 0) + 1
                     self._created.setdefault(name, int(as_text(started or b"0")) // 1000)
-                    self._kinds[name] = as_text(kind or b"generation")
+                    self._kinds[name] = each.get(name) or as_text(kind or b"generation")
         self._models, self._read_at = models, time.monotonic()
         return models
 

@@ -149,6 +149,14 @@ def _pool(settings: WorkerSettings, limits: BatchLimits) -> Engine:
     from genq.worker.engines.pool import EnginePool, IterationPool, free_memory, pool_sizes
     from genq.worker.policy.model_pool import MODELS_SHARE, fits
 
+    kinds = {model: _kind_of(model) for model in settings.pool}
+    if set(kinds.values()) != {"generation"} and settings.engine != "static":
+        if not settings.engine_why.startswith("auto"):
+            raise ConfigError(
+                f"--engine {settings.engine}: a pool with an embedding model or a cross-encoder "
+                "runs on --engine static (one model's batch at a time)"
+            )
+        settings = settings.model_copy(update={"engine": "static"})
     sizes = pool_sizes(settings.pool, settings.dtype)
     free = free_memory(settings.device)
     room = fits(list(sizes.values()), free)
@@ -171,7 +179,24 @@ def _pool(settings: WorkerSettings, limits: BatchLimits) -> Engine:
     pool = cls(settings.engine, build, settings.model, limits)
     pool.fit = room
     pool.warm_slots = settings.warm_models
+    pool.kinds = kinds
     return pool
+
+
+def _kind_of(model: str) -> str:
+    """``generation``, ``embedding`` or ``score``: what a pool's model does, read from its
+    folder (a model that is no folder is refused with the pool's sizes)."""
+    from genq.worker.engines.embedding import is_embedding_model
+    from genq.worker.engines.scoring import is_scoring_model
+    from genq.worker.engines.static import resolve_model
+
+    try:
+        path = resolve_model(model)
+    except (OSError, ValueError, ConfigError):
+        return "generation"
+    if is_embedding_model(path):
+        return "embedding"
+    return "score" if is_scoring_model(path) else "generation"
 
 
 def _warm_room(settings: WorkerSettings, sizes: dict[str, int], free: int, room: int) -> int:

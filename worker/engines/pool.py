@@ -76,6 +76,9 @@ class EnginePool:
         self.warm_slots = 0
         """How many evicted models stay warm in host memory (``--warm-models``)."""
         self.warm: OrderedDict[str, Engine] = OrderedDict()  # the least recently evicted first
+        self.kinds: dict[str, str] = {}
+        """What each model does (``generation``, ``embedding``, ``score``), from its folder:
+        told to the fleet (``GET /v1/models``) before it is loaded."""
 
     def of(self, model: str | None) -> Engine | None:
         """The engine of ``model`` (None: the default model), or None when it is not loaded."""

@@ -357,6 +357,7 @@ def _heartbeat(
         device="-" if engine.name == "echo" else settings.device,
         adapters=list(settings.adapters),
         kind=_kind(engine),
+        model_kinds=getattr(engine, "kinds", None),
     )
     return Heartbeat(
         queue=queue,

@@ -190,6 +190,7 @@ class Identity:
         device: str = "cpu",
         adapters: list[str] | None = None,
         kind: str = "generation",
+        model_kinds: dict[str, str] | None = None,
     ) -> None:
         self.fields: dict[str, Any] = {
             "consumer": consumer,
@@ -203,6 +204,9 @@ class Identity:
         }
         if adapters:  # the LoRA adapters it serves as models too (--lora), space-separated
             self.fields["adapters"] = " ".join(adapters)
+        if model_kinds and set(model_kinds.values()) != {"generation"}:
+            # a pool of several kinds: MODEL:KIND for each, space-separated
+            self.fields["model_kinds"] = " ".join(f"{m}:{k}" for m, k in model_kinds.items())
 
 
 class Heartbeat:
